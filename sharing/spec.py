@@ -32,7 +32,11 @@ class MigMode(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Selector:
-    """Which GPUs a rule matches: all, a list of indices, or one product."""
+    """Which GPUs a rule matches: all, a list of indices, or one product.
+
+    A product with indices (native `{product: X, indices: [0, 1]}`, or a mig-parted entry with both
+    `device-filter` and a `devices` list) matches the GPUs at those indices that are that product.
+    """
 
     all: bool = False
     indices: tuple[int, ...] = ()
@@ -44,7 +48,8 @@ class Selector:
         if self.all:
             return True
         if self.product is not None:
-            return product is not None and product_key(product) == product_key(self.product)
+            same = product is not None and product_key(product) == product_key(self.product)
+            return same and (not self.indices or index in self.indices)
         return index in self.indices
 
 
@@ -70,6 +75,10 @@ class Rule:
     instances: tuple[tuple[str, int], ...] = ()
     """Wanted MIG instances as (profile, count) pairs sorted by profile; only with MigMode.ENABLED."""
     replicas: Replicas = field(default_factory=Replicas)
+    rename: tuple[tuple[str, str], ...] = ()
+    """(resource name as the MIG strategy names it, name advertised for its time-sliced replicas)
+    pairs sorted by the first: native `rename: {nvidia.com/gpu: nvidia.com/gpu-small}` or an NVIDIA
+    `resources[].rename`. Overrides `renameByDefault` for that resource on the GPUs of this rule."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,11 +13,11 @@ import sys
 import traceback
 from collections.abc import Sequence
 
-from sharing.cli import plan, profiles
+from sharing.cli import plan, profiles, validate
 from sharing.cli.common import UsageError
 from sharing.errors import SharingError
 
-COMMANDS = (profiles, plan)
+COMMANDS = (profiles, plan, validate)
 
 
 class _Parser(argparse.ArgumentParser):

@@ -1,0 +1,162 @@
+"""`sharing validate FILE`: check a ConfigMap, a config, an NVIDIA device-plugin config or a mig-parted file.
+
+Exit 0 valid (one summary line per config), 1 invalid (one `CONFIG: PATH: MESSAGE` line per error),
+2 bad arguments. Whatever the bytes in FILE, the answer is one of those, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from sharing.catalog import product_key
+from sharing.cli.common import Subparsers, UsageError, print_json, product_arg
+from sharing.config import ConfigSet, InvalidConfigError, Problem, load_yaml, parse_configmap
+from sharing.config.document import MAX_BYTES
+from sharing.spec import MigMode, Rule, Selector, SharingConfig
+
+
+def register(commands: Subparsers) -> None:
+    """Add the command to the CLI."""
+    parser = commands.add_parser(
+        "validate",
+        help="validate sharing configs (ConfigMap, config, device-plugin config or mig-parted file)",
+        description="Validate sharing configs. FILE is a ConfigMap manifest, one native config (named after "
+        "the file), an NVIDIA device-plugin config or a mig-parted file; '-' reads stdin. "
+        "Exit 0 valid, 1 invalid, 2 bad arguments.",
+    )
+    parser.add_argument("file", metavar="FILE", help="the file to check, or - for stdin")
+    parser.add_argument("--gpu", action="append", default=[], metavar="PRODUCT",
+                        help="a GPU product of the node (repeatable): also check layouts on it")  # fmt: skip
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Validate and print."""
+    products = [product_arg(name).name for name in args.gpu] or None
+    raw, name = _read(args.file)
+    data, problems = configmap_data(raw, name)
+    result = parse_configmap(data, products=products)
+    errors = list(problems) + list(result.errors)
+    if args.json:
+        print_json(
+            {
+                "valid": not errors,
+                "configs": [config_json(c, products) for c in result.configs],
+                "errors": [p.as_dict() for p in errors],
+                "warnings": [p.as_dict() for p in result.warnings],
+            }
+        )
+    else:
+        _print(result, errors, products)
+    return 1 if errors else 0
+
+
+def _read(file: str) -> tuple[bytes, str]:
+    if file == "-":
+        return sys.stdin.buffer.read(MAX_BYTES + 1), "stdin"
+    path = Path(file)
+    try:
+        with path.open("rb") as stream:
+            return stream.read(MAX_BYTES + 1), path.stem
+    except OSError as err:
+        raise UsageError(f"cannot read {file}: {err.strerror or err}") from err
+
+
+def configmap_data(raw: bytes, name: str) -> tuple[dict[Any, Any], list[Problem]]:
+    """A ConfigMap manifest's data, or the whole file as one key named `name`."""
+    try:
+        doc = load_yaml(raw, name)
+    except InvalidConfigError:
+        return {name: raw}, []  # parsing it as a config reports the same problem, with the config's name
+    if not isinstance(doc, dict) or doc.get("kind") != "ConfigMap":
+        return {name: raw}, []
+    data = doc.get("data", {})
+    if not isinstance(data, dict):
+        return {}, [Problem(name, "data", "expected a mapping of config names to config text")]
+    return data, []
+
+
+def _print(result: ConfigSet, errors: list[Problem], products: list[str] | None) -> None:
+    for config in result.configs:
+        print(f"{config.name}: {summary(config, products)}")
+    for problem in result.warnings:
+        print(f"warning: {problem}", file=sys.stderr)
+    for problem in errors:
+        print(problem)
+    invalid = len(result.invalid)
+    print(f"{len(result.configs)} valid, {invalid} invalid", file=sys.stderr)
+
+
+def summary(config: SharingConfig, products: list[str] | None = None) -> str:
+    """One line: what the config does, per rule (or per given product)."""
+    head = f"[{config.mig_strategy.value}]"
+    if products:
+        parts = [f"{_selector(r.devices)}: {_action(r)}" for r in config.rules if r.devices.indices]
+        for product in products:
+            rule = next(
+                (r for r in config.rules if not r.devices.indices and _matches(r.devices, product)), None
+            )
+            parts.append(f"{product}: {_action(rule) if rule else 'left as it is'}")
+    else:
+        parts = [f"{_selector(r.devices)}: {_action(r)}" for r in config.rules]
+    return f"{head} " + ("; ".join(parts) if parts else "no rules: every GPU is left as it is")
+
+
+def _matches(selector: Selector, product: str) -> bool:
+    return selector.all or (
+        selector.product is not None and product_key(selector.product) == product_key(product)
+    )
+
+
+def _selector(selector: Selector) -> str:
+    indices = ",".join(map(str, selector.indices))
+    if selector.all:
+        return "all GPUs"
+    if selector.product is not None:
+        return f"{selector.product} at {indices}" if indices else selector.product
+    return f"GPUs {indices}"
+
+
+def _action(rule: Rule) -> str:
+    if rule.mig is MigMode.ENABLED and rule.instances:
+        text = "MIG " + " + ".join(f"{n}x {p}" for p, n in rule.instances)
+    else:
+        text = {
+            MigMode.DISABLED: "MIG off",
+            MigMode.ENABLED: "MIG on, no instances",
+            MigMode.UNCHANGED: "MIG as is",
+        }[rule.mig]
+    if rule.replicas.default > 1:
+        text += f", {rule.replicas.default} replicas each"
+    if rule.replicas.per_device_kind:
+        text += ", replicas " + ", ".join(f"{k}={n}" for k, n in rule.replicas.per_device_kind)
+    if rule.rename:
+        text += ", renamed " + ", ".join(f"{a}->{b}" for a, b in rule.rename)
+    return text
+
+
+def config_json(config: SharingConfig, products: list[str] | None = None) -> dict[str, object]:
+    """The JSON shape of one valid config."""
+    return {
+        "name": config.name,
+        "migStrategy": config.mig_strategy.value,
+        "renameByDefault": config.rename_by_default,
+        "failRequestsGreaterThanOne": config.fail_requests_greater_than_one,
+        "summary": summary(config, products),
+        "rules": [
+            {
+                "devices": "all"
+                if r.devices.all
+                else {"indices": list(r.devices.indices), "product": r.devices.product},
+                "mig": r.mig.value,
+                "instances": dict(r.instances),
+                "replicas": {"default": r.replicas.default, **dict(r.replicas.per_device_kind)},
+                "rename": dict(r.rename),
+            }
+            for r in config.rules
+        ],
+    }

@@ -1,0 +1,183 @@
+"""Sharing configs: a ConfigMap's data (name -> YAML text) into named, validated SharingConfig values.
+
+Pure: no I/O, no logging, no clock. Each key holds one document in the native format (DESIGN.md
+"Config"), an NVIDIA device-plugin config or a mig-parted file (each of whose `mig-configs` entries
+becomes its own config). Everything wrong is collected, not just the first thing, each problem with
+its config name, YAML path and message; warnings come back as data. One bad key does not spoil the
+others: `parse_configmap` answers per config, and `ConfigSet.require` raises when any is invalid.
+Whatever the bytes, only the ConfigError family escapes.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sharing.catalog import Catalog, default_catalog
+from sharing.config.check import DraftConfig, finish
+from sharing.config.document import MAX_BYTES, describe, load_document
+from sharing.config.migparted import is_migparted, read_migparted
+from sharing.config.native import read_native
+from sharing.config.nvidia import is_nvidia, read_nvidia
+from sharing.config.problems import CONFIGMAP, InvalidConfigError, Problem, Report, key
+from sharing.spec import SharingConfig
+
+__all__ = [
+    "CONFIGMAP",
+    "ConfigSet",
+    "InvalidConfigError",
+    "Problem",
+    "load_yaml",
+    "parse_config",
+    "parse_configmap",
+]
+
+_KEY = re.compile(r"^[-._a-zA-Z0-9]{1,253}$")
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigSet:
+    """Every config of a ConfigMap: the valid ones, and the errors and warnings of all of them."""
+
+    configs: tuple[SharingConfig, ...] = ()
+    errors: tuple[Problem, ...] = ()
+    warnings: tuple[Problem, ...] = ()
+    invalid: tuple[str, ...] = ()
+    """Names of the configs (or keys) that have errors, in order."""
+
+    @property
+    def valid(self) -> bool:
+        """True when nothing has an error."""
+        return not self.errors
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Names of the valid configs, in order."""
+        return tuple(c.name for c in self.configs)
+
+    def get(self, name: str) -> SharingConfig | None:
+        """The valid config called `name`, or None."""
+        return next((c for c in self.configs if c.name == name), None)
+
+    def errors_for(self, name: str) -> tuple[Problem, ...]:
+        """The errors of one config (and those of the ConfigMap as a whole)."""
+        return tuple(p for p in self.errors if p.config in (name, CONFIGMAP))
+
+    def require(self) -> tuple[SharingConfig, ...]:
+        """All configs, or InvalidConfigError listing every error."""
+        if self.errors:
+            raise InvalidConfigError(self.errors)
+        return self.configs
+
+
+def parse_configmap(
+    data: Mapping[Any, Any], *, products: Sequence[str] | None = None, catalog: Catalog | None = None
+) -> ConfigSet:
+    """Parse and validate every key of a ConfigMap; `products` (the node's GPUs) adds placement checks."""
+    catalog = catalog or default_catalog()
+    node = None if products is None else tuple(_product_name(catalog, p) for p in products)
+    size = sum(_size(k) + _size(v) for k, v in data.items())
+    if size > MAX_BYTES:
+        problem = Problem(
+            CONFIGMAP,
+            "",
+            f"the data is {size} bytes; Kubernetes' limit for a ConfigMap is {MAX_BYTES} (1 MiB)",
+        )
+        return ConfigSet(errors=(problem,), invalid=(CONFIGMAP,))
+    configs: list[SharingConfig] = []
+    errors: list[Problem] = []
+    warnings: list[Problem] = []
+    invalid: list[str] = []
+    origin: dict[str, str] = {}
+    for name, value in data.items():
+        report = Report(str(name))
+        results = _parse_key(report, name, value, catalog, node)
+        for draft, entry_report, parsed in results:
+            config = parsed
+            if draft.name in origin:
+                path = "" if draft.name == name else key("mig-configs", draft.name)
+                entry_report.error(path, f"defined twice: by key {origin[draft.name]!r} and key {name!r}")
+                config = None
+            origin.setdefault(draft.name, str(name))
+            if entry_report is not report:
+                errors.extend(entry_report.errors)
+                warnings.extend(entry_report.warnings)
+            if config is not None and not entry_report.errors:
+                configs.append(config)
+            elif draft.name not in invalid:
+                invalid.append(draft.name)
+        errors.extend(report.errors)
+        warnings.extend(report.warnings)
+        if report.errors and str(name) not in invalid:
+            invalid.append(str(name))
+    return ConfigSet(tuple(configs), tuple(errors), tuple(warnings), tuple(invalid))
+
+
+def parse_config(
+    name: str, text: str | bytes, *, products: Sequence[str] | None = None, catalog: Catalog | None = None
+) -> tuple[SharingConfig, ...]:
+    """The configs of one document (a mig-parted file has several); InvalidConfigError lists every error."""
+    return parse_configmap({name: text}, products=products, catalog=catalog).require()
+
+
+def load_yaml(raw: str | bytes, name: str = "document") -> Any:
+    """One YAML document, read as safely as a config; InvalidConfigError when unreadable."""
+    report = Report(name)
+    ok, value = load_document(report, raw)
+    if not ok or report.errors:
+        raise InvalidConfigError(report.errors)
+    return value
+
+
+_Result = tuple[DraftConfig, Report, SharingConfig | None]
+
+
+def _parse_key(
+    report: Report, name: object, value: object, catalog: Catalog, node: tuple[str, ...] | None
+) -> list[_Result]:
+    if not isinstance(name, str) or not _KEY.match(name) or name in (".", ".."):
+        report.error("", "not a valid ConfigMap key (letters, digits, '-', '_', '.'; at most 253 characters)")
+        return []
+    if not _LABEL_VALUE.match(name):
+        report.warn(
+            "",
+            "no node label can name this config (a label value has at most 63 characters, "
+            "letters, digits, '-', '_', '.', and starts and ends with a letter or digit)",
+        )
+    if not isinstance(value, str | bytes):
+        report.error("", f"expected the config as text, got {describe(value)}")
+        return []
+    ok, doc = load_document(report, value)
+    if not ok:
+        return []
+    if not isinstance(doc, dict):
+        what = "the document is empty" if doc is None else f"got {describe(doc)}"
+        report.error("", f"expected a mapping at the top of the document ({what})")
+        return []
+    if is_migparted(doc):
+        results = []
+        for draft, entry_report in read_migparted(report, doc, catalog):
+            config = finish(entry_report, draft, catalog, node)
+            if report.errors:
+                entry_report.error("", f"the mig-parted file in key {name!r} it comes from is invalid")
+                config = None
+            results.append((draft, entry_report, config))
+        return results
+    draft = read_nvidia(report, name, doc) if is_nvidia(doc) else read_native(report, name, doc)
+    return [(draft, report, finish(report, draft, catalog, node))]
+
+
+def _product_name(catalog: Catalog, name: str) -> str:
+    product = catalog.find(name)
+    return name.strip() if product is None else product.name
+
+
+def _size(value: object) -> int:
+    if isinstance(value, bytes):
+        return len(value)
+    if isinstance(value, str):
+        return len(value.encode("utf-8", "replace"))
+    return 0

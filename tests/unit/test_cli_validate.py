@@ -1,0 +1,125 @@
+"""`sharing validate` as users run it: exit codes, output lines and the JSON shape, via a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PRESETS = ROOT / "deploy" / "presets-configmap.yaml"
+
+
+def validate(*args: str, stdin: bytes = b"") -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "sharing", "validate", *args],
+        check=False, input=stdin.decode("latin-1"), capture_output=True, text=True, encoding="latin-1",
+        env=env, cwd=ROOT, timeout=60,
+    )  # fmt: skip
+
+
+def test_the_presets_configmap_is_valid() -> None:
+    result = validate(str(PRESETS))
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert "all-replicas-4: [none] all GPUs: MIG off, 4 replicas each" in lines
+    assert any(
+        line.startswith("a100-mig-h100-time-sliced: [mixed] A100-SXM4-40GB: MIG 2x 1g.5gb") for line in lines
+    )
+
+
+def test_json_shape_with_gpus() -> None:
+    result = validate(str(PRESETS), "--gpu", "A100-SXM4-40GB", "--gpu", "NVIDIA A30", "--json")
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert set(out) == {"valid", "configs", "errors", "warnings"}
+    assert out["valid"] is True
+    assert out["errors"] == []
+    demo = next(c for c in out["configs"] if c["name"] == "a100-mig-h100-time-sliced")
+    assert (
+        demo["summary"]
+        == "[mixed] A100-SXM4-40GB: MIG 2x 1g.5gb + 1x 2g.10gb + 1x 3g.20gb; A30: left as it is"
+    )
+    assert {"config", "path", "message"} == set(out["warnings"][0])
+
+
+def test_an_invalid_config_exits_1_with_one_line_per_error(tmp_path: Path) -> None:
+    path = tmp_path / "a100-mixed.yaml"
+    path.write_text(
+        "version: v1\ngpus:\n- devices: {product: A100-SXM4-40GB}\n  mig: {3g.20gb: 3}\n  bogus: 1\n"
+    )
+    result = validate(str(path))
+    assert result.returncode == 1
+    assert result.stdout.splitlines() == [
+        "a100-mixed: gpus[0].bogus: unknown key; expected one of devices, mig, replicas, rename",
+        "a100-mixed: gpus[0].mig.3g.20gb: 3 instances exceed the maximum of 2 on A100-SXM4-40GB",
+    ]
+    out = json.loads(validate(str(path), "--json").stdout)
+    assert out["valid"] is False
+    assert out["errors"][1] == {
+        "config": "a100-mixed",
+        "path": "gpus[0].mig.3g.20gb",
+        "message": "3 instances exceed the maximum of 2 on A100-SXM4-40GB",
+    }
+
+
+def test_stdin_and_imported_formats() -> None:
+    nvidia = (
+        b"version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 10}\n"
+    )
+    result = validate("-", stdin=nvidia)
+    assert (result.returncode, result.stdout) == (0, "stdin: [none] all GPUs: MIG as is, 10 replicas each\n")
+    migparted = (
+        b"version: v1\nmig-configs:\n  all-enabled:\n  - {devices: all, mig-enabled: true, mig-devices: {}}\n"
+    )
+    result = validate("-", stdin=migparted)
+    assert (result.returncode, result.stdout) == (0, "all-enabled: [mixed] all GPUs: MIG on, no instances\n")
+
+
+def test_a_configmap_with_a_bad_key(tmp_path: Path) -> None:
+    path = tmp_path / "cm.yaml"
+    path.write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\ndata:\n  good: 'version: v1'\n  bad: '[1'\n"
+    )
+    result = validate(str(path))
+    assert result.returncode == 1
+    assert result.stdout.splitlines()[0] == "good: [none] no rules: every GPU is left as it is"
+    assert result.stdout.splitlines()[1].startswith("bad: invalid YAML at line 1, column 3")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        pytest.param(["/nonexistent/x.yaml"], "cannot read /nonexistent/x.yaml", id="missing-file"),
+        pytest.param([str(PRESETS), "--gpu", "Tesla T4"], "unknown GPU product 'Tesla T4'", id="unknown-gpu"),
+        pytest.param([], "the following arguments are required: FILE", id="no-file"),
+    ],
+)
+def test_usage_errors_exit_2(args: list[str], message: str) -> None:
+    result = validate(*args)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        pytest.param(bytes(range(256)) * 4, id="binary"),
+        pytest.param(b"\xef\xbb\xbf\xff\xfe", id="bom-then-garbage"),
+        pytest.param(b"a: &a [*a, *a]\nb: *a\n", id="recursive-alias"),
+        pytest.param(b"kind: ConfigMap\ndata: [1, 2]\n", id="configmap-data-list"),
+        pytest.param(b"kind: ConfigMap\ndata: {1: {a: b}}\n", id="configmap-odd-values"),
+        pytest.param(b"x" * (1024 * 1024 + 10), id="oversized"),
+    ],
+)
+def test_never_a_traceback(data: bytes) -> None:
+    result = validate("-", stdin=data)
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "internal error" not in result.stderr
