@@ -19,6 +19,7 @@ step "ruff check" ruff check .
 step "ruff format" ruff format --check .
 step "mypy --strict" mypy
 step "import contracts" lint-imports --no-cache
+step "generated code" hack/gen-proto.sh --check
 step "generated presets are up to date" python hack/gen-presets.py --check
 step "pytest" pytest "$@"
 

@@ -168,18 +168,25 @@ def _search_order(product: Product, wanted: Counter[str]) -> tuple[Profile, ...]
 def _best_layout(
     product: Product, to_place: tuple[Profile, ...], fixed_mask: int, free: set[tuple[str, int]]
 ) -> tuple[Placement, ...] | None:
-    """Exact search: a layout for `to_place` around `fixed_mask` keeping the most `free` instances."""
-    memo: dict[tuple[int, int, int], tuple[int, tuple[Placement, ...]] | None] = {}
+    """Exact search: a layout for `to_place` around `fixed_mask` keeping the most `free` instances.
 
-    def best(index: int, mask: int, min_start: int) -> tuple[int, tuple[Placement, ...]] | None:
+    Among layouts that keep equally many, it prefers the one whose free slices can still hold the
+    most small instances (a 3g at slices 4-7 rather than 0-3, since no 1g can start at slice 7), so
+    a later addition does not force a rebuild.
+    """
+    smallest = min(product.profiles, key=lambda p: (p.size, len(p.placements)))
+    growth_starts = _mask_of(smallest.placements)
+    memo: dict[tuple[int, int, int], tuple[int, int, tuple[Placement, ...]] | None] = {}
+
+    def best(index: int, mask: int, min_start: int) -> tuple[int, int, tuple[Placement, ...]] | None:
         if index == len(to_place):
-            return (0, ())
+            return (0, (growth_starts & ~mask).bit_count(), ())
         key = (index, mask, min_start)
         if key in memo:
             return memo[key]
         profile = to_place[index]
         same_next = index + 1 < len(to_place) and to_place[index + 1] == profile
-        answer: tuple[int, tuple[Placement, ...]] | None = None
+        answer: tuple[int, int, tuple[Placement, ...]] | None = None
         for start in profile.placements:
             span = _mask(start, profile.size)
             if start < min_start or mask & span:
@@ -188,13 +195,13 @@ def _best_layout(
             if rest is None:
                 continue
             kept = rest[0] + ((profile.name, start) in free)
-            if answer is None or kept > answer[0]:
-                answer = (kept, (Placement(profile.name, start, profile.size), *rest[1]))
+            if answer is None or (kept, rest[1]) > answer[:2]:
+                answer = (kept, rest[1], (Placement(profile.name, start, profile.size), *rest[2]))
         memo[key] = answer
         return answer
 
     found = best(0, fixed_mask, 0)
-    return None if found is None else found[1]
+    return None if found is None else found[2]
 
 
 def _why_unplaceable(product: Product, wanted: Counter[str], busy: list[Existing]) -> Infeasible:
@@ -215,3 +222,7 @@ def _placement(product: Product, profile: str, start: int) -> Placement:
 
 def _mask(start: int, size: int) -> int:
     return ((1 << size) - 1) << start
+
+
+def _mask_of(slices: tuple[int, ...]) -> int:
+    return sum(1 << s for s in slices)

@@ -181,3 +181,15 @@ def test_matching_gpu_needs_no_steps() -> None:
     result = plan_gpu(A100, have, {"3g.20gb": 1, "2g.10gb": 1, "1g.5gb": 2})
     assert isinstance(result, Plan)
     assert 0 == result.changes
+
+
+def test_layouts_leave_room_to_grow() -> None:
+    """A 3g goes to slices 4-7, so a later 1g fits without a rebuild (no 1g can start at slice 7)."""
+    first = plan_gpu(A100, [], {"3g.20gb": 1, "2g.10gb": 1, "1g.5gb": 1})
+    assert isinstance(first, Plan)
+    assert 4 == next(p.start for p in first.layout if p.profile == "3g.20gb")
+    grown = plan_gpu(
+        A100, [Existing(p.profile, p.start) for p in first.layout], {"3g.20gb": 1, "2g.10gb": 1, "1g.5gb": 2}
+    )
+    assert isinstance(grown, Plan)
+    assert 1 == grown.changes

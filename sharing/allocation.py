@@ -1,0 +1,173 @@
+"""Allocation policy: which devices to prefer for a container, and what Allocate hands it.
+
+The kubelet asks GetPreferredAllocation for a hint and then Allocate for the container's env.
+Replicas and MIG devices are spread over distinct physical GPUs by default (least-loaded GPU first;
+the NVIDIA plugin groups MIG devices by their own UUID and so cannot), or packed onto the busiest
+GPU; full GPUs are kept on one NUMA node when the node knows it. Pure: devices in, IDs out.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from sharing.errors import PluginError
+from sharing.inventory import Device, DeviceId
+
+VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
+CDI_KIND = "nvidia.com/gpu"
+
+
+class AllocationPolicy(enum.Enum):
+    """How shared devices (replicas, MIG devices) are chosen across physical GPUs."""
+
+    DISTRIBUTED = "distributed"
+    """Least-loaded physical GPU first: two replicas land on two GPUs when they can."""
+    PACKED = "packed"
+    """Most-loaded physical GPU first: keeps whole GPUs free for others."""
+
+
+class AllocationError(PluginError):
+    """A request the plugin refuses; the message says why and what to do."""
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerAllocation:
+    """What one container gets: environment variables and, optionally, CDI device names."""
+
+    envs: tuple[tuple[str, str], ...]
+    cdi_devices: tuple[str, ...] = ()
+
+
+def preferred_allocation(
+    resource: str,
+    devices: Sequence[Device],
+    *,
+    available: Sequence[str],
+    must_include: Sequence[str],
+    size: int,
+    policy: AllocationPolicy = AllocationPolicy.DISTRIBUTED,
+) -> tuple[DeviceId, ...]:
+    """`size` device IDs from `available`, `must_include` first; IDs this plugin never advertised
+    are never preferred."""
+    known: dict[str, Device] = {d.id: d for d in devices}
+    must = list(dict.fromkeys(must_include))
+    unknown = [i for i in must if i not in known]
+    if unknown:
+        raise AllocationError(
+            f"{resource}: must-include devices {_ids(unknown)} are not advertised by this node"
+        )
+    if size < 1 or len(must) > size:
+        raise AllocationError(
+            f"{resource}: allocation size {size} is invalid with {len(must)} must-include devices"
+        )
+    # Inventory order, not the kubelet's (which is random): equal choices always come out the same.
+    rank = {d.id: n for n, d in enumerate(devices)}
+    pool = sorted((known[i] for i in set(available) if i in known), key=lambda d: rank[d.id])
+    candidates = [d for d in pool if d.id not in must]
+    needed = size - len(must)
+    if needed > len(candidates):
+        raise AllocationError(
+            f"{resource}: {size} devices asked for, but only {len(must) + len(candidates)} of the available"
+            " ones are advertised by this node"
+        )
+    chosen = [known[i] for i in must]
+    if all(d.mig_uuid is None and d.replica is None for d in devices):
+        picks = _by_numa(chosen, candidates, needed)
+    else:
+        picks = _by_physical_gpu(
+            devices, pool=pool, chosen=chosen, candidates=candidates, needed=needed, policy=policy
+        )
+    return tuple(d.id for d in chosen + picks)
+
+
+def allocate(
+    resource: str,
+    devices: Sequence[Device],
+    requested: Sequence[str],
+    *,
+    fail_requests_greater_than_one: bool = False,
+    cdi: bool = False,
+) -> ContainerAllocation:
+    """The env (and CDI names) for one container; AllocationError for a request to refuse."""
+    if not requested:
+        raise AllocationError(f"{resource}: the request names no devices")
+    duplicates = [i for i, n in Counter(requested).items() if n > 1]
+    if duplicates:
+        raise AllocationError(f"{resource}: the request names devices more than once: {_ids(duplicates)}")
+    known: dict[str, Device] = {d.id: d for d in devices}
+    unknown = [i for i in requested if i not in known]
+    if unknown:
+        raise AllocationError(
+            f"{resource}: unknown device IDs {_ids(unknown)}: this node does not advertise them"
+            " (the devices changed since the pod was scheduled; delete the pod to reschedule it)"
+        )
+    chosen = [known[i] for i in requested]
+    if fail_requests_greater_than_one and len(chosen) > 1 and any(d.replica is not None for d in chosen):
+        raise AllocationError(
+            f"{resource}: {len(chosen)} shared devices requested, but failRequestsGreaterThanOne allows"
+            " at most 1 per container; request 1, or set sharing.failRequestsGreaterThanOne: false"
+        )
+    uuids = tuple(dict.fromkeys(d.uuid for d in chosen))
+    return ContainerAllocation(
+        envs=((VISIBLE_DEVICES_ENV, ",".join(uuids)),),
+        cdi_devices=tuple(f"{CDI_KIND}={u}" for u in uuids) if cdi else (),
+    )
+
+
+def _by_numa(chosen: list[Device], candidates: list[Device], needed: int) -> list[Device]:
+    """Full GPUs: the NUMA node of must-include first, then the smallest node that fits the rest."""
+    wanted = {d.numa_node for d in chosen if d.numa_node is not None}
+    groups: dict[int | None, list[Device]] = {}
+    for d in candidates:
+        groups.setdefault(d.numa_node, []).append(d)
+
+    def rank(node: int | None) -> tuple[bool, bool, bool, int, int]:
+        size = len(groups[node])
+        fits = size >= needed
+        return (node not in wanted, node is None, not fits, size if fits else -size, node or 0)
+
+    ordered = [d for node in sorted(groups, key=rank) for d in groups[node]]
+    return ordered[:needed]
+
+
+def _by_physical_gpu(
+    devices: Sequence[Device],
+    *,
+    pool: list[Device],
+    chosen: list[Device],
+    candidates: list[Device],
+    needed: int,
+    policy: AllocationPolicy,
+) -> list[Device]:
+    """Shared devices: greedy by load (held by others + picked here) of the physical GPU, then of
+    the device itself (a MIG device's replicas), then inventory order."""
+    levels: tuple[Callable[[Device], str], ...] = (lambda d: d.gpu_uuid, lambda d: d.uuid)
+    total = [Counter(level(d) for d in devices) for level in levels]
+    free = [Counter(level(d) for d in pool) for level in levels]
+    picked = [Counter(level(d) for d in chosen) for level in levels]
+    rank = {d.id: n for n, d in enumerate(devices)}
+    sign = -1 if policy is AllocationPolicy.PACKED else 1
+
+    def key(d: Device) -> tuple[int, ...]:
+        loads: list[int] = []
+        for n, level in enumerate(levels):
+            k = level(d)
+            loads += [sign * (total[n][k] - free[n][k] + picked[n][k]), sign * picked[n][k]]
+        return (*loads, rank[d.id])
+
+    left = list(candidates)
+    picks: list[Device] = []
+    for _ in range(needed):
+        best = min(left, key=key)
+        left.remove(best)
+        picks.append(best)
+        for n, level in enumerate(levels):
+            picked[n][level(best)] += 1
+    return picks
+
+
+def _ids(ids: Sequence[str]) -> str:
+    return ", ".join(ids)

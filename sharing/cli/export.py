@@ -1,0 +1,91 @@
+"""`sharing export`: the GPUs as they are (MIG mode, instances, MIG UUIDs, busy), as a table or JSON."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+from sharing.cli.common import Subparsers, print_json
+from sharing.cli.gpuargs import add_backend_arguments, open_from_args
+from sharing.model import Gpu, NodeState
+
+
+def register(commands: Subparsers) -> None:
+    """Add the command to the CLI."""
+    parser = commands.add_parser(
+        "export",
+        help="show the GPUs, their MIG mode and instances",
+        description="Observe the node's GPUs (read-only) and print each one's MIG mode and instances.",
+    )
+    add_backend_arguments(parser)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Observe and print."""
+    state = asyncio.run(_observe(args))
+    if args.json:
+        print_json(export_json(state))
+    else:
+        print(describe(state))
+    return 0
+
+
+async def _observe(args: argparse.Namespace) -> NodeState:
+    backend = open_from_args(args)
+    try:
+        return await backend.observe()
+    finally:
+        await backend.close()
+
+
+def export_json(state: NodeState) -> dict[str, object]:
+    """The JSON shape of `sharing export --json`: one entry per MIG device."""
+    return {
+        "gpus": [
+            {
+                "index": gpu.index,
+                "uuid": gpu.uuid,
+                "product": gpu.product,
+                "migEnabled": gpu.mig_enabled,
+                "instances": _instances(gpu),
+            }
+            for gpu in state.gpus
+        ]
+    }
+
+
+def _instances(gpu: Gpu) -> list[dict[str, object]]:
+    rows: list[dict[str, object]] = []
+    for gi in gpu.instances:
+        for ci in gi.compute_instances:
+            rows.append(
+                {"profile": gi.profile, "start": gi.start, "size": gi.size, "uuid": ci.uuid, "busy": ci.busy}
+            )
+        if not gi.compute_instances:  # half-built: no MIG device yet
+            rows.append(
+                {"profile": gi.profile, "start": gi.start, "size": gi.size, "uuid": None, "busy": False}
+            )
+    return rows
+
+
+def describe(state: NodeState) -> str:
+    """One block per GPU, one line per MIG device."""
+    if not state.gpus:
+        return "no GPUs"
+    lines = []
+    for gpu in state.gpus:
+        mode = "no MIG"
+        if gpu.mig_capable:
+            mode = f"MIG {'on' if gpu.mig_enabled else 'off'}"
+            if gpu.mig_pending != gpu.mig_enabled:
+                mode += f" ({'on' if gpu.mig_pending else 'off'} after reset)"
+        lines.append(f"GPU {gpu.index}  {gpu.product}  {gpu.uuid}  {mode}{'  busy' if gpu.busy else ''}")
+        for gi in gpu.instances:
+            slices = f"slices {gi.start}-{gi.start + gi.size - 1}"
+            for ci in gi.compute_instances:
+                lines.append(f"  {gi.profile:<12} {slices:<12} {ci.uuid}{'  busy' if ci.busy else ''}")
+            if not gi.compute_instances:
+                lines.append(f"  {gi.profile:<12} {slices:<12} (no compute instance)")
+    return "\n".join(lines)

@@ -1,0 +1,99 @@
+"""`sharing sim`: create and poke simulated GPUs (init, busy, idle, xid, reset) for tests and demos."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+from sharing.catalog import default_catalog
+from sharing.cli.common import Subparsers, UsageError
+from sharing.errors import BackendError
+from sharing.gpu import simstate
+
+_GPU_ITEM = re.compile(r"^(?P<product>[^:]+?)(?::(?P<count>\d+))?$")
+
+
+def register(commands: Subparsers) -> None:
+    """Add the command and its subcommands to the CLI."""
+    parser = commands.add_parser(
+        "sim",
+        help="create and change simulated GPUs",
+        description="Simulated GPUs for `--backend sim`, kept in a state file.",
+    )
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION", parser_class=type(parser))
+
+    def action(name: str, help_text: str) -> argparse.ArgumentParser:
+        sub = actions.add_parser(name, help=help_text)
+        sub.add_argument("--state", required=True, type=Path, metavar="PATH", help="state file")
+        return sub
+
+    init = action("init", "create idle GPUs with MIG off (replaces the state file)")
+    init.add_argument(
+        "--gpus",
+        required=True,
+        metavar="LIST",
+        help="PRODUCT[:COUNT],... e.g. A100-SXM4-40GB:2,H100-80GB-HBM3:1,T4:1",
+    )
+    init.add_argument(
+        "--pending-mode-changes",
+        action="store_true",
+        help="MIG mode changes wait for `sharing sim reset` (as in VMs), not applied at once",
+    )
+    init.add_argument("--seed", default="sim", help="seed of the UUIDs (same seed, same UUIDs)")
+    init.set_defaults(run=_init)
+    for name, help_text in (("busy", "start work on a GPU or MIG device"), ("idle", "stop work on a device")):
+        busy = action(name, help_text)
+        busy.add_argument("--uuid", required=True, help="GPU-... or MIG-... UUID")
+        busy.set_defaults(run=_busy, busy=name == "busy")
+    xid = action("xid", "raise an XID on a GPU or MIG device")
+    xid.add_argument("--uuid", required=True, help="GPU-... or MIG-... UUID")
+    xid.add_argument("--xid", required=True, type=int, help="XID number, e.g. 79 (fallen off the bus)")
+    xid.set_defaults(run=_xid)
+    reset = action("reset", "reset GPUs: pending MIG mode takes effect, instances are gone")
+    reset.add_argument("--uuid", default=None, help="one GPU (default: all)")
+    reset.set_defaults(run=_reset)
+
+
+def parse_gpus(text: str) -> list[simstate.SimGpuSpec]:
+    """`A100-SXM4-40GB:2,T4` -> one spec per GPU; unknown products and bad counts are usage errors."""
+    catalog = default_catalog()
+    specs = []
+    for item in (i.strip() for i in text.split(",") if i.strip()):
+        match = _GPU_ITEM.match(item)
+        if match is None or (match["count"] is not None and int(match["count"]) < 1):
+            raise UsageError(f"--gpus: {item!r} is not PRODUCT or PRODUCT:COUNT")
+        try:
+            spec = simstate.resolve_product(catalog, match["product"])
+        except BackendError as err:
+            raise UsageError(f"--gpus: {err}") from err
+        specs.extend([spec] * int(match["count"] or 1))
+    if not specs:
+        raise UsageError("--gpus: name at least one GPU")
+    return specs
+
+
+def _init(args: argparse.Namespace) -> int:
+    specs = parse_gpus(args.gpus)
+    state = simstate.init_state(
+        args.state, specs, pending_mode_changes=args.pending_mode_changes, seed=args.seed
+    )
+    for gpu in state["gpus"]:
+        print(f"GPU {gpu['index']}  {gpu['name']}  {gpu['uuid']}")
+    return 0
+
+
+def _busy(args: argparse.Namespace) -> int:
+    simstate.set_busy(args.state, args.uuid, args.busy)
+    return 0
+
+
+def _xid(args: argparse.Namespace) -> int:
+    simstate.inject_xid(args.state, args.uuid, args.xid)
+    return 0
+
+
+def _reset(args: argparse.Namespace) -> int:
+    for uuid in simstate.reset(args.state, args.uuid):
+        print(f"reset {uuid}")
+    return 0

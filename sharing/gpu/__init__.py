@@ -1,0 +1,39 @@
+"""GPU backends: the one place the agent touches GPUs, through NVML or through simulated NVML.
+
+`backend` declares what a backend does, `nvml` implements it over any pynvml-shaped module (the
+real `pynvml`, or `simnvml` over a state file), and `open_backend` wires the two by name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from pathlib import Path
+
+from sharing.catalog import Catalog
+from sharing.errors import BackendError
+from sharing.gpu import nvml, simnvml
+from sharing.gpu.backend import GpuBackend
+
+BACKENDS = ("nvml", "sim")
+
+
+def open_backend(
+    kind: str,
+    catalog: Catalog,
+    *,
+    sim_state: Path | None = None,
+    ignored_xids: Collection[int] = nvml.APPLICATION_XIDS,
+) -> GpuBackend:
+    """The backend called `kind` (`nvml` or `sim`); `sim` needs the path of its state file."""
+    if kind == "nvml":
+        return nvml.open_nvml(catalog, ignored_xids=ignored_xids)
+    if kind == "sim":
+        if sim_state is None:
+            raise BackendError(
+                "the simulated backend needs a state file: pass --sim-state PATH "
+                "(create one with `sharing sim init --state PATH --gpus A100-SXM4-40GB:2`)"
+            )
+        return nvml.NvmlBackend(
+            simnvml.SimNvml(sim_state, catalog), catalog, event_poll_s=0.05, ignored_xids=ignored_xids
+        )
+    raise BackendError(f"unknown GPU backend {kind!r} (choose one of: {', '.join(BACKENDS)})")

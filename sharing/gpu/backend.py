@@ -1,0 +1,66 @@
+"""What the agent asks of GPUs, as one small Protocol: observe, change MIG, watch health.
+
+The applier and the agent are written against this; `NvmlBackend` implements it on real GPUs and,
+over the simulated NVML, on simulated ones. Methods are async: implementations keep blocking
+driver calls off the event loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+from sharing.errors import BackendError
+from sharing.model import GpuInstance, GpuUuid, HealthEvent, NodeState
+
+
+class NvmlUnavailableError(BackendError):
+    """NVML cannot be loaded or initialised (no driver, no GPU, not installed)."""
+
+
+class GpuNotFoundError(BackendError):
+    """No GPU, GPU instance or MIG device with that identity."""
+
+
+class GpuBusyError(BackendError):
+    """The device has processes (NVML IN_USE); nothing was changed."""
+
+
+class InsufficientResourcesError(BackendError):
+    """The slices are taken or the profile's maximum is reached (NVML INSUFFICIENT_RESOURCES)."""
+
+
+class NotSupportedError(BackendError):
+    """The GPU cannot do it: no MIG, or MIG mode is off (NVML NOT_SUPPORTED)."""
+
+
+class GpuBackend(Protocol):
+    """The GPUs of one node."""
+
+    async def observe(self) -> NodeState:
+        """Every GPU: identity, MIG mode (current and pending), instances, MIG UUIDs, busy."""
+        ...
+
+    async def set_mig_mode(self, gpu: GpuUuid, enabled: bool) -> bool:
+        """Ask for MIG on or off; True when the change is pending until the GPU is reset."""
+        ...
+
+    async def destroy_instance(self, gpu: GpuUuid, gi_id: int) -> None:
+        """Destroy a GPU instance: its compute instances first, then the GPU instance."""
+        ...
+
+    async def create_instance(self, gpu: GpuUuid, profile: str, start: int) -> GpuInstance:
+        """Create a GPU instance of `profile` at slice `start` with one compute instance spanning it.
+
+        A GPU instance already at that placement with no compute instance (left half-built by a
+        crash) is completed instead of failing.
+        """
+        ...
+
+    def health_events(self) -> AsyncIterator[HealthEvent]:
+        """Critical XIDs as they happen, attributed to a MIG device when the driver says which."""
+        ...
+
+    async def close(self) -> None:
+        """Release the driver and the worker thread."""
+        ...

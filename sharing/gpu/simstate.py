@@ -1,0 +1,227 @@
+"""The simulated GPUs' state file, and the test hooks that change it from outside NVML.
+
+The state is one JSON document, written atomically and locked around every access, so separate
+processes (the agent, `sharing sim busy`, a test) and restarts see the same GPUs. `simnvml` reads
+and changes it through the pynvml functions; the hooks here do what no NVML call can: create the
+GPUs, start and stop work on a device, raise an XID, reset a GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sharing.catalog import Catalog, product_key
+from sharing.errors import BackendError
+
+State = dict[str, Any]
+
+NON_MIG_PRODUCTS: dict[str, tuple[str, int]] = {
+    # key: (NVML name, memory MiB). GPUs without MIG: time-slicing only.
+    "T4": ("Tesla T4", 15360),
+    "L4": ("NVIDIA L4", 23034),
+    "A10": ("NVIDIA A10", 23028),
+    "L40S": ("NVIDIA L40S", 46068),
+}
+_MAX_EVENTS = 256
+
+
+@dataclass(frozen=True, slots=True)
+class SimGpuSpec:
+    """What `init_state` creates for one simulated GPU."""
+
+    product: str
+    """Catalog name of a MIG product, or a key of NON_MIG_PRODUCTS."""
+    name: str
+    memory_mib: int
+    mig_capable: bool
+
+
+def resolve_product(catalog: Catalog, name: str) -> SimGpuSpec:
+    """A product the simulator can play, by catalog or NVML name (`A100-SXM4-40GB`, `Tesla T4`)."""
+    product = catalog.find(name)
+    if product is not None:
+        return SimGpuSpec(product.name, product.nvml_names[0], product.memory_mib, True)
+    key = product_key(name).removeprefix("tesla-")
+    for short, (nvml_name, memory) in NON_MIG_PRODUCTS.items():
+        if key in {product_key(short), product_key(nvml_name).removeprefix("tesla-")}:
+            return SimGpuSpec(short, nvml_name, memory, False)
+    known = [p.name for p in catalog.products] + list(NON_MIG_PRODUCTS)
+    raise BackendError(f"the simulator cannot play GPU product {name!r} (known: {', '.join(known)})")
+
+
+def init_state(
+    path: Path, gpus: Sequence[SimGpuSpec], *, pending_mode_changes: bool = False, seed: str = "sim"
+) -> State:
+    """Create (or replace) the state file with idle GPUs, MIG disabled, no instances."""
+    state: State = {
+        "version": 1,
+        "seed": seed,
+        "pendingModeChanges": pending_mode_changes,
+        "mutations": 0,
+        "mutatingCalls": 0,
+        "uuidCounter": 0,
+        "eventSeq": 0,
+        "events": [],
+        "gpus": [
+            {
+                "index": i,
+                "uuid": "GPU-" + str(uuid.uuid5(uuid.NAMESPACE_URL, f"gpu-sharing-sim/{seed}/gpu/{i}")),
+                "product": spec.product,
+                "name": spec.name,
+                "memoryMiB": spec.memory_mib,
+                "migCapable": spec.mig_capable,
+                "migCurrent": 0,
+                "migPending": 0,
+                "busy": False,
+                "gpuInstances": [],
+            }
+            for i, spec in enumerate(gpus)
+        ],
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with locked(path, create=True):
+        save(path, state)
+    return state
+
+
+def new_mig_uuid(state: State) -> str:
+    """A fresh, stable-looking MIG UUID (a recreated instance gets a new one, as on hardware)."""
+    state["uuidCounter"] += 1
+    return "MIG-" + str(
+        uuid.uuid5(uuid.NAMESPACE_URL, f"gpu-sharing-sim/{state['seed']}/mig/{state['uuidCounter']}")
+    )
+
+
+@contextlib.contextmanager
+def locked(path: Path, *, create: bool = False) -> Iterator[None]:
+    """Hold the state's lock file (a sibling `.lock`) for the duration."""
+    if not create and not path.exists():
+        raise BackendError(
+            f"no simulated GPUs at {path}: create them with "
+            f"`sharing sim init --state {path} --gpus A100-SXM4-40GB:2`"
+        )
+    fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def load(path: Path) -> State:
+    """Read the state (call with the lock held)."""
+    try:
+        state: State = json.loads(path.read_text("utf-8"))
+    except (OSError, ValueError) as err:
+        raise BackendError(f"cannot read the simulated GPUs at {path}: {err}") from err
+    return state
+
+
+def save(path: Path, state: State) -> None:
+    """Write the state atomically and durably (call with the lock held)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as out:
+        json.dump(state, out, indent=1)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+@contextlib.contextmanager
+def editing(path: Path) -> Iterator[State]:
+    """Lock, load, let the caller change the state, save."""
+    with locked(path):
+        state = load(path)
+        yield state
+        save(path, state)
+
+
+def find_device(state: State, device_uuid: str) -> tuple[State, State | None, State | None]:
+    """(gpu, gpu instance, compute instance) for a GPU or MIG UUID; instance parts None for a GPU."""
+    for gpu in state["gpus"]:
+        if gpu["uuid"] == device_uuid:
+            return gpu, None, None
+        for gi in gpu["gpuInstances"]:
+            for ci in gi["computeInstances"]:
+                if ci["uuid"] == device_uuid:
+                    return gpu, gi, ci
+    raise BackendError(f"no simulated GPU or MIG device has UUID {device_uuid!r} (see `sharing export`)")
+
+
+def set_busy(path: Path, device_uuid: str, busy: bool) -> None:
+    """Start (busy) or stop (idle) work on a GPU or MIG device."""
+    with editing(path) as state:
+        gpu, _, ci = find_device(state, device_uuid)
+        (ci if ci is not None else gpu)["busy"] = busy
+
+
+def inject_xid(path: Path, device_uuid: str, xid: int) -> None:
+    """Raise an XID on a GPU, or on one MIG device (then the event names its GI and CI)."""
+    with editing(path) as state:
+        gpu, gi, ci = find_device(state, device_uuid)
+        state["eventSeq"] += 1
+        state["events"].append(
+            {
+                "seq": state["eventSeq"],
+                "gpu": gpu["index"],
+                "xid": xid,
+                "gi": None if gi is None else gi["id"],
+                "ci": None if ci is None else ci["id"],
+            }
+        )
+        del state["events"][:-_MAX_EVENTS]
+
+
+def reset(path: Path, gpu_uuid: str | None = None) -> list[str]:
+    """Reset one GPU or all: pending MIG mode takes effect, every instance is gone. Returns the UUIDs."""
+    with editing(path) as state:
+        gpus = state["gpus"] if gpu_uuid is None else [find_device(state, gpu_uuid)[0]]
+        for gpu in gpus:
+            if gpu_busy(gpu):
+                raise BackendError(
+                    f"GPU {gpu['index']} ({gpu['uuid']}) has processes; a reset needs an idle "
+                    f"GPU: stop them first (`sharing sim idle --uuid ...`)"
+                )
+        for gpu in gpus:
+            gpu["migCurrent"] = gpu["migPending"]
+            gpu["gpuInstances"] = []
+        return [gpu["uuid"] for gpu in gpus]
+
+
+def gpu_busy(gpu: State) -> bool:
+    """Processes on the GPU itself or on any of its MIG devices."""
+    return bool(gpu["busy"]) or any(ci["busy"] for gi in gpu["gpuInstances"] for ci in gi["computeInstances"])
+
+
+@dataclass(frozen=True, slots=True)
+class Counters:
+    """How often NVML was asked to change the simulated hardware, and how often it did."""
+
+    mutating_calls: int
+    mutations: int
+
+
+def counters(path: Path) -> Counters:
+    """The mutation counters kept in the state file."""
+    with locked(path):
+        state = load(path)
+    return Counters(state["mutatingCalls"], state["mutations"])
+
+
+def read(path: Path) -> State:
+    """A snapshot of the whole state (for tests and `sharing sim`)."""
+    with locked(path):
+        return load(path)

@@ -1,0 +1,31 @@
+"""structlog set-up: JSON lines in a cluster, readable console output on a terminal.
+
+Event names are short snake_case (`plan_computed`, `plugin_registered`); context goes in key/values.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import structlog
+
+
+def configure(log_format: str = "auto", level: int = logging.INFO) -> None:
+    """Configure structlog once for the process; `auto` picks console on a TTY, JSON otherwise."""
+    json_output = log_format == "json" or (log_format == "auto" and not sys.stderr.isatty())
+    renderer: structlog.typing.Processor = (
+        structlog.processors.JSONRenderer() if json_output else structlog.dev.ConsoleRenderer(colors=False)
+    )
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(level),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=True,
+    )

@@ -1,0 +1,179 @@
+"""The DevicePlugin gRPC service of one resource, and the device feed its ListAndWatch streams follow.
+
+The kubelet rules it keeps: ListAndWatch sends the full list at once and again on every change,
+and stays open for the plugin's life (the kubelet marks every device unhealthy when it ends and
+never dials again); Allocate and GetPreferredAllocation refuse bad requests with INVALID_ARGUMENT
+and a message that says why, never with a crash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
+import grpc
+import structlog
+
+from sharing.allocation import AllocationError, AllocationPolicy, allocate, preferred_allocation
+from sharing.inventory import Device
+from sharing.kubeletapi import deviceplugin_v1beta1_pb2 as api
+
+log = structlog.get_logger(__name__)
+
+
+class DeviceFeed:
+    """The latest device list of one resource; each ListAndWatch stream follows it (latest wins)."""
+
+    def __init__(self, devices: tuple[Device, ...] = ()) -> None:
+        self._devices = devices
+        self._changed = asyncio.Event()
+        self._closed = False
+
+    @property
+    def devices(self) -> tuple[Device, ...]:
+        """The current list."""
+        return self._devices
+
+    def publish(self, devices: tuple[Device, ...]) -> bool:
+        """Make `devices` the current list; True when it differs from the previous one."""
+        if devices == self._devices:
+            return False
+        self._devices = devices
+        self._wake()
+        return True
+
+    def close(self) -> None:
+        """End every stream after it has sent the current list."""
+        self._closed = True
+        self._wake()
+
+    async def watch(self) -> AsyncIterator[tuple[Device, ...]]:
+        """The current list now, then the newest list after each change, until closed."""
+        while True:
+            changed = self._changed
+            yield self._devices
+            if self._closed:
+                return
+            await changed.wait()
+
+    def _wake(self) -> None:
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+
+def to_proto(device: Device) -> api.Device:
+    """The kubelet's view of a device: ID, health and NUMA node when known."""
+    topology = (
+        api.TopologyInfo(nodes=[api.NUMANode(ID=device.numa_node)]) if device.numa_node is not None else None
+    )
+    return api.Device(ID=device.id, health=device.health.value, topology=topology)
+
+
+class DevicePluginService:
+    """The DevicePlugin gRPC service of one resource.
+
+    Duck-typed to the generated servicer (its methods keep the gRPC names), since subclassing the
+    untyped generated class would hide these signatures from mypy.
+    """
+
+    def __init__(
+        self,
+        resource: str,
+        feed: DeviceFeed,
+        *,
+        policy: AllocationPolicy,
+        cdi: bool,
+        fail_requests_greater_than_one: Callable[[], bool],
+        on_stream_change: Callable[[bool], None],
+    ) -> None:
+        self.resource = resource
+        self.feed = feed
+        self.policy = policy
+        self.cdi = cdi
+        self.fail_requests_greater_than_one = fail_requests_greater_than_one
+        self.on_stream_change = on_stream_change
+        self.streams = 0
+        """Open ListAndWatch streams that have sent their first list."""
+
+    async def GetDevicePluginOptions(
+        self, request: api.Empty, context: grpc.aio.ServicerContext
+    ) -> api.DevicePluginOptions:
+        """Preferred allocation on, no PreStartContainer."""
+        return api.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
+
+    async def ListAndWatch(
+        self, request: api.Empty, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[api.ListAndWatchResponse]:
+        """The full list at once, then a new full list on every change."""
+        sent = False
+        try:
+            async for devices in self.feed.watch():
+                yield api.ListAndWatchResponse(devices=[to_proto(d) for d in devices])
+                if not sent:
+                    sent = True
+                    self.streams += 1
+                    log.debug("list_and_watch_opened", resource=self.resource)
+                    self.on_stream_change(True)
+        finally:
+            if sent:
+                self.streams -= 1
+            log.debug("list_and_watch_closed", resource=self.resource)
+            self.on_stream_change(False)
+
+    async def GetPreferredAllocation(
+        self, request: api.PreferredAllocationRequest, context: grpc.aio.ServicerContext
+    ) -> api.PreferredAllocationResponse:
+        """A hint: which devices the container should get."""
+        if not request.container_requests:
+            await _invalid(context, f"{self.resource}: GetPreferredAllocation without container requests")
+        responses = []
+        for r in request.container_requests:
+            try:
+                ids = preferred_allocation(
+                    self.resource,
+                    self.feed.devices,
+                    available=r.available_deviceIDs,
+                    must_include=r.must_include_deviceIDs,
+                    size=r.allocation_size,
+                    policy=self.policy,
+                )
+            except AllocationError as err:
+                await _invalid(context, str(err))
+            responses.append(api.ContainerPreferredAllocationResponse(deviceIDs=ids))
+        return api.PreferredAllocationResponse(container_responses=responses)
+
+    async def Allocate(
+        self, request: api.AllocateRequest, context: grpc.aio.ServicerContext
+    ) -> api.AllocateResponse:
+        """The env (NVIDIA_VISIBLE_DEVICES) and optional CDI devices of each container."""
+        if not request.container_requests:
+            await _invalid(context, f"{self.resource}: Allocate without container requests")
+        responses = []
+        for r in request.container_requests:
+            try:
+                got = allocate(
+                    self.resource,
+                    self.feed.devices,
+                    r.devices_ids,
+                    fail_requests_greater_than_one=self.fail_requests_greater_than_one(),
+                    cdi=self.cdi,
+                )
+            except AllocationError as err:
+                log.warning("allocate_refused", resource=self.resource, reason=str(err))
+                await _invalid(context, str(err))
+            responses.append(
+                api.ContainerAllocateResponse(
+                    envs=dict(got.envs), cdi_devices=[api.CDIDevice(name=n) for n in got.cdi_devices]
+                )
+            )
+        return api.AllocateResponse(container_responses=responses)
+
+    async def PreStartContainer(
+        self, request: api.PreStartContainerRequest, context: grpc.aio.ServicerContext
+    ) -> api.PreStartContainerResponse:
+        """Nothing to do before a container starts (never called: pre_start_required is false)."""
+        return api.PreStartContainerResponse()
+
+
+async def _invalid(context: grpc.aio.ServicerContext, message: str) -> None:
+    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)

@@ -1,0 +1,94 @@
+"""The NVML backend on a real GPU, reading only: GPUs, MIG mode, profiles and placements vs the catalog.
+
+The backend gets pynvml behind a guard that fails the test on any call that could change the
+GPU, so these tests cannot change MIG mode, create or destroy instances, or reset anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from sharing.catalog import default_catalog
+from sharing.errors import BackendError
+from sharing.gpu.nvml import NvmlBackend
+
+CATALOG = default_catalog()
+_CHANGES = ("Set", "Create", "Destroy", "Reset", "Clear", "Register")
+
+
+class ReadOnly:
+    """pynvml with every changing call refused."""
+
+    def __init__(self, nvml: Any) -> None:
+        self._nvml = nvml
+
+    def __getattr__(self, name: str) -> Any:
+        if (
+            name.startswith("nvml")
+            and any(word in name for word in _CHANGES)
+            and name != "nvmlEventSetCreate"
+        ):
+            raise AssertionError(f"a read-only GPU test called {name}")
+        return getattr(self._nvml, name)
+
+
+@pytest.fixture
+async def backend(nvml: Any) -> AsyncIterator[NvmlBackend]:
+    b = NvmlBackend(ReadOnly(nvml), CATALOG)
+    yield b
+    await b.close()
+
+
+def test_the_guard_refuses_changes(nvml: Any) -> None:
+    with pytest.raises(AssertionError, match="nvmlDeviceSetMigMode"):
+        _ = ReadOnly(nvml).nvmlDeviceSetMigMode
+
+
+async def test_observe_matches_nvml(backend: NvmlBackend, nvml: Any) -> None:
+    gpus = (await backend.observe()).gpus
+    assert len(gpus) == nvml.nvmlDeviceGetCount()
+    for gpu in gpus:
+        handle = nvml.nvmlDeviceGetHandleByIndex(gpu.index)
+        assert gpu.uuid == nvml.nvmlDeviceGetUUID(handle)
+        assert gpu.uuid.startswith("GPU-")
+        assert gpu.product == nvml.nvmlDeviceGetName(handle)
+        assert gpu.memory_mib == nvml.nvmlDeviceGetMemoryInfo(handle).total // (1024 * 1024)
+        try:
+            current, pending = nvml.nvmlDeviceGetMigMode(handle)
+        except nvml.NVMLError_NotSupported:
+            assert (gpu.mig_capable, gpu.mig_enabled, gpu.instances) == (False, False, ())
+            continue
+        assert (gpu.mig_capable, gpu.mig_enabled, gpu.mig_pending) == (True, current == 1, pending == 1)
+        for gi in gpu.instances:
+            assert gi.size > 0
+            assert all(ci.uuid.startswith("MIG-") for ci in gi.compute_instances)
+
+
+async def test_profiles_and_placements_match_the_catalog(backend: NvmlBackend, nvml: Any) -> None:
+    gpus = [g for g in (await backend.observe()).gpus if g.mig_capable]
+    if not gpus:
+        pytest.skip("no MIG-capable GPU here")
+    compared = 0
+    for gpu in gpus:
+        product = CATALOG.find(gpu.product)
+        if product is None:
+            continue
+        try:
+            profiles = await backend.profiles(gpu.uuid)
+        except BackendError as err:  # older drivers refuse profile queries while MIG is off
+            pytest.skip(f"the driver does not list MIG profiles on GPU {gpu.index} now: {err}")
+        got = {p.id: (p.derived_name, p.size, p.placements) for p in profiles}
+        want = {p.id: (p.name, p.size, p.placements) for p in product.profiles}
+        shared = sorted(set(got) & set(want))
+        assert shared, f"no profile id in common between NVML {sorted(got)} and the catalog {sorted(want)}"
+        assert {i: got[i] for i in shared} == {i: want[i] for i in shared}
+        for gi in gpu.instances:
+            known = product.profile(gi.profile)
+            assert known is not None
+            assert gi.start in known.placements
+        compared += 1
+    if compared == 0:
+        pytest.skip("no MIG GPU here is in the catalog")

@@ -1,0 +1,122 @@
+"""`sharing sim`, `sharing export` and `sharing apply` as a person or a script uses them."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import structlog
+
+from sharing.cli import main
+from sharing.gpu import simstate
+
+CONFIG = """\
+version: v1
+migStrategy: mixed
+gpus:
+  - devices: [0]
+    mig: {3g.20gb: 2}
+  - devices: all
+    replicas: 2
+"""
+
+
+@pytest.fixture(autouse=True)
+def _fresh_logging() -> Iterator[None]:
+    yield
+    structlog.reset_defaults()  # `sharing apply` configured logging to this test's captured stderr
+
+
+@pytest.fixture
+def state(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Path:
+    path = tmp_path / "gpus.json"
+    assert main(["sim", "init", "--state", str(path), "--gpus", "A100-SXM4-40GB,T4:1"]) == 0
+    assert capsys.readouterr().out.count("GPU-") == 2
+    return path
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    path = tmp_path / "config.yaml"
+    path.write_text(CONFIG)
+    return path
+
+
+def test_export_json_shape(
+    state: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SHARING_BACKEND", "sim")
+    monkeypatch.setenv("SHARING_SIM_STATE", str(state))
+    assert main(["export", "--json"]) == 0
+    gpus = json.loads(capsys.readouterr().out)["gpus"]
+    assert [(g["index"], g["product"], g["migEnabled"], g["instances"]) for g in gpus] == [
+        (0, "NVIDIA A100-SXM4-40GB", False, []),
+        (1, "Tesla T4", False, []),
+    ]
+
+
+def test_apply_then_export(state: Path, config: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    sim = ["--backend", "sim", "--sim-state", str(state)]
+    assert main(["apply", "--config", str(config), "--name", "small", *sim, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [g["outcome"] for g in report["gpus"]] == ["applied", "unchanged"]
+    assert report["gpus"][0]["steps"] == ["enable MIG", "create 3g.20gb@0", "create 3g.20gb@4"]
+    assert main(["export", *sim, "--json"]) == 0
+    instances = json.loads(capsys.readouterr().out)["gpus"][0]["instances"]
+    assert [(i["profile"], i["start"], i["size"], i["busy"]) for i in instances] == [
+        ("3g.20gb", 0, 4, False),
+        ("3g.20gb", 4, 4, False),
+    ]
+    busy = instances[1]["uuid"]
+    assert main(["sim", "busy", "--state", str(state), "--uuid", busy]) == 0
+    assert main(["export", *sim]) == 0
+    assert f"{busy}  busy" in capsys.readouterr().out
+
+
+def test_dry_run_prints_the_plan_and_changes_nothing(
+    state: Path, config: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["apply", "--config", str(config), "--name", "x", "--backend", "sim", "--sim-state", str(state)]
+    assert main([*args, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "planned" in out
+    assert "2. create 3g.20gb@0" in out
+    assert "dry run: nothing was changed" in out
+    assert simstate.counters(state) == simstate.Counters(0, 0)
+
+
+def test_could_not_apply_is_exit_1_with_the_reason(
+    state: Path, config: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    simstate.set_busy(state, simstate.read(state)["gpus"][0]["uuid"], True)
+    args = ["apply", "--config", str(config), "--name", "x", "--backend", "sim", "--sim-state", str(state)]
+    assert main(args) == 1
+    assert "failed: GPU 0 (NVIDIA A100-SXM4-40GB" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        pytest.param(["export", "--backend", "sim"], "--sim-state", id="sim-without-state"),
+        pytest.param(["export", "--backend", "cuda"], "invalid choice", id="unknown-backend"),
+        pytest.param(
+            ["sim", "init", "--state", "s.json", "--gpus", "GeForce 256"], "cannot play", id="product"
+        ),
+        pytest.param(["sim", "init", "--state", "s.json", "--gpus", "T4:0"], "PRODUCT:COUNT", id="count"),
+        pytest.param(["apply", "--config", "missing.yaml", "--name", "x"], "cannot read", id="no-config"),
+    ],
+)
+def test_usage_errors_are_exit_2(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_sim_hooks(state: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    gpu = simstate.read(state)["gpus"][0]["uuid"]
+    assert main(["sim", "xid", "--state", str(state), "--uuid", gpu, "--xid", "79"]) == 0
+    assert simstate.read(state)["events"][-1] == {"seq": 1, "gpu": 0, "xid": 79, "gi": None, "ci": None}
+    assert main(["sim", "reset", "--state", str(state), "--uuid", gpu]) == 0
+    assert capsys.readouterr().out == f"reset {gpu}\n"
+    assert main(["sim", "idle", "--state", str(state), "--uuid", "GPU-nope"]) == 1

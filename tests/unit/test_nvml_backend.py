@@ -1,0 +1,240 @@
+"""NvmlBackend's whole behaviour, run against the simulated NVML (the same code runs on real GPUs)."""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import dataclasses
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from sharing.catalog import Catalog, default_catalog
+from sharing.errors import BackendError
+from sharing.gpu import open_backend, simstate
+from sharing.gpu.backend import (
+    GpuBusyError,
+    GpuNotFoundError,
+    InsufficientResourcesError,
+    NotSupportedError,
+    NvmlUnavailableError,
+)
+from sharing.gpu.nvml import NvmlBackend
+from sharing.gpu.simnvml import SimNvml
+from sharing.model import GpuUuid, HealthEvent
+
+CATALOG = default_catalog()
+
+
+@pytest.fixture
+def state(tmp_path: Path) -> Path:
+    path = tmp_path / "gpus.json"
+    simstate.init_state(
+        path, [simstate.resolve_product(CATALOG, p) for p in ("A100-SXM4-40GB", "H100-80GB-HBM3", "T4")]
+    )
+    return path
+
+
+@pytest.fixture
+async def backend(state: Path) -> AsyncIterator[NvmlBackend]:
+    b = NvmlBackend(SimNvml(state, CATALOG, event_poll_s=0.001), CATALOG, event_poll_s=0.01)
+    yield b
+    await b.close()
+
+
+async def uuids(backend: NvmlBackend) -> list[GpuUuid]:
+    return [g.uuid for g in (await backend.observe()).gpus]
+
+
+async def test_observe_a_fresh_node(backend: NvmlBackend) -> None:
+    gpus = (await backend.observe()).gpus
+    assert [
+        (g.index, g.product, g.memory_mib, g.mig_capable, g.mig_enabled, g.mig_pending, g.busy) for g in gpus
+    ] == [
+        (0, "NVIDIA A100-SXM4-40GB", 40960, True, False, False, False),
+        (1, "NVIDIA H100 80GB HBM3", 81559, True, False, False, False),
+        (2, "Tesla T4", 15360, False, False, False, False),
+    ]
+    assert all(g.uuid.startswith("GPU-") and g.instances == () for g in gpus)
+
+
+async def test_create_observe_destroy(backend: NvmlBackend, state: Path) -> None:
+    a100 = (await uuids(backend))[0]
+    assert await backend.set_mig_mode(a100, True) is False
+    made = await backend.create_instance(a100, "3g.20gb", 4)
+    small = await backend.create_instance(a100, "1g.5gb", 0)
+    assert (made.profile, made.start, made.size, len(made.compute_instances)) == ("3g.20gb", 4, 4, 1)
+    assert made.compute_instances[0].uuid.startswith("MIG-")
+    gpu = (await backend.observe()).gpus[0]
+    assert (gpu.mig_enabled, gpu.mig_pending) == (True, True)
+    assert gpu.instances == (small, made)  # ordered by start, same values as create returned
+    before = simstate.counters(state).mutations
+    await backend.destroy_instance(a100, made.id)
+    assert simstate.counters(state).mutations - before == 2  # the compute instance, then the GPU instance
+    assert (await backend.observe()).gpus[0].instances == (small,)
+
+
+async def test_mode_change_pending_until_reset(tmp_path: Path) -> None:
+    path = tmp_path / "vm.json"
+    simstate.init_state(
+        path, [simstate.resolve_product(CATALOG, "A100-SXM4-40GB")], pending_mode_changes=True
+    )
+    backend = open_backend("sim", CATALOG, sim_state=path)
+    try:
+        gpu = (await backend.observe()).gpus[0]
+        assert await backend.set_mig_mode(gpu.uuid, True) is True
+        observed = (await backend.observe()).gpus[0]
+        assert (observed.mig_enabled, observed.mig_pending) == (False, True)
+        simstate.reset(path)
+        observed = (await backend.observe()).gpus[0]
+        assert (observed.mig_enabled, observed.mig_pending) == (True, True)
+    finally:
+        await backend.close()
+
+
+async def test_mode_change_on_a_busy_gpu_is_left_pending(backend: NvmlBackend, state: Path) -> None:
+    a100 = (await uuids(backend))[0]
+    simstate.set_busy(state, a100, True)
+    assert await backend.set_mig_mode(a100, True) is True
+    assert (await backend.observe()).gpus[0].busy
+
+
+async def test_busy_instances_are_reported_and_protected(backend: NvmlBackend, state: Path) -> None:
+    a100 = (await uuids(backend))[0]
+    await backend.set_mig_mode(a100, True)
+    made = await backend.create_instance(a100, "2g.10gb", 2)
+    simstate.set_busy(state, made.compute_instances[0].uuid, True)
+    gpu = (await backend.observe()).gpus[0]
+    assert (gpu.busy, gpu.instances[0].busy, gpu.instances[0].compute_instances[0].busy) == (True, True, True)
+    with pytest.raises(GpuBusyError, match=r"GPU 0 .*in use"):
+        await backend.destroy_instance(a100, made.id)
+    assert (await backend.observe()).gpus[0].instances == gpu.instances
+
+
+async def test_error_mapping_names_the_gpu(backend: NvmlBackend) -> None:
+    a100, h100, t4 = await uuids(backend)
+    with pytest.raises(NotSupportedError, match=rf"GPU 2 \({t4}\).*no MIG"):
+        await backend.set_mig_mode(t4, True)
+    with pytest.raises(NotSupportedError, match="MIG mode is off"):
+        await backend.create_instance(a100, "1g.5gb", 0)
+    await backend.set_mig_mode(h100, True)
+    await backend.create_instance(h100, "4g.40gb", 0)
+    with pytest.raises(InsufficientResourcesError, match=r"creating 3g.40gb@0 on GPU 1"):
+        await backend.create_instance(h100, "3g.40gb", 0)
+    with pytest.raises(BackendError, match=r"cannot start at slice 2 \(valid: 0, 4\)"):
+        await backend.create_instance(h100, "3g.40gb", 2)
+    with pytest.raises(BackendError, match=r"no such MIG profile .*valid: .*1g.10gb"):
+        await backend.create_instance(h100, "1g.5gb", 0)
+    with pytest.raises(GpuNotFoundError, match="GPU instance 9"):
+        await backend.destroy_instance(h100, 9)
+    with pytest.raises(GpuNotFoundError, match="no GPU with UUID GPU-nope"):
+        await backend.destroy_instance(GpuUuid("GPU-nope"), 0)
+
+
+async def test_a_half_built_instance_is_completed_not_duplicated(backend: NvmlBackend, state: Path) -> None:
+    a100 = (await uuids(backend))[0]
+    await backend.set_mig_mode(a100, True)
+    sim = SimNvml(state, CATALOG)
+    sim.nvmlInit()
+    placement = sim.c_nvmlGpuInstancePlacement_t(4, 4)
+    sim.nvmlDeviceCreateGpuInstanceWithPlacement(
+        sim.nvmlDeviceGetHandleByIndex(0), 9, ctypes.byref(placement)
+    )
+    assert (await backend.observe()).gpus[0].instances[0].compute_instances == ()
+    before = simstate.counters(state).mutations
+    made = await backend.create_instance(a100, "3g.20gb", 4)
+    assert simstate.counters(state).mutations - before == 1  # only the compute instance
+    assert len(made.compute_instances) == 1
+    with pytest.raises(BackendError, match="already exists"):
+        await backend.create_instance(a100, "3g.20gb", 4)
+
+
+async def test_profiles_match_the_catalog(backend: NvmlBackend) -> None:
+    for gpu in (await backend.observe()).gpus[:2]:
+        product = CATALOG.product(gpu.product)
+        got = {
+            p.name: (p.id, p.size, p.max_count, p.placements, p.derived_name)
+            for p in await backend.profiles(gpu.uuid)
+        }
+        assert got == {p.name: (p.id, p.size, p.max_count, p.placements, p.name) for p in product.profiles}
+    assert backend.profile_mismatches == set()
+
+
+async def test_catalog_name_wins_and_the_mismatch_is_recorded(state: Path) -> None:
+    a100 = CATALOG.product("A100-SXM4-40GB")
+    renamed = tuple(
+        dataclasses.replace(p, name="3g.19gb") if p.name == "3g.20gb" else p for p in a100.profiles
+    )
+    catalog = Catalog(
+        tuple(dataclasses.replace(p, profiles=renamed) if p is a100 else p for p in CATALOG.products)
+    )
+    backend = NvmlBackend(SimNvml(state, catalog), catalog)
+    try:
+        gpu = (await backend.observe()).gpus[0]
+        await backend.set_mig_mode(gpu.uuid, True)
+        made = await backend.create_instance(gpu.uuid, "3g.19gb", 0)
+        assert made.profile == "3g.19gb"
+        assert backend.profile_mismatches == {
+            "A100-SXM4-40GB profile id 9: NVML gives 3g.20gb, the catalog says 3g.19gb"
+        }
+    finally:
+        await backend.close()
+
+
+async def test_health_events(backend: NvmlBackend, state: Path) -> None:
+    a100 = (await uuids(backend))[0]
+    await backend.set_mig_mode(a100, True)
+    made = await backend.create_instance(a100, "7g.40gb", 0)
+    mig = made.compute_instances[0].uuid
+    events = backend.health_events()
+    first = asyncio.ensure_future(anext(events))
+    await asyncio.sleep(0.05)  # the event set is registered
+    simstate.inject_xid(state, mig, 13)  # an application error: ignored
+    simstate.inject_xid(state, mig, 94)
+    simstate.inject_xid(state, a100, 79)
+    got = [await asyncio.wait_for(first, 5), await asyncio.wait_for(anext(events), 5)]
+    await events.aclose()
+    assert got == [
+        HealthEvent(a100, healthy=False, xid=94, mig_uuid=mig),
+        HealthEvent(a100, healthy=False, xid=79, mig_uuid=None),
+    ]
+
+
+async def test_nvml_calls_run_on_one_worker_thread(state: Path) -> None:
+    seen: set[str] = set()
+
+    class Recording(SimNvml):
+        def nvmlDeviceGetCount(self) -> int:
+            seen.add(threading.current_thread().name)
+            return super().nvmlDeviceGetCount()
+
+    backend = NvmlBackend(Recording(state, CATALOG), CATALOG)
+    try:
+        await asyncio.gather(*(backend.observe() for _ in range(3)))
+    finally:
+        await backend.close()
+    assert len(seen) == 1
+    assert next(iter(seen)).startswith("nvml")
+    assert threading.current_thread().name not in seen
+
+
+async def test_nvml_that_cannot_load_says_to_use_the_simulator(state: Path) -> None:
+    class Broken(SimNvml):
+        def nvmlInit(self) -> None:
+            raise self.NVMLError(12)
+
+    backend = NvmlBackend(Broken(state, CATALOG), CATALOG)
+    try:
+        with pytest.raises(NvmlUnavailableError, match="--backend sim"):
+            await backend.observe()
+    finally:
+        await backend.close()
+
+
+def test_sim_backend_needs_a_state_file() -> None:
+    with pytest.raises(BackendError, match="--sim-state"):
+        open_backend("sim", CATALOG)
+    with pytest.raises(BackendError, match="unknown GPU backend"):
+        open_backend("cuda", CATALOG)
