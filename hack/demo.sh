@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# The main job, for now: plan a MIG layout change on an A100 with one busy instance.
-# (The full demo — local control plane, simulated GPU node, the agent, `kubectl describe node` —
-# replaces this once the agent lands.)
+# The main job: a local control plane, a simulated GPU node (2x A100 + 2x H100), the agent, and
+# `kubectl describe node demo-gpu-node` showing MIG slices and time-sliced GPUs.
+#   hack/demo.sh            run until Ctrl-C
+#   hack/demo.sh --detach   return once the slices are visible (last line: export KUBECONFIG=...)
+#   hack/demo.sh --down     stop a detached demo
+# The first run builds kube-apiserver, etcd and the kubelet harness from Go modules (minutes);
+# later runs reuse them from ~/.cache/gpu-sharing. The kubelet harness needs root.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 venv=$("$root/hack/venv.sh")
-export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
-set -x
-"$venv/bin/python" -m sharing plan --gpu A100-SXM4-40GB --want 3g.20gb=1,2g.10gb=1,1g.5gb=2 --have 3g.20gb@4,1g.5gb@0:busy
+export PATH="$venv/bin:$PATH" PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
+exec python "$root/hack/demo.py" "$@"

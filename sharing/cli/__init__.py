@@ -13,11 +13,11 @@ import sys
 import traceback
 from collections.abc import Sequence
 
-from sharing.cli import apply, export, plan, profiles, sim, validate
+from sharing.cli import agent, apply, export, plan, profiles, sim, validate
 from sharing.cli.common import UsageError
 from sharing.errors import SharingError
 
-COMMANDS = (profiles, plan, validate, export, apply, sim)
+COMMANDS = (profiles, plan, validate, export, apply, sim, agent)
 
 
 class _Parser(argparse.ArgumentParser):

@@ -1,0 +1,71 @@
+"""`sharing agent`: run the node agent (what the DaemonSet runs)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+
+from sharing import settings
+from sharing.cli.common import Subparsers, UsageError
+
+
+def register(commands: Subparsers) -> None:
+    """Add the command to the CLI."""
+    parser = commands.add_parser(
+        "agent",
+        help="run the node agent: partition GPUs, serve device plugins, label the Node",
+        description="Every flag falls back to its SHARING_* environment variable, then to its default.",
+    )
+    settings.add_arguments(parser)
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run until SIGTERM or SIGINT; SIGHUP reconciles at once."""
+    try:
+        config = settings.from_args(args)
+    except ValueError as err:
+        raise UsageError(str(err)) from err
+    from sharing import logs
+
+    logs.configure(config.log_format)
+    asyncio.run(_serve(config))
+    return 0
+
+
+async def _serve(config: settings.Settings) -> None:
+    # Imported here: the other commands should not pay for grpc and the kubernetes client.
+    from sharing.agent import Agent
+    from sharing.allocation import AllocationPolicy
+    from sharing.catalog import default_catalog
+    from sharing.gpu import open_backend
+    from sharing.kube import ApiClient
+    from sharing.serve.fleet import Fleet, FleetSettings
+    from sharing.serve.podresources import PodResourcesClient
+
+    catalog = default_catalog()
+    config.journal.parent.mkdir(parents=True, exist_ok=True)
+    agent = Agent(
+        config,
+        kube=ApiClient(config.kubeconfig),
+        backend=open_backend(
+            config.backend, catalog, sim_state=config.sim_state, ignored_xids=config.ignored_xids
+        ),
+        fleet=Fleet(
+            FleetSettings(
+                plugin_dir=config.device_plugin_dir,
+                policy=AllocationPolicy(config.allocation_policy),
+                cdi=config.cdi,
+                ignored_xids=frozenset(config.ignored_xids),
+            )
+        ),
+        catalog=catalog,
+        pod_resources=PodResourcesClient(config.pod_resources_socket),
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, agent.trigger)
+    await agent.run(stop)

@@ -1,0 +1,133 @@
+"""The agent's settings: one frozen value built from flags, with SHARING_* environment fallbacks.
+
+Precedence is flag > environment > default, so the DaemonSet can set everything through env and a
+person debugging on a node can override any of it on the command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Everything `sharing agent` needs to know, logged once at start-up."""
+
+    node_name: str
+    namespace: str = "gpu-sharing"
+    configmap: str = "gpu-sharing-config"
+    config_label: str = "nvidia.com/device-plugin.config"
+    fallback_label: str = "nvidia.com/mig.config"
+    backend: str = "nvml"
+    sim_state: Path | None = None
+    device_plugin_dir: Path = Path("/var/lib/kubelet/device-plugins")
+    pod_resources_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+    journal: Path = Path("/var/lib/gpu-sharing/journal.jsonl")
+    kubeconfig: str | None = None
+    """None: in-cluster service account."""
+    resync_seconds: float = 300.0
+    watch_timeout_seconds: int = 300
+    ignored_xids: tuple[int, ...] = (13, 31, 43, 45, 68, 109)
+    allocation_policy: str = "distributed"
+    cdi: bool = False
+    log_format: str = "auto"
+
+    def describe(self) -> dict[str, str]:
+        """The settings as strings, for the start-up log line."""
+        return {f.name: str(getattr(self, f.name)) for f in fields(self)}
+
+
+# (field, flag, env var, help)
+_OPTIONS: tuple[tuple[str, str, str, str], ...] = (
+    ("node_name", "--node-name", "SHARING_NODE_NAME", "this node's name (DaemonSet: from the downward API)"),
+    ("namespace", "--namespace", "SHARING_NAMESPACE", "namespace of the ConfigMap of named configs"),
+    ("configmap", "--configmap", "SHARING_CONFIGMAP", "name of the ConfigMap of named configs"),
+    ("config_label", "--config-label", "SHARING_CONFIG_LABEL", "node label that names the config"),
+    ("fallback_label", "--fallback-label", "SHARING_FALLBACK_LABEL", "label used when the first is absent"),
+    ("backend", "--backend", "SHARING_BACKEND", "GPU backend: nvml or sim"),
+    ("sim_state", "--sim-state", "SHARING_SIM_STATE", "state file of the simulated GPUs (--backend sim)"),
+    (
+        "device_plugin_dir",
+        "--device-plugin-dir",
+        "SHARING_DEVICE_PLUGIN_DIR",
+        "the kubelet's device-plugin dir",
+    ),
+    (
+        "pod_resources_socket",
+        "--pod-resources-socket",
+        "SHARING_POD_RESOURCES_SOCKET",
+        "the PodResources socket",
+    ),
+    ("journal", "--journal", "SHARING_JOURNAL", "journal of hardware steps (crash recovery)"),
+    ("kubeconfig", "--kubeconfig", "SHARING_KUBECONFIG", "kubeconfig file (default: in-cluster)"),
+    ("resync_seconds", "--resync-seconds", "SHARING_RESYNC_SECONDS", "reconcile at least this often"),
+    ("watch_timeout_seconds", "--watch-timeout-seconds", "SHARING_WATCH_TIMEOUT_SECONDS", "watch renewal"),
+    ("ignored_xids", "--ignored-xids", "SHARING_IGNORED_XIDS", "XIDs that do not make a GPU unhealthy"),
+    (
+        "allocation_policy",
+        "--allocation-policy",
+        "SHARING_ALLOCATION_POLICY",
+        "replicas: distributed or packed",
+    ),
+    ("cdi", "--cdi", "SHARING_CDI", "also return CDI device names from Allocate (true/false)"),
+    ("log_format", "--log-format", "SHARING_LOG_FORMAT", "auto, json or console"),
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add one flag per setting; unset flags fall back to the environment, then the default."""
+    for name, flag, env, help_text in _OPTIONS:
+        parser.add_argument(
+            flag, dest=name, default=None, metavar=name.split("_")[-1].upper(), help=f"{help_text} [{env}]"
+        )
+
+
+def from_args(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> Settings:
+    """Settings from parsed flags and the environment; ValueError names the bad setting."""
+    values: dict[str, object] = {}
+    for name, flag, env, _ in _OPTIONS:
+        raw = getattr(args, name, None)
+        source = flag
+        if raw is None:
+            raw, source = environ.get(env), env
+        if raw is None and name == "kubeconfig":
+            raw, source = environ.get("KUBECONFIG") or None, "KUBECONFIG"
+        if raw is None or raw == "":
+            continue
+        values[name] = _convert(name, raw, source)
+    if "node_name" not in values:
+        raise ValueError("the node name is required: --node-name or SHARING_NODE_NAME")
+    settings = Settings(**values)  # type: ignore[arg-type]
+    if settings.backend not in ("nvml", "sim"):
+        raise ValueError(f"--backend / SHARING_BACKEND: {settings.backend!r} is not nvml or sim")
+    if settings.backend == "sim" and settings.sim_state is None:
+        raise ValueError("--backend sim needs --sim-state or SHARING_SIM_STATE")
+    if settings.allocation_policy not in ("distributed", "packed"):
+        raise ValueError(f"allocation policy {settings.allocation_policy!r} is not distributed or packed")
+    if settings.log_format not in ("auto", "json", "console"):
+        raise ValueError(f"log format {settings.log_format!r} is not auto, json or console")
+    return settings
+
+
+def _convert(name: str, raw: str, source: str) -> object:
+    kind = Settings.__dataclass_fields__[name].type
+    try:
+        if "Path" in str(kind):
+            return Path(raw)
+        if kind == "float":
+            return float(raw)
+        if kind == "int":
+            return int(raw)
+        if kind == "bool":
+            if raw.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError(raw)
+            return raw.lower() in ("true", "1", "yes")
+        if name == "ignored_xids":
+            return tuple(int(x) for x in raw.split(",") if x.strip())
+    except ValueError as err:
+        raise ValueError(f"{source}: {raw!r} is not a valid {name.replace('_', ' ')}") from err
+    return raw

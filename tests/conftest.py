@@ -1,0 +1,112 @@
+"""Fixtures for integration and e2e tests: a real control plane and the kubelet harness (hack/cluster.py).
+
+The Go binaries are built by hack/build-go.sh on first use (the first kube-apiserver build takes
+~10 minutes on 2 cores; later runs reuse the cache outside the repository). Without Go, and
+without SHARING_* binary overrides, these tests are skipped. The harness needs root.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hack"))
+
+import cluster
+
+_build_error: Exception | None = None
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Build the Go binaries once, before any test runs, when integration tests are selected.
+
+    A cold build (~10 minutes) inside a fixture would count against the per-test timeout
+    (pytest-timeout); here it does not. Errors are kept and reported by the fixture.
+    """
+    global _build_error  # noqa: PLW0603
+    if not any(item.get_closest_marker("integration") for item in items):
+        return
+    capture = items[0].config.pluginmanager.getplugin("capturemanager")
+    # Let hack/build-go.sh's progress lines reach the terminal (a cold build takes minutes).
+    uncaptured = capture.global_and_fixture_disabled() if capture else contextlib.nullcontext()
+    try:
+        with uncaptured:
+            cluster.binaries()
+    except cluster.BinariesUnavailable:
+        pass  # the fixture skips
+    except cluster.ClusterError as e:
+        _build_error = e
+
+
+@pytest.fixture(scope="session")
+def cluster_binaries() -> cluster.Binaries:
+    if _build_error is not None:
+        raise _build_error
+    try:
+        return cluster.binaries()
+    except cluster.BinariesUnavailable as e:
+        pytest.skip(f"no Go-built test binaries: {e}")
+
+
+@pytest.fixture(scope="session")
+def control_plane(cluster_binaries: cluster.Binaries) -> Iterator[cluster.ControlPlane]:
+    """etcd + kube-apiserver for the whole session (RBAC on, admin kubeconfig in .kubeconfig)."""
+    with cluster.ControlPlane(bins=cluster_binaries) as cp:
+        yield cp
+
+
+def _need_root() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("the kubelet harness needs root (private mount namespace)")
+
+
+@pytest.fixture
+def make_kubelet(
+    control_plane: cluster.ControlPlane, cluster_binaries: cluster.Binaries
+) -> Iterator[Callable[..., cluster.KubeletHarness]]:
+    """Factory: ``make_kubelet(node_name=..., **KubeletHarness kwargs)``; all stopped at teardown."""
+    _need_root()
+    started: list[cluster.KubeletHarness] = []
+
+    def make(**kwargs: Any) -> cluster.KubeletHarness:
+        kwargs.setdefault("kubeconfig", control_plane.kubeconfig)
+        kwargs.setdefault("node_name", f"node-{uuid.uuid4().hex[:8]}")
+        kwargs.setdefault("binary", cluster_binaries.kubelet_harness)
+        k = cluster.KubeletHarness(**kwargs)
+        started.append(k)
+        return k.start()
+
+    yield make
+    for k in reversed(started):
+        k.stop()
+
+
+@pytest.fixture
+def kubelet(make_kubelet: Callable[..., cluster.KubeletHarness]) -> cluster.KubeletHarness:
+    """A kubelet harness syncing a fresh Node (``kubelet.node_name``) of the session control plane."""
+    return make_kubelet()
+
+
+@pytest.fixture
+def make_stub_plugin(
+    cluster_binaries: cluster.Binaries,
+) -> Iterator[Callable[..., cluster.StubDevicePlugin]]:
+    """Factory for the Go stub device plugin: ``make_stub_plugin(kubelet.device_plugin_dir, ...)``."""
+    started: list[cluster.StubDevicePlugin] = []
+
+    def make(plugin_dir: Path, *args: Any, **kwargs: Any) -> cluster.StubDevicePlugin:
+        kwargs.setdefault("binary", cluster_binaries.stub_device_plugin)
+        p = cluster.StubDevicePlugin(plugin_dir, *args, **kwargs)
+        started.append(p)
+        return p.start()
+
+    yield make
+    for p in reversed(started):
+        p.stop()

@@ -1,0 +1,147 @@
+"""The whole agent on a real control plane and the kubelet's own device manager, as an operator uses it.
+
+The agent runs as a process with the ServiceAccount token of deploy/ (TokenRequest), so the RBAC there
+is proven sufficient. GPUs are simulated through the pynvml-shaped simulator, with state in a file.
+Waits are for conditions (the harness's long-poll, or the API with a deadline), never fixed sleeps.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tests.e2e.conftest import GpuNode
+
+pytestmark = pytest.mark.integration
+
+DEMO = "a100-mig-h100-time-sliced"
+
+
+def mig_and_shared(resources: dict[str, Any]) -> bool:
+    return (
+        resources.get("nvidia.com/mig-1g.5gb", {}).get("allocatable") == 4
+        and resources.get("nvidia.com/mig-2g.10gb", {}).get("allocatable") == 2
+        and resources.get("nvidia.com/mig-3g.20gb", {}).get("allocatable") == 2
+        and resources.get("nvidia.com/gpu", {}).get("allocatable") == 8
+    )
+
+
+def capacity(name: str, count: int) -> Callable[[dict[str, Any]], bool]:
+    return lambda resources: resources.get(name, {}).get("capacity") == count
+
+
+def test_label_change_carves_the_gpus_and_relabels_the_node(gpu_node: GpuNode) -> None:
+    gpu_node.label(DEMO)
+    gpu_node.kubelet.wait_resources(mig_and_shared, timeout=60)
+    labels = gpu_node.wait_labels(lambda labels: labels.get("nvidia.com/mig.config.state") == "success")
+    assert "4" == labels["nvidia.com/mig-1g.5gb.count"]
+    assert "NVIDIA-A100-SXM4-40GB-MIG-3g.20gb" == labels["nvidia.com/mig-3g.20gb.product"]
+    assert "NVIDIA-H100-80GB-HBM3-SHARED" == labels["nvidia.com/gpu.product"]
+    assert "4" == labels["nvidia.com/gpu.replicas"]
+    # The kubelet copies the device manager's capacity into the Node, as `kubectl describe node` shows.
+    status = gpu_node.wait_node(lambda n: n["status"]["capacity"].get("nvidia.com/mig-1g.5gb") == "4")
+    assert "8" == status["status"]["allocatable"]["nvidia.com/gpu"]
+
+    gpu_node.label("all-1g")
+    gpu_node.kubelet.wait_resources(
+        lambda r: capacity("nvidia.com/mig-1g.5gb", 14)(r) and capacity("nvidia.com/mig-1g.10gb", 14)(r),
+        timeout=60,
+    )
+    labels = gpu_node.wait_labels(lambda labels: labels.get("nvidia.com/mig-1g.10gb.count") == "14")
+    assert "nvidia.com/mig-3g.20gb.count" not in labels
+    assert "nvidia.com/gpu.product" not in labels
+    assert "success" == labels["nvidia.com/mig.config.state"]
+    assert DEMO != labels["nvidia.com/device-plugin.config"]  # the user's label is never touched
+
+
+def test_configmap_edit_is_applied_live(gpu_node: GpuNode) -> None:
+    name = gpu_node.put_config("version: v1\ngpus:\n  - devices: all\n    replicas: 2\n")
+    gpu_node.label(name)
+    gpu_node.kubelet.wait_resources(capacity("nvidia.com/gpu", 8), timeout=60)
+    gpu_node.put_config("version: v1\ngpus:\n  - devices: all\n    replicas: 3\n", name=name)
+    gpu_node.kubelet.wait_resources(capacity("nvidia.com/gpu", 12), timeout=60)
+    labels = gpu_node.wait_labels(lambda labels: labels.get("nvidia.com/gpu.replicas") == "3")
+    assert "success" == labels["nvidia.com/mig.config.state"]
+
+
+def test_a_missing_config_fails_loudly_and_keeps_the_last_good_state(gpu_node: GpuNode) -> None:
+    gpu_node.label(DEMO)
+    before = gpu_node.kubelet.wait_resources(mig_and_shared, timeout=60)["resources"]
+    gpu_node.label("no-such-config")
+    labels = gpu_node.wait_labels(lambda labels: labels.get("nvidia.com/mig.config.state") == "failed")
+    assert "4" == labels["nvidia.com/mig-1g.5gb.count"]
+    event = gpu_node.wait_event("ConfigRejected")
+    assert "Warning" == event["type"]
+    assert "config 'no-such-config'" in event["message"]
+    assert "does not exist" in event["message"]
+    assert before == gpu_node.kubelet.resources()["resources"]
+    gpu_node.label(DEMO)
+    gpu_node.wait_labels(lambda labels: labels.get("nvidia.com/mig.config.state") == "success")
+
+
+def test_invalid_yaml_fails_with_the_path_and_recovers_when_fixed(gpu_node: GpuNode) -> None:
+    gpu_node.label(DEMO)
+    gpu_node.kubelet.wait_resources(mig_and_shared, timeout=60)
+    name = gpu_node.put_config("version: v1\ngpus:\n  - devices: all\n    replicas: 0\n")
+    gpu_node.label(name)
+    gpu_node.wait_labels(lambda labels: labels.get("nvidia.com/mig.config.state") == "failed")
+    event = gpu_node.wait_event("ConfigRejected")
+    assert f"{name}: gpus[0].replicas" in event["message"]
+    assert mig_and_shared(gpu_node.kubelet.resources()["resources"])
+    gpu_node.put_config(
+        "version: v1\ngpus:\n  - devices: all\n    mig: disabled\n    replicas: 2\n", name=name
+    )
+    gpu_node.kubelet.wait_resources(capacity("nvidia.com/gpu", 8), timeout=60)
+    gpu_node.wait_labels(lambda labels: labels.get("nvidia.com/mig.config.state") == "success")
+
+
+def test_a_slice_a_pod_holds_is_never_destroyed(gpu_node: GpuNode) -> None:
+    gpu_node.label(DEMO)
+    gpu_node.kubelet.wait_resources(mig_and_shared, timeout=60)
+    pod = gpu_node.kubelet.admit("trainer", {"main": {"nvidia.com/mig-3g.20gb": 1}})
+    (held,) = pod["containers"][0]["devices"]["nvidia.com/mig-3g.20gb"]
+    # all-3g keeps a 3g.20gb on each A100: the held one stays where it is.
+    gpu_node.label("all-3g")
+    gpu_node.kubelet.wait_resources(capacity("nvidia.com/mig-3g.20gb", 4), timeout=60)
+    assert held in gpu_node.kubelet.resources()["resources"]["nvidia.com/mig-3g.20gb"]["healthy"]
+    # all-1g has no room for it: the change fails, says why, and the slice survives.
+    gpu_node.label("all-1g")
+    gpu_node.wait_labels(lambda labels: labels.get("nvidia.com/mig.config.state") == "failed")
+    event = gpu_node.wait_event("ConfigApplyFailed")
+    assert "in use" in event["message"]
+    assert held in gpu_node.export_mig_uuids()
+
+
+def test_kubelet_restart_reregisters_everything(gpu_node: GpuNode) -> None:
+    gpu_node.label(DEMO)
+    gpu_node.kubelet.wait_resources(mig_and_shared, timeout=60)
+    gpu_node.kubelet.restart()
+    gpu_node.kubelet.wait_resources(mig_and_shared, timeout=10)
+
+
+def test_api_server_restart_is_survived(gpu_node: GpuNode) -> None:
+    gpu_node.label(DEMO)
+    gpu_node.kubelet.wait_resources(mig_and_shared, timeout=60)
+    gpu_node.control_plane.restart_apiserver()
+    assert mig_and_shared(gpu_node.kubelet.resources()["resources"])  # the plugins kept serving
+    gpu_node.label("all-replicas-2")
+    gpu_node.kubelet.wait_resources(capacity("nvidia.com/gpu", 8), timeout=90)
+    gpu_node.wait_labels(lambda labels: labels.get("nvidia.com/gpu.replicas") == "2", timeout=60)
+
+
+def test_agent_crash_mid_apply_converges_after_restart(gpu_node: GpuNode) -> None:
+    gpu_node.agent.stop()
+    crashing = gpu_node.start_agent(crash_after=5)
+    gpu_node.label(DEMO)
+    assert 137 == crashing.wait(timeout=60)
+    gpu_node.start_agent()
+    gpu_node.kubelet.wait_resources(mig_and_shared, timeout=60)
+    gpu_node.wait_labels(lambda labels: labels.get("nvidia.com/mig.config.state") == "success")
+    exported = json.loads(
+        gpu_node.sharing("export", "--backend", "sim", "--sim-state", str(gpu_node.sim), "--json")
+    )
+    for gpu in exported["gpus"][:2]:
+        assert ["1g.5gb", "1g.5gb", "2g.10gb", "3g.20gb"] == sorted(i["profile"] for i in gpu["instances"])
