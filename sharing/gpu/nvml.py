@@ -238,19 +238,24 @@ class NvmlBackend:
     # ---- health ------------------------------------------------------------------------------
 
     async def health_events(self) -> AsyncIterator[HealthEvent]:
-        """Critical XIDs (ignored_xids skipped) as HealthEvents, until the backend is closed."""
+        """Critical XIDs (ignored_xids skipped) and recoveries as HealthEvents, until closed."""
         n = self._nvml
 
         def register() -> Any:
             event_set = n.nvmlEventSetCreate()
+            recovery = getattr(n, "nvmlEventTypeGpuRecoveryAction", 0)
             for index in range(n.nvmlDeviceGetCount()):
-                try:
-                    n.nvmlDeviceRegisterEvents(
-                        n.nvmlDeviceGetHandleByIndex(index), n.nvmlEventTypeXidCriticalError, event_set
-                    )
-                except n.NVMLError as err:
-                    if err.value != n.NVML_ERROR_NOT_SUPPORTED:
-                        raise
+                handle = n.nvmlDeviceGetHandleByIndex(index)
+                # Recovery-action events (R575+ drivers) say when a GPU needs no action any more:
+                # that is how a GPU marked unhealthy by an XID becomes healthy again. Older drivers
+                # refuse the mask; XIDs alone are registered then.
+                for mask in (n.nvmlEventTypeXidCriticalError | recovery, n.nvmlEventTypeXidCriticalError):
+                    try:
+                        n.nvmlDeviceRegisterEvents(handle, mask, event_set)
+                        break
+                    except n.NVMLError as err:
+                        if err.value != n.NVML_ERROR_NOT_SUPPORTED:
+                            raise
             return event_set
 
         event_set = await self._call(register)
@@ -276,6 +281,12 @@ class NvmlBackend:
                 if err.value == n.NVML_ERROR_TIMEOUT:
                     return events
                 raise
+            gpu_uuid = GpuUuid(n.nvmlDeviceGetUUID(data.device))
+            if data.eventType == getattr(n, "nvmlEventTypeGpuRecoveryAction", None):
+                # NONE: nothing left to do, the GPU is healthy; any other action: it needs one.
+                healthy = data.eventData == n.NVML_GPU_RECOVERY_ACTION_NONE
+                events.append(HealthEvent(gpu_uuid=gpu_uuid, healthy=healthy))
+                continue
             if data.eventType != n.nvmlEventTypeXidCriticalError or data.eventData in self._ignored_xids:
                 continue
             mig_uuid = None
@@ -284,7 +295,7 @@ class NvmlBackend:
                 mig_uuid = None if found is None else found[0]
             events.append(
                 HealthEvent(
-                    gpu_uuid=GpuUuid(n.nvmlDeviceGetUUID(data.device)),
+                    gpu_uuid=gpu_uuid,
                     healthy=False,
                     xid=int(data.eventData),
                     mig_uuid=mig_uuid,

@@ -33,6 +33,7 @@ from sharing.gpu.simtypes import (
     NVML_ERROR_IN_USE,
     NVML_ERROR_RESET_REQUIRED,
     NVML_GPU_INSTANCE_PROFILE_COUNT,
+    NVML_GPU_RECOVERY_ACTION_NONE,
     NVML_SUCCESS,
     NVML_VALUE_NOT_AVAILABLE_uint,
     NVMLError,
@@ -53,6 +54,7 @@ from sharing.gpu.simtypes import (
     c_nvmlGpuInstancePlacement_t,
     c_nvmlGpuInstanceProfileInfo_v2_t,
     c_nvmlMemory_t,
+    nvmlEventTypeGpuRecoveryAction,
     nvmlEventTypeXidCriticalError,
 )
 
@@ -568,7 +570,7 @@ class SimNvml:
         self._event_sets[eventSet][gpu["index"]] = eventTypes
 
     def nvmlEventSetWait(self, eventSet: int, timeoutms: int) -> c_nvmlEventData_t:
-        """The next XID on a registered GPU; NVMLError_Timeout after `timeoutms`."""
+        """The next XID or recovery on a registered GPU; NVMLError_Timeout after `timeoutms`."""
         registered = self._event_sets.get(eventSet)
         if registered is None:
             raise NVMLError_InvalidArgument()
@@ -578,7 +580,16 @@ class SimNvml:
                 events = [e for e in state["events"] if e["seq"] > self._event_cursors[eventSet]]
             for event in events:
                 self._event_cursors[eventSet] = event["seq"]
-                if registered.get(event["gpu"], 0) & nvmlEventTypeXidCriticalError:
+                mask = registered.get(event["gpu"], 0)
+                if event.get("recovered") and mask & nvmlEventTypeGpuRecoveryAction:
+                    return c_nvmlEventData_t(
+                        _handle(_GPU, event["gpu"]),
+                        nvmlEventTypeGpuRecoveryAction,
+                        NVML_GPU_RECOVERY_ACTION_NONE,
+                        NVML_VALUE_NOT_AVAILABLE_uint,
+                        NVML_VALUE_NOT_AVAILABLE_uint,
+                    )
+                if "xid" in event and mask & nvmlEventTypeXidCriticalError:
                     return c_nvmlEventData_t(
                         _handle(_GPU, event["gpu"]),
                         nvmlEventTypeXidCriticalError,

@@ -198,6 +198,10 @@ def reset(path: Path, gpu_uuid: str | None = None) -> list[str]:
         for gpu in gpus:
             gpu["migCurrent"] = gpu["migPending"]
             gpu["gpuInstances"] = []
+            # The driver reports that no recovery action is needed any more (the GPU is healthy).
+            state["eventSeq"] += 1
+            state["events"].append({"seq": state["eventSeq"], "gpu": gpu["index"], "recovered": True})
+        del state["events"][:-_MAX_EVENTS]
         return [gpu["uuid"] for gpu in gpus]
 
 

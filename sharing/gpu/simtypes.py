@@ -32,6 +32,8 @@ NVML_GPU_INSTANCE_PROFILE_COUNT = 0x12
 NVML_COMPUTE_INSTANCE_PROFILE_COUNT = 0x9
 NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED = 0
 nvmlEventTypeXidCriticalError = 0x8
+nvmlEventTypeGpuRecoveryAction = 0x8000
+NVML_GPU_RECOVERY_ACTION_NONE = 0
 NVML_VALUE_NOT_AVAILABLE_uint = 0xFFFFFFFF  # pynvml has it as c_uint(-1); the value is what counts
 
 

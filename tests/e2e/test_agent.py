@@ -145,3 +145,24 @@ def test_agent_crash_mid_apply_converges_after_restart(gpu_node: GpuNode) -> Non
     )
     for gpu in exported["gpus"][:2]:
         assert ["1g.5gb", "1g.5gb", "2g.10gb", "3g.20gb"] == sorted(i["profile"] for i in gpu["instances"])
+
+
+def test_an_xid_marks_a_gpu_and_its_replicas_unhealthy_until_it_is_reset(gpu_node: GpuNode) -> None:
+    gpu_node.label(DEMO)
+    gpu_node.kubelet.wait_resources(mig_and_shared, timeout=60)
+    exported = json.loads(
+        gpu_node.sharing("export", "--backend", "sim", "--sim-state", str(gpu_node.sim), "--json")
+    )
+    h100s = [g["uuid"] for g in exported["gpus"] if "H100" in g["product"]]
+    sim = ("--state", str(gpu_node.sim))
+    gpu_node.sharing("sim", "xid", *sim, "--uuid", h100s[0], "--xid", "13")  # an application error: ignored
+    gpu_node.sharing("sim", "xid", *sim, "--uuid", h100s[1], "--xid", "79")  # fallen off the bus
+    resources = gpu_node.kubelet.wait_resources(
+        lambda r: r["nvidia.com/gpu"]["allocatable"] == 4 and r["nvidia.com/gpu"]["capacity"] == 8, timeout=30
+    )["resources"]
+    assert {f"{h100s[0]}::{n}" for n in range(4)} == set(resources["nvidia.com/gpu"]["healthy"])
+    event = gpu_node.wait_event("GpuUnhealthy")
+    assert f"GPU {h100s[1]} reported XID 79" in event["message"]
+    gpu_node.sharing("sim", "reset", *sim, "--uuid", h100s[1])
+    gpu_node.kubelet.wait_resources(lambda r: r["nvidia.com/gpu"]["allocatable"] == 8, timeout=30)
+    assert "is healthy again" in gpu_node.wait_event("GpuHealthy")["message"]
