@@ -186,13 +186,13 @@ class Agent:
             config,
             catalog=self.catalog,
             journal=self.journal,
-            busy_mig_uuids=busy,
+            busy_uuids=busy,
             dry_run=True,
         )
         if any(g.steps for g in preview.gpus) or self.journal.unfinished() is not None:
             await self._set_state(ConfigState.PENDING)
             report = await apply_config(
-                self.backend, config, catalog=self.catalog, journal=self.journal, busy_mig_uuids=busy
+                self.backend, config, catalog=self.catalog, journal=self.journal, busy_uuids=busy
             )
             observed = await self.backend.observe()
         else:

@@ -115,18 +115,23 @@ def target_for(config: SharingConfig, gpu: Gpu, catalog: Catalog) -> Target | No
 
 
 def plan_change(
-    gpu: Gpu, target: Target | None, catalog: Catalog, busy_mig_uuids: Collection[str] = ()
+    gpu: Gpu, target: Target | None, catalog: Catalog, busy_uuids: Collection[str] = ()
 ) -> GpuChange:
-    """The steps that take `gpu` to `target` (pure): nothing when it already matches."""
+    """The steps that take `gpu` to `target` (pure): nothing when it already matches.
+
+    `busy_uuids` are GPUs and MIG devices in use beyond what NVML sees (pods holding them, per the
+    kubelet's PodResources): they are kept exactly like devices with processes.
+    """
     where = f"GPU {gpu.index} ({gpu.product}, {gpu.uuid})"
     if target is None:
         return GpuChange(gpu, target, reason="no rule asks for a change; left as it is")
+    gpu_busy = gpu.busy or gpu.uuid in busy_uuids
     in_use = [
-        ci.uuid for gi in gpu.instances for ci in gi.compute_instances if ci.busy or ci.uuid in busy_mig_uuids
+        ci.uuid for gi in gpu.instances for ci in gi.compute_instances if ci.busy or ci.uuid in busy_uuids
     ]
     idle_needed = (
-        f"{where} has processes and MIG mode only changes on an idle GPU: stop them (drain the node), "
-        "then apply again"
+        f"{where} has processes (or a pod holds it) and MIG mode only changes on an idle GPU: "
+        "stop them (drain the node), then apply again"
     )
     if not target.mig_enabled:
         if not gpu.mig_capable or not (gpu.mig_enabled or gpu.mig_pending):
@@ -141,7 +146,7 @@ def plan_change(
                 reason=f"MIG devices {', '.join(in_use)} on {where} are in use; MIG stays on until "
                 "they are free",
             )
-        if gpu.busy:
+        if gpu_busy:
             return GpuChange(gpu, target, failure=Outcome.FAILED, reason=idle_needed)
         destroys = tuple(Step(StepKind.DESTROY, gi.profile, gi.start, gi.id) for gi in gpu.instances)
         return GpuChange(gpu, target, (*destroys, Step(StepKind.DISABLE_MIG)))
@@ -162,7 +167,7 @@ def plan_change(
         )
     steps: list[Step] = []
     if not gpu.mig_enabled or not gpu.mig_pending:
-        if gpu.busy and not gpu.mig_enabled:
+        if gpu_busy and not gpu.mig_enabled:
             return GpuChange(gpu, target, failure=Outcome.FAILED, reason=idle_needed)
         steps.append(Step(StepKind.ENABLE_MIG))
     instances = gpu.instances if gpu.mig_enabled else ()
@@ -170,7 +175,7 @@ def plan_change(
         Existing(
             gi.profile,
             gi.start,
-            busy=gi.busy or any(ci.uuid in busy_mig_uuids for ci in gi.compute_instances),
+            busy=gi.busy or any(ci.uuid in busy_uuids for ci in gi.compute_instances),
         )
         for gi in instances
     ]
@@ -217,7 +222,7 @@ async def apply_config(
     *,
     catalog: Catalog,
     journal: Journal,
-    busy_mig_uuids: Collection[str] = frozenset(),
+    busy_uuids: Collection[str] = frozenset(),
     dry_run: bool = False,
 ) -> ApplyReport:
     """Make the node's GPUs match `config` (or, with dry_run, say what that would take)."""
@@ -238,7 +243,7 @@ async def apply_config(
         if target is None and unfinished is not None and gpu.uuid in unfinished.targets:
             target = unfinished.targets[gpu.uuid]
             inherited.add(gpu.uuid)
-        change = plan_change(gpu, target, catalog, busy_mig_uuids)
+        change = plan_change(gpu, target, catalog, busy_uuids)
         if change.steps or change.failure:
             log.info(
                 "gpu_planned",

@@ -146,7 +146,7 @@ async def test_a_busy_instance_the_config_drops_fails_that_gpu_only(
         backend,
         journal,
         config(mig(0, **{"7g.40gb": 1}), mig(1, **{"7g.40gb": 1}), NO_MIG),
-        busy_mig_uuids={held},
+        busy_uuids={held},
     )
     assert outcomes(report) == ["failed", "applied", "unchanged"]
     assert "2g.10gb@0:busy" in report.gpus[0].reason or "in use" in report.gpus[0].reason
@@ -163,6 +163,17 @@ async def test_mig_mode_is_not_changed_on_a_gpu_with_processes(
     gpus = (await backend.observe()).gpus
     simstate.set_busy(state, gpus[0].uuid, True)
     report = await apply(backend, journal, config(mig(0, **BALANCED), NO_MIG))
+    assert outcomes(report) == ["failed", "unchanged", "unchanged"]
+    assert "has processes" in report.gpus[0].reason
+    assert simstate.counters(state) == simstate.Counters(0, 0)
+
+
+async def test_mig_mode_is_not_changed_on_a_gpu_a_pod_holds(
+    backend: NvmlBackend, journal: Journal, state: Path
+) -> None:
+    """A whole GPU allocated to a pod (per PodResources) may have no process yet: it is still in use."""
+    gpus = (await backend.observe()).gpus
+    report = await apply(backend, journal, config(mig(0, **BALANCED), NO_MIG), busy_uuids={gpus[0].uuid})
     assert outcomes(report) == ["failed", "unchanged", "unchanged"]
     assert "has processes" in report.gpus[0].reason
     assert simstate.counters(state) == simstate.Counters(0, 0)
