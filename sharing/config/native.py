@@ -78,12 +78,17 @@ def read_indices(report: Report, path: str, value: object) -> tuple[int, ...] | 
         return None
     indices: list[int] = []
     for i, entry in enumerate(value):
-        index = integer(report, item(path, i), entry, low=0, high=MAX_GPU_INDEX)
-        if index is not None and index in indices:
-            report.error(item(path, i), f"GPU {index} is listed twice")
-        elif index is not None:
-            indices.append(index)
+        add_gpu_index(report, item(path, i), entry, indices)
     return tuple(indices) if len(indices) == len(value) else None
+
+
+def add_gpu_index(report: Report, path: str, entry: object, indices: list[int]) -> None:
+    """Append a GPU index from a `devices` list, or report why it is not one (or listed twice)."""
+    index = integer(report, path, entry, low=0, high=MAX_GPU_INDEX)
+    if index is not None and index in indices:
+        report.error(path, f"GPU {index} is listed twice")
+    elif index is not None:
+        indices.append(index)
 
 
 def read_devices(report: Report, path: str, value: object) -> Selector | None:

@@ -14,7 +14,7 @@ from typing import Any
 
 from sharing.config.check import GPU, DraftConfig, DraftRule
 from sharing.config.document import describe
-from sharing.config.native import MAX_GPU_INDEX, MAX_REPLICAS, STRATEGIES
+from sharing.config.native import MAX_GPU_INDEX, MAX_REPLICAS, STRATEGIES, add_gpu_index
 from sharing.config.problems import Report, item, key
 from sharing.config.schema import boolean, choice, fields, integer, resource_name
 from sharing.spec import MigMode, MigStrategy, Selector
@@ -201,9 +201,5 @@ def _devices(report: Report, path: str, value: object) -> tuple[int, ...] | None
                 "use GPU indices (or a native config with {product: NAME})",
             )
             continue
-        index = integer(report, item(path, i), entry, low=0, high=MAX_GPU_INDEX)
-        if index is not None and index in indices:
-            report.error(item(path, i), f"GPU {index} is listed twice")
-        elif index is not None:
-            indices.append(index)
+        add_gpu_index(report, item(path, i), entry, indices)
     return tuple(indices) if len(indices) == len(value) else None
