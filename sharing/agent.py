@@ -16,8 +16,9 @@ from dataclasses import dataclass
 
 import structlog
 
-from sharing.apply import ApplyReport, Outcome, apply_config
+from sharing.apply import ApplyReport, apply_config
 from sharing.catalog import Catalog
+from sharing.change import Outcome
 from sharing.config import parse_configmap
 from sharing.errors import SharingError
 from sharing.gpu.backend import GpuBackend

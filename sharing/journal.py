@@ -15,20 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sharing.change import Target
 from sharing.errors import SharingError
 from sharing.model import GpuUuid
 
 
 class JournalError(SharingError):
     """The journal cannot be read or written; no hardware step runs without its journal entry."""
-
-
-@dataclass(frozen=True, slots=True)
-class Target:
-    """What one GPU is being changed to: MIG mode and the wanted instances (profile, count)."""
-
-    mig_enabled: bool
-    instances: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

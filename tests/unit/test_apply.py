@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from sharing.apply import ApplyReport, Outcome, apply_config
+from sharing.apply import ApplyReport, apply_config
 from sharing.catalog import default_catalog
+from sharing.change import Outcome, Target
 from sharing.gpu import simstate
 from sharing.gpu.nvml import NvmlBackend
 from sharing.gpu.simnvml import SimNvml
-from sharing.journal import Journal, Target
+from sharing.journal import Journal
 from sharing.model import Gpu, GpuUuid, NodeState
 from sharing.spec import MigMode, Replicas, Rule, Selector, SharingConfig
 

@@ -1,0 +1,189 @@
+"""The change one GPU needs: from what it is to what its rule asks, as hardware steps (pure).
+
+Busy instances are kept where they are (the exact planner decides which free ones stay), MIG mode
+changes only on idle GPUs, and a GPU instance left without its compute instance by a crash is
+completed or destroyed. `sharing.apply` runs these steps; `verify` checks the result.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from sharing.catalog import Catalog
+from sharing.model import Gpu
+from sharing.plan import Existing, Infeasible, Placement, plan_gpu
+from sharing.spec import MigMode, SharingConfig
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """What one GPU is being changed to: MIG mode and the wanted instances (profile, count)."""
+
+    mig_enabled: bool
+    instances: tuple[tuple[str, int], ...] = ()
+
+
+class Outcome(enum.Enum):
+    """What happened to one GPU."""
+
+    APPLIED = "applied"
+    UNCHANGED = "unchanged"
+    PLANNED = "planned"
+    """Dry run: the steps would run."""
+    FAILED = "failed"
+    RESET_REQUIRED = "reset-required"
+
+
+class StepKind(enum.Enum):
+    """One hardware step."""
+
+    ENABLE_MIG = "enable-mig"
+    DISABLE_MIG = "disable-mig"
+    DESTROY = "destroy"
+    CREATE = "create"
+    COMPLETE = "complete"
+    """Give a GPU instance left half-built by a crash its compute instance."""
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """A hardware step on one GPU."""
+
+    kind: StepKind
+    profile: str = ""
+    start: int = 0
+    gi_id: int | None = None
+
+    def __str__(self) -> str:
+        if self.kind in (StepKind.ENABLE_MIG, StepKind.DISABLE_MIG):
+            return f"{'enable' if self.kind is StepKind.ENABLE_MIG else 'disable'} MIG"
+        gi = "" if self.gi_id is None else f" (GPU instance {self.gi_id})"
+        return f"{self.kind.value} {self.profile}@{self.start}{gi}"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuChange:
+    """The planned change of one GPU (pure result of `plan_change`)."""
+
+    gpu: Gpu
+    target: Target | None
+    steps: tuple[Step, ...] = ()
+    layout: tuple[Placement, ...] = ()
+    """The instances expected afterwards when MIG is wanted on."""
+    failure: Outcome | None = None
+    reason: str = ""
+
+
+def target_for(config: SharingConfig, gpu: Gpu, catalog: Catalog) -> Target | None:
+    """What the config asks of this GPU; None when it is to be left as it is."""
+    product = catalog.find(gpu.product)
+    rule = config.rule_for(gpu.index, product.name if product else gpu.product)
+    if rule is None or rule.mig is MigMode.UNCHANGED:
+        return None
+    if rule.mig is MigMode.DISABLED:
+        return Target(mig_enabled=False)
+    return Target(mig_enabled=True, instances=rule.instances)
+
+
+def plan_change(
+    gpu: Gpu, target: Target | None, catalog: Catalog, busy_uuids: Collection[str] = ()
+) -> GpuChange:
+    """The steps that take `gpu` to `target` (pure): nothing when it already matches.
+
+    `busy_uuids` are GPUs and MIG devices in use beyond what NVML sees (pods holding them, per the
+    kubelet's PodResources): they are kept exactly like devices with processes.
+    """
+    where = f"GPU {gpu.index} ({gpu.product}, {gpu.uuid})"
+    if target is None:
+        return GpuChange(gpu, target, reason="no rule asks for a change; left as it is")
+    gpu_busy = gpu.busy or gpu.uuid in busy_uuids
+    in_use = [
+        ci.uuid for gi in gpu.instances for ci in gi.compute_instances if ci.busy or ci.uuid in busy_uuids
+    ]
+    idle_needed = (
+        f"{where} has processes (or a pod holds it) and MIG mode only changes on an idle GPU: "
+        "stop them (drain the node), then apply again"
+    )
+    if not target.mig_enabled:
+        if not gpu.mig_capable or not (gpu.mig_enabled or gpu.mig_pending):
+            return GpuChange(gpu, target)
+        if not gpu.mig_enabled:  # only a pending "on": cancel it
+            return GpuChange(gpu, target, (Step(StepKind.DISABLE_MIG),))
+        if in_use:
+            return GpuChange(
+                gpu,
+                target,
+                failure=Outcome.FAILED,
+                reason=f"MIG devices {', '.join(in_use)} on {where} are in use; MIG stays on until "
+                "they are free",
+            )
+        if gpu_busy:
+            return GpuChange(gpu, target, failure=Outcome.FAILED, reason=idle_needed)
+        destroys = tuple(Step(StepKind.DESTROY, gi.profile, gi.start, gi.id) for gi in gpu.instances)
+        return GpuChange(gpu, target, (*destroys, Step(StepKind.DISABLE_MIG)))
+    if not gpu.mig_capable:
+        return GpuChange(
+            gpu,
+            target,
+            failure=Outcome.FAILED,
+            reason=f"{where} has no MIG; give it a rule without `mig` (time-slicing only)",
+        )
+    product = catalog.find(gpu.product)
+    if product is None:
+        return GpuChange(
+            gpu,
+            target,
+            failure=Outcome.FAILED,
+            reason=f"{where} is not in the hardware catalog, so its MIG layouts are unknown",
+        )
+    steps: list[Step] = []
+    if not gpu.mig_enabled or not gpu.mig_pending:
+        if gpu_busy and not gpu.mig_enabled:
+            return GpuChange(gpu, target, failure=Outcome.FAILED, reason=idle_needed)
+        steps.append(Step(StepKind.ENABLE_MIG))
+    instances = gpu.instances if gpu.mig_enabled else ()
+    existing = [
+        Existing(
+            gi.profile,
+            gi.start,
+            busy=gi.busy or any(ci.uuid in busy_uuids for ci in gi.compute_instances),
+        )
+        for gi in instances
+    ]
+    plan = plan_gpu(product, existing, dict(target.instances))
+    if isinstance(plan, Infeasible):
+        return GpuChange(gpu, target, failure=Outcome.FAILED, reason=f"{where}: {plan.reason}")
+    by_place = {(gi.profile, gi.start): gi for gi in instances}
+    half_built = {(gi.profile, gi.start) for gi in instances if not gi.compute_instances}
+    steps += [
+        Step(StepKind.DESTROY, p.profile, p.start, by_place[(p.profile, p.start)].id) for p in plan.destroy
+    ]
+    steps += [
+        Step(StepKind.COMPLETE, p.profile, p.start) for p in plan.keep if (p.profile, p.start) in half_built
+    ]
+    steps += [Step(StepKind.CREATE, p.profile, p.start) for p in plan.create]
+    return GpuChange(gpu, target, tuple(steps), layout=plan.layout)
+
+
+def verify(change: GpuChange, after: Gpu | None) -> str | None:
+    """Why the re-observed GPU does not match the change's target, or None when it does."""
+    if after is None:
+        return "the GPU is gone after applying"
+    assert change.target is not None
+    if after.mig_enabled != change.target.mig_enabled:
+        return f"MIG is {'on' if after.mig_enabled else 'off'} after applying"
+    if not change.target.mig_enabled:
+        return None
+    have = sorted((gi.profile, gi.start) for gi in after.instances)
+    want = sorted((p.profile, p.start) for p in change.layout)
+    if have != want:
+        return (
+            f"the instances are {', '.join(f'{p}@{s}' for p, s in have) or 'none'}, "
+            f"expected {', '.join(f'{p}@{s}' for p, s in want) or 'none'}"
+        )
+    empty = [f"{gi.profile}@{gi.start}" for gi in after.instances if not gi.compute_instances]
+    if empty:
+        return f"GPU instances without a compute instance: {', '.join(empty)}"
+    return None
