@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from dataclasses import dataclass
 
 import structlog
@@ -19,12 +20,12 @@ import structlog
 from sharing.apply import ApplyReport, apply_config
 from sharing.catalog import Catalog
 from sharing.change import Outcome
-from sharing.config import parse_configmap
+from sharing.config import ConfigSet, parse_configmap
 from sharing.errors import SharingError
 from sharing.gpu.backend import GpuBackend
 from sharing.inventory import REPLICA_SEPARATOR, build_inventory
 from sharing.journal import Journal
-from sharing.kube import KubeClient, NodeObject
+from sharing.kube import ConfigMapObject, KubeClient, NodeObject
 from sharing.labels import STATE_LABEL, ConfigState, label_patch, node_labels
 from sharing.model import NodeState
 from sharing.selection import Failed, Selected, select_config
@@ -85,6 +86,7 @@ class Agent:
         self._state: ConfigState | None = None
         self._reported: tuple[str, str] | None = None
         self._retry_s = 0.0
+        self._parsed: tuple[object, ConfigSet] | None = None
 
     def trigger(self) -> None:
         """Ask for a reconcile soon (coalesces with any other pending trigger)."""
@@ -165,8 +167,8 @@ class Agent:
             log.info("waiting_for_api", node=node is not None, configmap=configmap is not None)
             return
         observed = await self.backend.observe()
-        products = sorted({p.name for g in observed.gpus if (p := self.catalog.find(g.product))})
-        configs = parse_configmap(configmap.data or {}, products=products, catalog=self.catalog)
+        products = tuple(sorted({p.name for g in observed.gpus if (p := self.catalog.find(g.product))}))
+        configs = self._parse(configmap, products)
         selection = select_config(node.labels, configs, label=self.settings.config_label)
         if isinstance(selection, Failed):
             log.error("config_rejected", config=selection.name, reason=selection.reason)
@@ -177,27 +179,29 @@ class Agent:
             verdict, observed = await self._apply(config, observed)
         await self._advertise(observed, config, verdict)
 
+    def _parse(self, configmap: ConfigMapObject, products: tuple[str, ...]) -> ConfigSet:
+        """The ConfigMap's configs, parsed again only when it or the node's GPU products changed."""
+        key = (configmap.resource_version, configmap.data is None, products)
+        if self._parsed is None or self._parsed[0] != key:
+            self._parsed = (
+                key,
+                parse_configmap(configmap.data or {}, products=products, catalog=self.catalog),
+            )
+        return self._parsed[1]
+
     async def _apply(self, config: SharingConfig | None, observed: NodeState) -> tuple[Verdict, NodeState]:
         if config is None:
             self._good = None
             return Verdict(None, "", ""), observed
         busy = await self._busy_devices()
-        preview = await apply_config(
-            self.backend,
-            config,
-            catalog=self.catalog,
-            journal=self.journal,
-            busy_uuids=busy,
-            dry_run=True,
+        apply = functools.partial(
+            apply_config, self.backend, config, catalog=self.catalog, journal=self.journal, busy_uuids=busy
         )
-        if any(g.steps for g in preview.gpus) or self.journal.unfinished() is not None:
+        report = await apply(dry_run=True, observed=observed)
+        if any(g.steps for g in report.gpus) or self.journal.unfinished() is not None:
             await self._set_state(ConfigState.PENDING)
-            report = await apply_config(
-                self.backend, config, catalog=self.catalog, journal=self.journal, busy_uuids=busy
-            )
-            observed = await self.backend.observe()
-        else:
-            report = preview
+            report = await apply(observed=observed)
+            observed = report.after or observed
         if not report.ok:
             reason = _failure(config, report)
             log.error("apply_failed", config=config.name, reason=reason)

@@ -158,11 +158,17 @@ def _by_physical_gpu(
             loads += [sign * (total[n][k] - free[n][k] + picked[n][k]), sign * picked[n][k]]
         return (*loads, rank[d.id])
 
-    left = list(candidates)
+    # The candidates of one device (its replicas) share their loads, so the best of them is the
+    # first in inventory order: each pick compares one head per device, not every candidate.
+    queues: dict[str, list[Device]] = {}
+    for d in candidates:
+        queues.setdefault(d.uuid, []).append(d)
+    heads = dict.fromkeys(queues, 0)
     picks: list[Device] = []
     for _ in range(needed):
-        best = min(left, key=key)
-        left.remove(best)
+        device = min((u for u in queues if heads[u] < len(queues[u])), key=lambda u: key(queues[u][heads[u]]))
+        best = queues[device][heads[device]]
+        heads[device] += 1
         picks.append(best)
         for n, level in enumerate(levels):
             picked[n][level(best)] += 1

@@ -21,7 +21,7 @@ from sharing.change import GpuChange, Outcome, Step, StepKind, plan_change, targ
 from sharing.errors import SharingError
 from sharing.gpu.backend import GpuBackend
 from sharing.journal import Journal
-from sharing.model import GpuUuid
+from sharing.model import GpuUuid, NodeState
 from sharing.spec import SharingConfig
 
 
@@ -44,6 +44,8 @@ class ApplyReport:
     gpus: tuple[GpuReport, ...]
     resumed: bool = False
     """A crashed run's journal was found and rolled forward."""
+    after: NodeState | None = None
+    """The node as observed to verify the result; None when nothing ran."""
 
     @property
     def ok(self) -> bool:
@@ -59,8 +61,13 @@ async def apply_config(
     journal: Journal,
     busy_uuids: Collection[str] = frozenset(),
     dry_run: bool = False,
+    observed: NodeState | None = None,
 ) -> ApplyReport:
-    """Make the node's GPUs match `config` (or, with dry_run, say what that would take)."""
+    """Make the node's GPUs match `config` (or, with dry_run, say what that would take).
+
+    `observed` is a fresh observation the caller already made (saves one); the report's `after`
+    is the observation made to verify the result, when anything ran.
+    """
     log = structlog.get_logger("sharing.apply").bind(config=config.name)
     unfinished = None if dry_run else journal.unfinished()
     if unfinished is not None:
@@ -70,7 +77,7 @@ async def apply_config(
             gpus=sorted(unfinished.targets),
             in_flight=unfinished.in_flight,
         )
-    state = await backend.observe()
+    state = observed if observed is not None else await backend.observe()
     changes = []
     inherited: set[GpuUuid] = set()  # GPUs only a crashed run's journal has a target for
     for gpu in state.gpus:
@@ -95,11 +102,12 @@ async def apply_config(
     # forget what a crashed run's GPUs were changing to.
     pending = {c.gpu.uuid: c.target for c in changes if c.target is not None and (c.steps or c.failure)}
     results: dict[GpuUuid, GpuReport] = {}
+    after = None
     if todo:
         journal.begin(pending)
         for change in todo:
             results[change.gpu.uuid] = await _execute(backend, journal, change, log)
-        await _verify_all(backend, todo, results, log)
+        after = await _verify_all(backend, todo, results, log)
     reports = tuple(results.get(c.gpu.uuid) or _planned(c) for c in changes)
     unreached = {
         r.uuid: pending[r.uuid]
@@ -111,7 +119,7 @@ async def apply_config(
     else:
         journal.finish()
     log.info("apply_finished", **{o.value: sum(r.outcome is o for r in reports) for o in Outcome})
-    return ApplyReport(reports, resumed=unfinished is not None)
+    return ApplyReport(reports, resumed=unfinished is not None, after=after)
 
 
 def _planned(change: GpuChange) -> GpuReport:
@@ -166,7 +174,7 @@ async def _verify_all(
     todo: list[GpuChange],
     results: dict[GpuUuid, GpuReport],
     log: structlog.typing.FilteringBoundLogger,
-) -> None:
+) -> NodeState:
     state = await backend.observe()
     for change in todo:
         report = results[change.gpu.uuid]
@@ -183,3 +191,4 @@ async def _verify_all(
                 report.steps,
                 f"applied, but on re-observing: {problem}",
             )
+    return state

@@ -11,7 +11,7 @@ import functools
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
@@ -77,14 +77,17 @@ class Catalog:
     """All known products."""
 
     products: tuple[Product, ...]
+    _by_key: dict[str, Product] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # Lookups happen on every observation of every GPU: index the names once.
+        for product in self.products:
+            for name in (product.name, *product.nvml_names):
+                self._by_key.setdefault(product_key(name), product)
 
     def find(self, name: str) -> Product | None:
         """Look a product up by catalog name or NVML name, with or without `NVIDIA `."""
-        key = product_key(name)
-        for product in self.products:
-            if key == product_key(product.name) or key in {product_key(n) for n in product.nvml_names}:
-                return product
-        return None
+        return self._by_key.get(product_key(name))
 
     def product(self, name: str) -> Product:
         """Like find(), but an unknown name is a CatalogError listing the known ones."""

@@ -34,6 +34,6 @@ def open_backend(
                 "(create one with `sharing sim init --state PATH --gpus A100-SXM4-40GB:2`)"
             )
         return nvml.NvmlBackend(
-            simnvml.SimNvml(sim_state, catalog), catalog, event_poll_s=0.05, ignored_xids=ignored_xids
+            simnvml.SimNvml(sim_state, catalog), catalog, event_poll_s=0.5, ignored_xids=ignored_xids
         )
     raise BackendError(f"unknown GPU backend {kind!r} (choose one of: {', '.join(BACKENDS)})")

@@ -95,6 +95,7 @@ class SimNvml:
         self._event_sets: dict[int, dict[int, int]] = {}  # set -> {gpu index: event mask}
         self._event_cursors: dict[int, int] = {}  # set -> last event seen
         self._first_event = 0
+        self._cached: tuple[tuple[int, int, int] | None, State] = (None, {})
 
     # ---- plumbing ----------------------------------------------------------------------------
 
@@ -103,7 +104,13 @@ class SimNvml:
         if not self._initialised:
             raise NVMLError_Uninitialized()
         with simstate.locked(self._path):
-            yield simstate.load(self._path)
+            # Every write replaces the file (new inode), so an unchanged identity means unchanged
+            # content: idle polling costs a stat, not a JSON parse.
+            info = os.stat(self._path)
+            identity = (info.st_ino, info.st_mtime_ns, info.st_size)
+            if identity != self._cached[0]:
+                self._cached = (identity, simstate.load(self._path))
+            yield self._cached[1]
 
     def _mutate(self, change: Callable[[State], T]) -> T:
         """Run one hardware-changing call: counted in the state, then maybe the test crash."""
