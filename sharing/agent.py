@@ -78,9 +78,6 @@ class Agent:
         self.configmap = watch_configmap(
             kube, settings.namespace, settings.configmap, settings.watch_timeout_seconds
         )
-        self.reconciles = 0
-        """Completed reconciles (tests and benchmarks wait on this, never on time)."""
-        self.reconciled = asyncio.Condition()
         self._wake = asyncio.Event()
         self._good: SharingConfig | None = None
         self._state: ConfigState | None = None
@@ -131,9 +128,9 @@ class Agent:
             except SharingError as err:
                 self._retry_s = min(RETRY_MAX_S, max(RETRY_MIN_S, self._retry_s * 2))
                 log.warning("reconcile_failed", error=str(err), retry_in_s=self._retry_s)
-            async with self.reconciled:
-                self.reconciles += 1
-                self.reconciled.notify_all()
+            except Exception:  # a bug must not stop the loop: the plugins keep serving, we retry
+                self._retry_s = RETRY_MAX_S
+                log.exception("reconcile_crashed", retry_in_s=self._retry_s)
 
     async def _resync(self) -> None:
         while True:

@@ -21,6 +21,7 @@ from sharing.kube import ConfigMapObject, GoneError, KubeClient, NodeObject, Wat
 
 T = TypeVar("T", NodeObject, ConfigMapObject)
 log = structlog.get_logger(__name__)
+EMPTY_WATCH_PAUSE_S = 0.2
 
 
 class Watched(Generic[T]):
@@ -66,12 +67,16 @@ class Watched(Generic[T]):
                     obj = self._get()
                     self._deliver(obj)
                     version = obj.resource_version
+                events = 0
                 for event in self._watch(version):
                     if self._stopped.is_set():
                         return
                     self._deliver(event.object)  # type: ignore[arg-type]
                     version = event.object.resource_version or version
+                    events += 1
                 delay = 0.0
+                if not events:  # a server that ends watches at once must not make this spin
+                    self._stopped.wait(EMPTY_WATCH_PAUSE_S)
             except GoneError:
                 log.info("watch_expired", what=self.what)
                 version = ""

@@ -1,0 +1,53 @@
+"""Agent settings: flag over environment over default, and clear errors for bad values."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from sharing import settings
+
+
+def parse(argv: list[str], env: dict[str, str]) -> settings.Settings:
+    parser = argparse.ArgumentParser()
+    settings.add_arguments(parser)
+    return settings.from_args(parser.parse_args(argv), env)
+
+
+def test_flag_beats_environment_beats_default() -> None:
+    env = {"SHARING_NODE_NAME": "from-env", "SHARING_CONFIGMAP": "env-cm", "SHARING_RESYNC_SECONDS": "60"}
+    got = parse(["--node-name", "from-flag", "--ignored-xids", "13,43"], env)
+    assert "from-flag" == got.node_name
+    assert "env-cm" == got.configmap
+    assert 60.0 == got.resync_seconds
+    assert (13, 43) == got.ignored_xids
+    assert "gpu-sharing" == got.namespace
+    assert Path("/var/lib/kubelet/device-plugins") == got.device_plugin_dir
+
+
+def test_kubeconfig_falls_back_to_KUBECONFIG() -> None:
+    assert "/k" == parse(["--node-name", "n"], {"KUBECONFIG": "/k"}).kubeconfig
+    assert parse(["--node-name", "n"], {}).kubeconfig is None
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        ([], {}, "the node name is required"),
+        (["--node-name", "n", "--backend", "cuda"], {}, "'cuda' is not nvml or sim"),
+        (["--node-name", "n", "--backend", "sim"], {}, "--backend sim needs --sim-state"),
+        (
+            ["--node-name", "n"],
+            {"SHARING_RESYNC_SECONDS": "soon"},
+            "SHARING_RESYNC_SECONDS: 'soon' is not a valid",
+        ),
+        (["--node-name", "n", "--cdi", "maybe"], {}, "--cdi: 'maybe' is not a valid cdi"),
+        (["--node-name", "n", "--allocation-policy", "random"], {}, "'random' is not distributed or packed"),
+    ],
+    ids=["no-node", "backend", "sim-state", "env-number", "bool", "policy"],
+)
+def test_bad_settings_name_the_setting(argv: list[str], env: dict[str, str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse(argv, env)
