@@ -8,12 +8,14 @@ Events on the Node. The official client is blocking, so callers run these method
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
+from urllib.parse import quote
 
-from kubernetes import client, config, watch
+from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from sharing.errors import KubeError
@@ -73,146 +75,192 @@ class KubeClient(Protocol):
 
 
 class ApiClient:
-    """KubeClient over the official `kubernetes` client, from a kubeconfig file or in-cluster."""
+    """KubeClient over the official `kubernetes` client, from a kubeconfig file or in-cluster.
+
+    It uses the client's transport (kubeconfig and in-cluster credentials, TLS, token refresh) but
+    not its generated `CoreV1Api`: that one module costs ~22 MB of memory and a second of start-up
+    for the six calls the agent makes, whose JSON is read here into frozen values directly.
+    """
 
     def __init__(self, kubeconfig: str | None = None, *, request_timeout_s: float = 10.0) -> None:
         try:
             if kubeconfig:
-                api_client = config.new_client_from_config(config_file=kubeconfig)
+                api = config.new_client_from_config(config_file=kubeconfig)
             else:
                 config.load_incluster_config()
-                api_client = client.ApiClient()
+                api = client.ApiClient()
         except Exception as err:
             where = kubeconfig or "the in-cluster service account"
             raise KubeError(f"cannot load Kubernetes credentials from {where}: {err}") from err
-        self._core = client.CoreV1Api(api_client)
+        self._api = api
         self._timeout = request_timeout_s
         self._names = itertools.count()
         self.requests = 0
 
     def get_node(self, name: str) -> NodeObject:
         """Read the Node."""
-        return _node(self._call("read node " + name, self._core.read_node, name))
+        return _node(self._json(f"read node {name}", "GET", f"/api/v1/nodes/{quote(name)}"))
 
     def watch_node(self, name: str, resource_version: str, timeout_s: int) -> Iterator[WatchEvent]:
         """Changes of the Node after `resource_version`, until the server ends the watch."""
-        return self._watch(
-            self._core.list_node,
-            _node,
-            field_selector=f"metadata.name={name}",
-            resource_version=resource_version,
-            timeout_s=timeout_s,
-        )
+        return self._watch("/api/v1/nodes", _node, f"metadata.name={name}", resource_version, timeout_s)
 
     def get_configmap(self, namespace: str, name: str) -> ConfigMapObject:
         """Read the ConfigMap; a missing one comes back with data None (not an error)."""
-        self.requests += 1
+        path = f"/api/v1/namespaces/{quote(namespace)}/configmaps/{quote(name)}"
         try:
-            found = self._core.read_namespaced_config_map(name, namespace, _request_timeout=self._timeout)
-        except ApiException as err:
-            if err.status == 404:
-                return ConfigMapObject(namespace, name, "", None)
-            raise _kube_error(f"read configmap {namespace}/{name}", err) from err
-        except Exception as err:
-            raise KubeError(f"read configmap {namespace}/{name}: {err}") from err
-        return _configmap(found)
+            return _configmap(self._json(f"read configmap {namespace}/{name}", "GET", path))
+        except NotFoundError:
+            return ConfigMapObject(namespace, name, "", None)
 
     def watch_configmap(
         self, namespace: str, name: str, resource_version: str, timeout_s: int
     ) -> Iterator[WatchEvent]:
         """Changes of the ConfigMap after `resource_version` (or from now when it is empty)."""
-        return self._watch(
-            self._core.list_namespaced_config_map,
-            _configmap,
-            namespace,
-            field_selector=f"metadata.name={name}",
-            resource_version=resource_version,
-            timeout_s=timeout_s,
-        )
+        path = f"/api/v1/namespaces/{quote(namespace)}/configmaps"
+        return self._watch(path, _configmap, f"metadata.name={name}", resource_version, timeout_s)
 
     def patch_node_labels(self, name: str, patch: Mapping[str, str | None]) -> NodeObject:
         """Merge-patch labels (None removes a label); returns the Node after the patch."""
         body = {"metadata": {"labels": dict(patch)}}
-        return _node(self._call("patch labels of node " + name, self._core.patch_node, name, body))
+        return _node(
+            self._json(
+                f"patch labels of node {name}", "PATCH", f"/api/v1/nodes/{quote(name)}", body=body,
+                content_type="application/merge-patch+json",
+            )
+        )  # fmt: skip
 
     def create_node_event(self, node: NodeObject, kind: str, reason: str, message: str) -> None:
         """Record an Event about the Node (in `default`, where the kubelet puts node events)."""
         now = datetime.now(UTC)
-        event = client.CoreV1Event(
-            metadata=client.V1ObjectMeta(
-                name=f"{node.name}.{int(now.timestamp() * 1e6):x}{next(self._names)}"
-            ),
-            involved_object=client.V1ObjectReference(kind="Node", name=node.name, uid=node.uid),
-            reason=reason,
-            message=message[:1024],
-            type=kind,
-            source=client.V1EventSource(component="gpu-sharing", host=node.name),
-            first_timestamp=now,
-            last_timestamp=now,
-            count=1,
-        )
-        self._call("create event " + reason, self._core.create_namespaced_event, "default", event)
+        stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{node.name}.{int(now.timestamp() * 1e6):x}{next(self._names)}"},
+            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node.name, "uid": node.uid},
+            "reason": reason,
+            "message": message[:1024],
+            "type": kind,
+            "source": {"component": "gpu-sharing", "host": node.name},
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
+        self._json(f"create event {reason}", "POST", "/api/v1/namespaces/default/events", body=event)
 
-    def _call(self, what: str, method: Any, *args: Any) -> Any:
+    def _send(
+        self,
+        what: str,
+        method: str,
+        path: str,
+        *,
+        query: list[tuple[str, str]] | None = None,
+        body: object = None,
+        content_type: str = "application/json",
+        timeout: float | tuple[float, float] | None = None,
+    ) -> Any:
         self.requests += 1
+        headers = {"Accept": "application/json", "Content-Type": content_type}
         try:
-            return method(*args, _request_timeout=self._timeout)
+            request = self._api.param_serialize(
+                method,
+                path,
+                query_params=query,
+                header_params=headers,
+                body=body,
+                auth_settings=["BearerToken"],
+            )
+            response = self._api.call_api(*request, _request_timeout=timeout or self._timeout)
         except ApiException as err:
-            raise _kube_error(what, err) from err
+            raise _status_error(what, err.status, str(err.reason), err.body) from err
         except Exception as err:  # connection refused, TLS, timeouts: the API server is unreachable
             raise KubeError(f"{what}: {type(err).__name__}: {err}") from err
+        if not 200 <= response.status < 300:
+            raise _status_error(what, response.status, response.reason, response.read())
+        return response
+
+    def _json(self, what: str, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        response = self._send(what, method, path, **kwargs)
+        try:
+            value: dict[str, Any] = json.loads(response.read())
+        except (OSError, ValueError) as err:
+            raise KubeError(f"{what}: unreadable answer: {err}") from err
+        return value
 
     def _watch(
-        self,
-        method: Any,
-        convert: Any,
-        *args: Any,
-        field_selector: str,
-        resource_version: str,
-        timeout_s: int,
+        self, path: str, convert: Any, field_selector: str, resource_version: str, timeout_s: int
     ) -> Iterator[WatchEvent]:
-        self.requests += 1
-        stream = watch.Watch()
+        query = [("watch", "true"), ("fieldSelector", field_selector), ("timeoutSeconds", str(timeout_s))]
+        if resource_version:
+            query.append(("resourceVersion", resource_version))
+        what = f"watch {field_selector}"
+        response = self._send(
+            what, "GET", path, query=query, timeout=(self._timeout, timeout_s + self._timeout)
+        )
         try:
-            for raw in stream.stream(
-                method,
-                *args,
-                field_selector=field_selector,
-                resource_version=resource_version or None,
-                timeout_seconds=timeout_s,
-                allow_watch_bookmarks=False,
-                _request_timeout=(self._timeout, timeout_s + self._timeout),
-            ):
-                if raw["type"] == "ERROR":
-                    status = raw["raw_object"]
+            for line in _lines(response.response.stream(amt=None, decode_content=True)):
+                raw = json.loads(line)
+                if raw.get("type") == "ERROR":
+                    status = raw.get("object", {})
                     if status.get("code") == 410:
                         raise GoneError(f"watch expired: {status.get('message', '')}")
-                    raise KubeError(f"watch failed: {status.get('message', status)}")
-                yield WatchEvent(raw["type"], convert(raw["object"]))
-        except ApiException as err:
-            raise _kube_error("watch " + field_selector, err) from err
+                    raise KubeError(f"{what} failed: {status.get('message', status)}")
+                if raw.get("type") in ("ADDED", "MODIFIED", "DELETED"):
+                    yield WatchEvent(raw["type"], convert(raw["object"]))
         except KubeError:
             raise
-        except Exception as err:
-            raise KubeError(f"watch {field_selector}: {type(err).__name__}: {err}") from err
+        except Exception as err:  # the connection broke, or a torn line
+            raise KubeError(f"{what}: {type(err).__name__}: {err}") from err
         finally:
-            stream.stop()
+            response.response.release_conn()
 
 
-def _kube_error(what: str, err: Any) -> KubeError:
-    if err.status == 410:
-        return GoneError(f"{what}: resource version too old")
-    reason = f"HTTP {err.status} {err.reason}"
-    if err.status in (401, 403):
-        reason += " (check the agent's ServiceAccount and RBAC in deploy/)"
-    return KubeError(f"{what}: {reason}")
+class NotFoundError(KubeError):
+    """HTTP 404."""
 
 
-def _node(obj: Any) -> NodeObject:
-    meta = obj.metadata
-    return NodeObject(meta.name, meta.uid or "", meta.resource_version or "", dict(meta.labels or {}))
+def _status_error(what: str, status: int, reason: str, body: Any) -> KubeError:
+    try:
+        message = json.loads(body or b"{}").get("message", "")
+    except (ValueError, TypeError, AttributeError):
+        message = ""
+    text = f"{what}: HTTP {status} {reason}" + (f": {message}" if message else "")
+    if status == 410:
+        return GoneError(text)
+    if status == 404:
+        return NotFoundError(text)
+    if status in (401, 403):
+        text += " (check the agent's ServiceAccount and RBAC in deploy/)"
+    return KubeError(text)
 
 
-def _configmap(obj: Any) -> ConfigMapObject:
-    meta = obj.metadata
-    return ConfigMapObject(meta.namespace, meta.name, meta.resource_version or "", dict(obj.data or {}))
+def _lines(chunks: Iterator[bytes]) -> Iterator[bytes]:
+    """Whole lines out of a stream of chunks (a watch sends one JSON object per line)."""
+    pending = b""
+    for chunk in chunks:
+        pending += chunk
+        *complete, pending = pending.split(b"\n")
+        yield from (line for line in complete if line.strip())
+    if pending.strip():
+        yield pending
+
+
+def _node(obj: Mapping[str, Any]) -> NodeObject:
+    meta = obj.get("metadata", {})
+    return NodeObject(
+        meta.get("name", ""),
+        meta.get("uid", ""),
+        meta.get("resourceVersion", ""),
+        dict(meta.get("labels") or {}),
+    )
+
+
+def _configmap(obj: Mapping[str, Any]) -> ConfigMapObject:
+    meta = obj.get("metadata", {})
+    return ConfigMapObject(
+        meta.get("namespace", ""),
+        meta.get("name", ""),
+        meta.get("resourceVersion", ""),
+        dict(obj.get("data") or {}),
+    )
