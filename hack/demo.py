@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,6 +23,13 @@ REPO = Path(__file__).resolve().parents[1]
 NODE = "demo-gpu-node"
 PRESET = "a100-mig-h100-time-sliced"
 CONFIG_LABEL = "nvidia.com/device-plugin.config"
+# What the preset gives on this node: each A100 2x 1g.5gb + 2g.10gb + 3g.20gb, each H100 4 replicas.
+EXPECTED = {
+    "nvidia.com/mig-1g.5gb": "4",
+    "nvidia.com/mig-2g.10gb": "2",
+    "nvidia.com/mig-3g.20gb": "2",
+    "nvidia.com/gpu": "8",
+}
 GPUS = "A100-SXM4-40GB:2,H100-80GB-HBM3:2"
 XDG_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
 CACHE = Path(os.environ.get("SHARING_CACHE") or XDG_CACHE / "gpu-sharing")
@@ -57,14 +65,18 @@ def down(state: Path) -> None:
             pass
         pid_file.unlink()
     cluster("down", "--state-dir", str(state))
+    # Nothing in the state is worth keeping (etcd data, certificates, simulated GPUs): the next
+    # demo starts from scratch, so old labels and capacity can never pass for new ones.
+    shutil.rmtree(state, ignore_errors=True)
     say("demo stopped")
 
 
 def up(state: Path) -> Path:
     """Start everything and return the admin kubeconfig."""
-    if (state / "cluster.json").exists():
+    if state.exists():
         say("a previous demo is still registered; stopping it first")
         down(state)
+    state.mkdir(parents=True)
     say("building or reusing kube-apiserver, etcd and the kubelet harness (first run: ~15 minutes)")
     subprocess.run([str(REPO / "hack" / "build-go.sh")], check=True, stdout=subprocess.DEVNULL)
     say(f"starting etcd, kube-apiserver and the kubelet harness for node {NODE}")
@@ -106,7 +118,7 @@ def up(state: Path) -> Path:
         node = json.loads(run(*kubectl, "get", "node", NODE, "-o", "json").stdout)
         labels = node["metadata"].get("labels", {})
         capacity = node["status"].get("capacity", {})
-        if labels.get("nvidia.com/mig.config.state") == "success" and "nvidia.com/mig-1g.5gb" in capacity:
+        if labels.get("nvidia.com/mig.config.state") == "success" and EXPECTED.items() <= capacity.items():
             break
         if agent.poll() is not None or time.monotonic() > deadline:
             raise SystemExit("the slices did not appear; see " + str(state / "agent.log"))
@@ -125,7 +137,6 @@ def main() -> int:
     if args.down:
         down(state)
         return 0
-    state.mkdir(parents=True, exist_ok=True)
     try:
         kubeconfig = up(state)
     except (subprocess.CalledProcessError, SystemExit, KeyboardInterrupt) as err:
