@@ -5,7 +5,8 @@ failure) only wake the loop; bursts coalesce and every reconcile starts from fre
 select config -> apply through the backend (busy instances kept, including MIG devices pods hold per
 PodResources) -> inventory -> device-plugin fleet -> labels and Events. Bad input leaves the node on
 its last good config with state `failed` and an Event that says why; the plugins keep serving
-whatever happens to the API server.
+whatever happens to the API server. The config last applied is also kept on disk beside the journal,
+so an agent that restarts while the API server is out of reach still advertises it.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
+import os
 from dataclasses import dataclass
 
 import structlog
@@ -39,6 +42,8 @@ log = structlog.get_logger(__name__)
 
 RETRY_MIN_S = 0.5
 RETRY_MAX_S = 30.0
+API_GRACE_S = 5.0
+"""How long a starting agent waits for the API server before serving the config it last applied."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +89,10 @@ class Agent:
         self._reported: tuple[str, str] | None = None
         self._retry_s = 0.0
         self._parsed: tuple[object, ConfigSet] | None = None
+        self._memory = settings.journal.with_name("last-good.json")
+        self._remembered: tuple[dict[str, str], str | None] | None = None
+        self._advertised = False
+        self._grace_over = False
 
     def trigger(self) -> None:
         """Ask for a reconcile soon (coalesces with any other pending trigger)."""
@@ -99,6 +108,7 @@ class Agent:
             asyncio.create_task(self._health(), name="health"),
             asyncio.create_task(self._loop(), name="reconcile"),
             asyncio.create_task(self._resync(), name="resync"),
+            asyncio.create_task(self._grace(), name="api-grace"),
         ]
         try:
             await stop.wait()
@@ -137,6 +147,11 @@ class Agent:
             await asyncio.sleep(self.settings.resync_seconds)
             self.trigger()
 
+    async def _grace(self) -> None:
+        await asyncio.sleep(API_GRACE_S)
+        self._grace_over = True
+        self.trigger()
+
     async def _health(self) -> None:
         async for event in self.backend.health_events():
             if self.fleet.apply_health(event):
@@ -162,6 +177,8 @@ class Agent:
         configmap = self.configmap.current
         if node is None or configmap is None:
             log.info("waiting_for_api", node=node is not None, configmap=configmap is not None)
+            if self._grace_over and not self._advertised:
+                await self._serve_remembered()
             return
         observed = await self.backend.observe()
         products = tuple(sorted({p.name for g in observed.gpus if (p := self.catalog.find(g.product))}))
@@ -174,7 +191,41 @@ class Agent:
         else:
             config = selection.config if isinstance(selection, Selected) else None
             verdict, observed = await self._apply(config, observed)
+            if verdict.state is not ConfigState.FAILED:
+                self._remember(dict(configmap.data or {}), config.name if config else None)
         await self._advertise(observed, config, verdict)
+
+    def _remember(self, data: dict[str, str], name: str | None) -> None:
+        """Keep the config last applied on disk, so a restart without the API server serves it."""
+        if self._remembered == (data, name):
+            return
+        tmp = self._memory.with_suffix(".tmp")
+        try:
+            tmp.write_text(json.dumps({"config": name, "configmap": data}), "utf-8")
+            os.replace(tmp, self._memory)
+        except OSError as err:
+            log.warning("last_good_not_saved", path=str(self._memory), error=str(err))
+            return
+        self._remembered = (data, name)
+
+    async def _serve_remembered(self) -> None:
+        """The API server is out of reach since start: advertise what the last applied config gives."""
+        config = None
+        try:
+            memory = json.loads(self._memory.read_text("utf-8"))
+            name = memory["config"]
+            if name is not None:
+                config = parse_configmap(memory["configmap"], catalog=self.catalog).get(name)
+        except FileNotFoundError:
+            name = None
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            log.warning("last_good_unreadable", path=str(self._memory), error=str(err))
+            name = None
+        observed = await self.backend.observe()
+        log.warning("serving_without_api", config=name, gpus=len(observed.gpus))
+        self._good = config
+        self.fleet.update(build_inventory(observed, config, catalog=self.catalog))
+        self._advertised = True
 
     def _parse(self, configmap: ConfigMapObject, products: tuple[str, ...]) -> ConfigSet:
         """The ConfigMap's configs, parsed again only when it or the node's GPU products changed."""
@@ -214,6 +265,7 @@ class Agent:
 
     async def _advertise(self, observed: NodeState, config: SharingConfig | None, verdict: Verdict) -> None:
         inventory = build_inventory(observed, config, catalog=self.catalog)
+        self._advertised = True
         for warning in inventory.warnings:
             log.warning("inventory_warning", warning=warning)
         self.fleet.update(inventory)

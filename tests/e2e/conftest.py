@@ -95,7 +95,7 @@ class GpuNode:
         assert 0 == done.returncode, done.stderr
         return done.stdout
 
-    def start_agent(self, crash_after: int | None = None) -> AgentProcess:
+    def start_agent(self, crash_after: int | None = None, kubeconfig: Path | None = None) -> AgentProcess:
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         if crash_after is not None:
             env["SHARING_SIM_CRASH_AFTER"] = str(crash_after)
@@ -104,7 +104,7 @@ class GpuNode:
             "--node-name", self.name,
             "--namespace", NAMESPACE,
             "--configmap", CONFIGMAP,
-            "--kubeconfig", str(self.kubeconfig),
+            "--kubeconfig", str(kubeconfig or self.kubeconfig),
             "--backend", "sim",
             "--sim-state", str(self.sim),
             "--device-plugin-dir", str(self.kubelet.device_plugin_dir),

@@ -166,3 +166,16 @@ def test_an_xid_marks_a_gpu_and_its_replicas_unhealthy_until_it_is_reset(gpu_nod
     gpu_node.sharing("sim", "reset", *sim, "--uuid", h100s[1])
     gpu_node.kubelet.wait_resources(lambda r: r["nvidia.com/gpu"]["allocatable"] == 8, timeout=30)
     assert "is healthy again" in gpu_node.wait_event("GpuHealthy")["message"]
+
+
+def test_a_restart_without_the_api_server_serves_the_last_applied_config(gpu_node: GpuNode) -> None:
+    gpu_node.label(DEMO)
+    gpu_node.kubelet.wait_resources(mig_and_shared, timeout=60)
+    gpu_node.agent.stop()
+    gpu_node.kubelet.wait_resources(lambda r: r["nvidia.com/gpu"]["allocatable"] == 0, timeout=30)
+    unreachable = gpu_node.tmp / "unreachable.kubeconfig"
+    unreachable.write_text(
+        gpu_node.kubeconfig.read_text().replace(gpu_node.control_plane.server, "https://127.0.0.1:9")
+    )
+    gpu_node.start_agent(kubeconfig=unreachable)
+    gpu_node.kubelet.wait_resources(mig_and_shared, timeout=30)
