@@ -12,7 +12,7 @@ from sharing.apply import ApplyReport, apply_config
 from sharing.catalog import default_catalog
 from sharing.cli.common import Subparsers, UsageError, print_json
 from sharing.cli.gpuargs import add_backend_arguments, backend_kind, open_from_args, sim_state
-from sharing.config import load_yaml, parse_config, parse_configmap
+from sharing.config import InvalidConfigError, load_yaml, parse_config, parse_configmap
 from sharing.journal import Journal
 from sharing.spec import SharingConfig
 
@@ -76,7 +76,12 @@ def load_config(path: Path, name: str) -> SharingConfig:
         raise UsageError(f"--config: cannot read {path}: {err.strerror}") from err
     document = load_yaml(text, name)
     if isinstance(document, dict) and document.get("kind") == "ConfigMap":
-        configs = parse_configmap(document.get("data") or {}).require()
+        # Like the agent: a broken key elsewhere in the ConfigMap does not block this config.
+        parsed = parse_configmap(document.get("data") or {})
+        problems = parsed.errors_for(name)
+        if problems:
+            raise InvalidConfigError(problems)
+        configs = parsed.configs
     else:
         configs = parse_config(name, text)
     chosen = next((c for c in configs if c.name == name), None)

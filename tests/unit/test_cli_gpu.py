@@ -96,6 +96,23 @@ def test_could_not_apply_is_exit_1_with_the_reason(
     assert "failed: GPU 0 (NVIDIA A100-SXM4-40GB" in capsys.readouterr().out
 
 
+def test_apply_from_a_configmap_ignores_other_broken_keys(
+    state: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As in the agent, one bad config in the ConfigMap does not block applying another."""
+    good = "\n".join("    " + line for line in CONFIG.splitlines())
+    manifest = tmp_path / "cm.yaml"
+    manifest.write_text(
+        "kind: ConfigMap\nmetadata: {name: c}\ndata:\n"
+        f"  good: |\n{good}\n  broken: |\n    version: v1\n    gpus: [{{devices: all, replicas: 0}}]\n"
+    )
+    args = ["apply", "--config", str(manifest), "--backend", "sim", "--sim-state", str(state), "--json"]
+    assert main([*args, "--name", "good"]) == 0
+    assert ["applied", "unchanged"] == [g["outcome"] for g in json.loads(capsys.readouterr().out)["gpus"]]
+    assert main([*args, "--name", "broken"]) == 1
+    assert "broken: gpus[0].replicas" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
