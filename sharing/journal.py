@@ -19,6 +19,9 @@ from sharing.change import Target
 from sharing.errors import SharingError
 from sharing.model import GpuUuid
 
+DEFAULT_PATH = Path("/var/lib/gpu-sharing/journal.jsonl")
+"""Where the agent and `sharing apply` keep the journal (a host path in the DaemonSet)."""
+
 
 class JournalError(SharingError):
     """The journal cannot be read or written; no hardware step runs without its journal entry."""

@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from sharing.journal import DEFAULT_PATH as DEFAULT_JOURNAL
+
 
 @dataclass(frozen=True, slots=True)
 class Settings:
@@ -26,7 +28,7 @@ class Settings:
     sim_state: Path | None = None
     device_plugin_dir: Path = Path("/var/lib/kubelet/device-plugins")
     pod_resources_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
-    journal: Path = Path("/var/lib/gpu-sharing/journal.jsonl")
+    journal: Path = DEFAULT_JOURNAL
     kubeconfig: str | None = None
     """None: in-cluster service account."""
     resync_seconds: float = 300.0

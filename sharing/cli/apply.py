@@ -13,10 +13,9 @@ from sharing.catalog import default_catalog
 from sharing.cli.common import Subparsers, UsageError, print_json
 from sharing.cli.gpuargs import add_backend_arguments, backend_kind, open_from_args, sim_state
 from sharing.config import InvalidConfigError, load_yaml, parse_config, parse_configmap
+from sharing.journal import DEFAULT_PATH as DEFAULT_JOURNAL
 from sharing.journal import Journal
 from sharing.spec import SharingConfig
-
-DEFAULT_JOURNAL = Path("/var/lib/gpu-sharing/journal.jsonl")
 
 
 def register(commands: Subparsers) -> None:
