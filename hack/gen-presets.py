@@ -2,7 +2,7 @@
 """Generate the named sharing presets from the hardware catalog.
 
 Writes profiles/<name>.yaml (one native config per preset, with a header saying what it does) and
-deploy/presets-configmap.yaml (ConfigMap gpu-sharing-config in namespace gpu-sharing, one key per
+deploy/presets-configmap.yaml (ConfigMap gpu-sharing-presets in namespace gpu-sharing, one key per
 preset). MIG presets have one `{product: X}` rule per catalog product, so one name works on a mixed
 fleet. Every preset is validated on every product it names before anything is written.
 
@@ -139,7 +139,7 @@ def configmap(texts: dict[str, str]) -> str:
     """The ConfigMap manifest holding every preset."""
     lines = [f"# {GENERATED}",
              "# Select a preset on a node: kubectl label node NODE nvidia.com/device-plugin.config=NAME",
-             "apiVersion: v1", "kind: ConfigMap", "metadata:", "  name: gpu-sharing-config",
+             "apiVersion: v1", "kind: ConfigMap", "metadata:", "  name: gpu-sharing-presets",
              "  namespace: gpu-sharing", "data:"]  # fmt: skip
     for name, text in texts.items():
         lines.append(f"  {name}: |")

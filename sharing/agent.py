@@ -1,66 +1,53 @@
-"""The agent: one level-triggered reconcile loop from ConfigMap + Node label to GPUs, plugins and labels.
+"""The agent: one level-triggered reconcile loop from ConfigMaps + Node label to GPUs, plugins and labels.
 
-Triggers (Node label or ConfigMap change, GPU health event, SIGHUP, periodic resync, a retry after a
-failure) only wake the loop; bursts coalesce and every reconcile starts from fresh observations:
-select config -> apply through the backend (busy instances kept, including MIG devices pods hold per
-PodResources) -> inventory -> device-plugin fleet -> labels and Events. Bad input leaves the node on
-its last good config with state `failed` and an Event that says why; the plugins keep serving
-whatever happens to the API server. The config last applied is also kept on disk beside the journal,
-so an agent that restarts while the API server is out of reach still advertises it.
+Triggers (Node label or ConfigMap change, GPU health event, SIGHUP, periodic resync, a retry) only
+wake the loop; bursts coalesce and every reconcile starts from fresh observations: select a config
+-> roll it out safely (`sharing.rollout`) -> advertise -> labels and Events. Bad input leaves the
+node on its last good config with state `failed` and an Event that says why; the plugins keep
+serving whatever happens to the API server. A change that devices in use block is re-checked every
+few seconds (cheaply: who holds what) and applied as soon as they are free; a change that failed
+for a reason that may pass is retried with a growing delay. The config last applied is also kept
+on disk beside the journal, so an agent that restarts while the API server is out of reach still
+advertises it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
-import json
-import os
-from dataclasses import dataclass
 
 import structlog
 
-from sharing.apply import ApplyReport, apply_config
 from sharing.catalog import Catalog
-from sharing.change import Outcome
 from sharing.config import ConfigSet, parse_configmap
 from sharing.errors import SharingError
 from sharing.gpu.backend import GpuBackend
-from sharing.inventory import REPLICA_SEPARATOR, build_inventory
 from sharing.journal import Journal
-from sharing.kube import ConfigMapObject, KubeClient, NodeObject
+from sharing.kube import ConfigMapObject, KubeClient
 from sharing.labels import STATE_LABEL, ConfigState, label_patch, node_labels
-from sharing.model import NodeState
+from sharing.memory import LastGood, LastGoodError, Remembered
+from sharing.model import HealthEvent, NodeState
+from sharing.rollout import Retry, Rollout, Verdict
 from sharing.selection import Failed, Selected, select_config
 from sharing.serve.fleet import Fleet
 from sharing.serve.podresources import PodResourcesClient
 from sharing.settings import Settings
+from sharing.sources import merge
 from sharing.spec import SharingConfig
+from sharing.text import bounded
 from sharing.watch import Watched, watch_configmap, watch_node
 
 log = structlog.get_logger(__name__)
 
-RETRY_MIN_S = 0.5
-RETRY_MAX_S = 30.0
+RETRY_MIN_S = 1.0
+RETRY_MAX_S = 60.0
 API_GRACE_S = 5.0
 """How long a starting agent waits for the API server before serving the config it last applied."""
-
-
-@dataclass(frozen=True, slots=True)
-class Verdict:
-    """What one reconcile concluded, for the state label and the Event."""
-
-    state: ConfigState | None
-    reason: str
-    message: str
-    subject: str = ""
-    """What the Event is about: the same subject and reason again is not news (no second Event)."""
-    changed: bool = False
-    """Hardware was changed: always news."""
+HEALTH_RESTART_MAX_S = 30.0
 
 
 class Agent:
-    """Wires the watches, the backend, the applier, the fleet and the Kubernetes API together."""
+    """Wires the watches, the backend, the rollout, the fleet and the Kubernetes API together."""
 
     def __init__(
         self,
@@ -77,20 +64,28 @@ class Agent:
         self.backend = backend
         self.fleet = fleet
         self.catalog = catalog
-        self.pod_resources = pod_resources
-        self.journal = Journal(settings.journal)
-        self.node: Watched[NodeObject] = watch_node(kube, settings.node_name, settings.watch_timeout_seconds)
-        self.configmap = watch_configmap(
-            kube, settings.namespace, settings.configmap, settings.watch_timeout_seconds
+        self.rollout = Rollout(
+            backend=backend,
+            fleet=fleet,
+            catalog=catalog,
+            journal=Journal(settings.journal),
+            pod_resources=pod_resources,
         )
+        timeout = settings.watch_timeout_seconds
+        self.node = watch_node(kube, settings.node_name, timeout)
+        self.configmaps: list[Watched[ConfigMapObject]] = [
+            watch_configmap(kube, settings.namespace, name, timeout)
+            for name in (settings.configmap, settings.presets_configmap)
+            if name
+        ]
+        self.memory = LastGood(settings.journal.with_name("last-good.json"))
         self._wake = asyncio.Event()
         self._good: SharingConfig | None = None
         self._state: ConfigState | None = None
         self._reported: tuple[str, str] | None = None
-        self._retry_s = 0.0
+        self._verdict = Verdict(None)
+        self._failures = 0
         self._parsed: tuple[object, ConfigSet] | None = None
-        self._memory = settings.journal.with_name("last-good.json")
-        self._remembered: tuple[dict[str, str], str | None] | None = None
         self._advertised = False
         self._grace_over = False
 
@@ -103,7 +98,8 @@ class Agent:
         log.info("agent_starting", **self.settings.describe())
         await self.fleet.start()
         self.node.start(self.trigger)
-        self.configmap.start(self.trigger)
+        for watched in self.configmaps:
+            watched.start(self.trigger)
         tasks = [
             asyncio.create_task(self._health(), name="health"),
             asyncio.create_task(self._loop(), name="reconcile"),
@@ -114,33 +110,65 @@ class Agent:
             await stop.wait()
         finally:
             self.node.stop()
-            self.configmap.stop()
+            for watched in self.configmaps:
+                watched.stop()
             for task in tasks:
                 task.cancel()
-            for task in tasks:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            # Whatever a task died of, the plugin servers stop and NVML is released.
+            await asyncio.gather(*tasks, return_exceptions=True)
             await self.fleet.stop()
             await self.backend.close()
             log.info("agent_stopped")
 
+    # --- scheduling ---------------------------------------------------------------------------
+
     async def _loop(self) -> None:
         while True:
-            if self._retry_s:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self._retry_s)
-            else:
-                await self._wake.wait()
+            await self._next()
             self._wake.clear()
             try:
-                await self.reconcile()
-                self._retry_s = 0.0
+                self._verdict = await self.reconcile()
+                self._failures = self._failures + 1 if self._verdict.retry is Retry.BACKOFF else 0
             except SharingError as err:
-                self._retry_s = min(RETRY_MAX_S, max(RETRY_MIN_S, self._retry_s * 2))
-                log.warning("reconcile_failed", error=str(err), retry_in_s=self._retry_s)
-            except Exception:  # a bug must not stop the loop: the plugins keep serving, we retry
-                self._retry_s = RETRY_MAX_S
-                log.exception("reconcile_crashed", retry_in_s=self._retry_s)
+                self._failures += 1
+                self._verdict = Verdict(self._state, retry=Retry.BACKOFF)
+                log.warning("reconcile_failed", error=bounded(str(err)), retry_in_s=self._backoff())
+            except Exception as err:  # a bug must not stop the loop: the plugins keep serving, we retry
+                self._failures += 1
+                self._verdict = Verdict(self._state, retry=Retry.BACKOFF)
+                log.error(
+                    "reconcile_crashed",
+                    error=f"{type(err).__name__}: {bounded(str(err))}",
+                    retry_in_s=self._backoff(),
+                )
+
+    async def _next(self) -> None:
+        """Wait for a trigger, a retry that is due, or blocking devices that have been freed."""
+        while True:
+            retry = self._verdict.retry
+            timeout = None
+            if retry is Retry.BACKOFF:
+                timeout = self._backoff()
+            elif retry is Retry.BLOCKED:
+                timeout = self.settings.blocked_recheck_seconds
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await self._wake.wait()
+                    return
+            if retry is not Retry.BLOCKED or await self._freed():
+                return
+
+    def _backoff(self) -> float:
+        return float(min(RETRY_MAX_S, RETRY_MIN_S * 2 ** max(0, self._failures - 1)))
+
+    async def _freed(self) -> bool:
+        """A cheap look (who holds what, processes) at whether a blocker has gone."""
+        try:
+            observed = await self.backend.observe()
+            holders = await self.rollout.holders()
+        except SharingError:
+            return False
+        return bool(self._verdict.blockers - holders.busy_uuids(observed))
 
     async def _resync(self) -> None:
         while True:
@@ -153,122 +181,118 @@ class Agent:
         self.trigger()
 
     async def _health(self) -> None:
-        async for event in self.backend.health_events():
-            if self.fleet.apply_health(event):
-                what = (
-                    f"MIG device {event.mig_uuid} on GPU {event.gpu_uuid}"
-                    if event.mig_uuid
-                    else f"GPU {event.gpu_uuid}"
-                )
-                if event.healthy:
-                    log.info("device_healthy", device=what)
-                    await self._event(
-                        "Normal", "GpuHealthy", f"{what} is healthy again and advertised as such"
-                    )
-                else:
-                    log.warning("device_unhealthy", device=what, xid=event.xid)
-                    await self._event(
-                        "Warning", "GpuUnhealthy", f"{what} reported XID {event.xid}; advertised unhealthy"
-                    )
+        """Follow the backend's health events; a failure of the event source restarts it."""
+        failures = 0
+        while True:
+            try:
+                async for event in self.backend.health_events():
+                    failures = 0
+                    await self._health_event(event)
+            except Exception as err:  # never end silently: say why, then follow again
+                failures += 1
+                log.error("health_watch_failed", error=f"{type(err).__name__}: {bounded(str(err))}")
+            await asyncio.sleep(min(HEALTH_RESTART_MAX_S, 0.5 * 2**failures))
 
-    async def reconcile(self) -> None:
-        """One pass: select, apply, advertise, label. Raises SharingError when it should be retried."""
+    async def _health_event(self, event: HealthEvent) -> None:
+        if not self.fleet.apply_health(event):
+            return
+        what = (
+            f"MIG device {event.mig_uuid} on GPU {event.gpu_uuid}"
+            if event.mig_uuid
+            else f"GPU {event.gpu_uuid}"
+        )
+        if event.healthy:
+            log.info("device_healthy", device=what)
+            await self._event("Normal", "GpuHealthy", f"{what} is healthy again and advertised as such")
+        else:
+            log.warning("device_unhealthy", device=what, xid=event.xid)
+            await self._event(
+                "Warning", "GpuUnhealthy", f"{what} reported XID {event.xid}; advertised unhealthy"
+            )
+
+    # --- one reconcile ------------------------------------------------------------------------
+
+    async def reconcile(self) -> Verdict:
+        """One pass: select, roll out, advertise, label. Raises SharingError when it should be retried."""
         node = self.node.current
-        configmap = self.configmap.current
-        if node is None or configmap is None:
-            log.info("waiting_for_api", node=node is not None, configmap=configmap is not None)
+        maps = [w.current for w in self.configmaps]
+        if node is None or any(m is None for m in maps):
+            missing = [w.what for w in self.configmaps if w.current is None]
+            if node is None:
+                missing.insert(0, self.node.what)
+            log.info("waiting_for_api", missing=missing)
             if self._grace_over and not self._advertised:
                 await self._serve_remembered()
-            return
+            return Verdict(None)
         observed = await self.backend.observe()
-        products = tuple(sorted({p.name for g in observed.gpus if (p := self.catalog.find(g.product))}))
-        configs = self._parse(configmap, products)
-        selection = select_config(node.labels, configs, label=self.settings.config_label)
+        configs = await self._configs(maps, observed)
+        selection = select_config(
+            node.labels, configs, label=self.settings.config_label, default=self.settings.default_config
+        )
         if isinstance(selection, Failed):
-            log.error("config_rejected", config=selection.name, reason=selection.reason)
+            log.error("config_rejected", config=bounded(selection.name, 80), reason=bounded(selection.reason))
             verdict = Verdict(ConfigState.FAILED, "ConfigRejected", selection.reason, selection.reason)
             config = self._good
+        elif isinstance(selection, Selected):
+            config = selection.config
+            verdict, observed = await self.rollout.roll_out(config, observed, self._set_pending)
+            if verdict.state is ConfigState.SUCCESS:
+                self._good = config
+                await self._remember(maps, config.name)
         else:
-            config = selection.config if isinstance(selection, Selected) else None
-            verdict, observed = await self._apply(config, observed)
-            if verdict.state is not ConfigState.FAILED:
-                self._remember(dict(configmap.data or {}), config.name if config else None)
+            config = self._good = None
+            self.rollout.forget()
+            verdict = Verdict(None)
+            await self._remember(maps, None)
         await self._advertise(observed, config, verdict)
+        return verdict
 
-    def _remember(self, data: dict[str, str], name: str | None) -> None:
+    async def _configs(self, maps: list[ConfigMapObject | None], observed: NodeState) -> ConfigSet:
+        """The configs of the ConfigMaps (the user's over the presets), parsed again only on change.
+
+        Parsing a large ConfigMap takes a while: it runs in a thread, off the loop that serves gRPC.
+        """
+        products = tuple(sorted({p.name for g in observed.gpus if (p := self.catalog.find(g.product))}))
+        key = (tuple((m.resource_version, m.data is None) if m else None for m in maps), products)
+        if self._parsed is None or self._parsed[0] != key:
+            texts = [dict(m.data or {}) if m else {} for m in maps]
+            self._parsed = (key, await asyncio.to_thread(self._parse, texts, products))
+        return self._parsed[1]
+
+    def _parse(self, texts: list[dict[str, str]], products: tuple[str, ...] | None) -> ConfigSet:
+        sets = [parse_configmap(t, products=products, catalog=self.catalog) for t in texts]
+        return merge(sets[0], sets[1]) if len(sets) > 1 else sets[0]
+
+    async def _remember(self, maps: list[ConfigMapObject | None], name: str | None) -> None:
         """Keep the config last applied on disk, so a restart without the API server serves it."""
-        if self._remembered == (data, name):
-            return
-        tmp = self._memory.with_suffix(".tmp")
+        texts = [dict(m.data or {}) if m else {} for m in maps] + [{}]
         try:
-            tmp.write_text(json.dumps({"config": name, "configmap": data}), "utf-8")
-            os.replace(tmp, self._memory)
+            await asyncio.to_thread(self.memory.save, Remembered(name, texts[0], texts[1]))
         except OSError as err:
-            log.warning("last_good_not_saved", path=str(self._memory), error=str(err))
-            return
-        self._remembered = (data, name)
+            log.warning("last_good_not_saved", path=str(self.memory.path), error=err.strerror)
 
     async def _serve_remembered(self) -> None:
         """The API server is out of reach since start: advertise what the last applied config gives."""
         config = None
         try:
-            memory = json.loads(self._memory.read_text("utf-8"))
-            name = memory["config"]
-            if name is not None:
-                config = parse_configmap(memory["configmap"], catalog=self.catalog).get(name)
-        except FileNotFoundError:
-            name = None
-        except (OSError, ValueError, KeyError, TypeError) as err:
-            log.warning("last_good_unreadable", path=str(self._memory), error=str(err))
-            name = None
+            memory = await asyncio.to_thread(self.memory.load)
+        except LastGoodError as err:
+            log.warning("last_good_unreadable", error=bounded(str(err)))
+            memory = None
+        if memory is not None and memory.config is not None:
+            configs = await asyncio.to_thread(self._parse, [dict(memory.configs), dict(memory.presets)], None)
+            config = configs.get(memory.config)
         observed = await self.backend.observe()
-        log.warning("serving_without_api", config=name, gpus=len(observed.gpus))
+        log.warning("serving_without_api", config=memory.config if memory else None, gpus=len(observed.gpus))
         self._good = config
-        self.fleet.update(build_inventory(observed, config, catalog=self.catalog))
+        if config is not None:
+            self.rollout.effective = {g.uuid: config for g in observed.gpus}
+        self.rollout.advertise(observed, config)
         self._advertised = True
-
-    def _parse(self, configmap: ConfigMapObject, products: tuple[str, ...]) -> ConfigSet:
-        """The ConfigMap's configs, parsed again only when it or the node's GPU products changed."""
-        key = (configmap.resource_version, configmap.data is None, products)
-        if self._parsed is None or self._parsed[0] != key:
-            self._parsed = (
-                key,
-                parse_configmap(configmap.data or {}, products=products, catalog=self.catalog),
-            )
-        return self._parsed[1]
-
-    async def _apply(self, config: SharingConfig | None, observed: NodeState) -> tuple[Verdict, NodeState]:
-        if config is None:
-            self._good = None
-            return Verdict(None, "", ""), observed
-        busy = await self._busy_devices()
-        apply = functools.partial(
-            apply_config, self.backend, config, catalog=self.catalog, journal=self.journal, busy_uuids=busy
-        )
-        report = await apply(dry_run=True, observed=observed)
-        if any(g.steps for g in report.gpus) or self.journal.unfinished() is not None:
-            await self._set_state(ConfigState.PENDING)
-            report = await apply(observed=observed)
-            observed = report.after or observed
-        if not report.ok:
-            reason = _failure(config, report)
-            log.error("apply_failed", config=config.name, reason=reason)
-            return Verdict(ConfigState.FAILED, "ConfigApplyFailed", reason, reason), observed
-        self._good = config
-        changed = [g for g in report.gpus if g.outcome is Outcome.APPLIED]
-        message = f"config {config.name!r} applied" + (
-            ": " + "; ".join(f"GPU {g.index}: {', '.join(map(str, g.steps))}" for g in changed)
-            if changed
-            else ""
-        )
-        return Verdict(ConfigState.SUCCESS, "ConfigApplied", message, config.name, bool(changed)), observed
 
     async def _advertise(self, observed: NodeState, config: SharingConfig | None, verdict: Verdict) -> None:
-        inventory = build_inventory(observed, config, catalog=self.catalog)
+        inventory = self.rollout.advertise(observed, config)
         self._advertised = True
-        for warning in inventory.warnings:
-            log.warning("inventory_warning", warning=warning)
-        self.fleet.update(inventory)
         if verdict.state is not None:
             self._state = verdict.state
         node = self.node.current
@@ -284,6 +308,9 @@ class Agent:
             await self._event(kind, verdict.reason, verdict.message)
             self._reported = (verdict.reason, verdict.subject)
 
+    async def _set_pending(self) -> None:
+        await self._set_state(ConfigState.PENDING)
+
     async def _set_state(self, state: ConfigState) -> None:
         node = self.node.current
         if node is None or self._state is state:
@@ -294,7 +321,7 @@ class Agent:
                 self.kube.patch_node_labels, node.name, {STATE_LABEL: state.value}
             )
         except SharingError as err:
-            log.warning("state_label_not_set", state=state.value, error=str(err))
+            log.warning("state_label_not_set", state=state.value, error=bounded(str(err)))
 
     async def _event(self, kind: str, reason: str, message: str) -> None:
         node = self.node.current
@@ -303,22 +330,4 @@ class Agent:
         try:
             await asyncio.to_thread(self.kube.create_node_event, node, kind, reason, message)
         except SharingError as err:
-            log.warning("event_not_recorded", reason=reason, error=str(err))
-
-    async def _busy_devices(self) -> frozenset[str]:
-        """UUIDs of GPUs and MIG devices that pods hold (replica IDs reduced to their device)."""
-        if self.pod_resources is None:
-            return frozenset()
-        try:
-            held = await self.pod_resources.in_use()
-        except SharingError as err:
-            log.warning("pod_resources_unavailable", error=str(err))
-            return frozenset()
-        return frozenset(i.partition(REPLICA_SEPARATOR)[0] for ids in held.values() for i in ids)
-
-
-def _failure(config: SharingConfig, report: ApplyReport) -> str:
-    failed = [g for g in report.gpus if g.outcome in (Outcome.FAILED, Outcome.RESET_REQUIRED)]
-    return f"config {config.name!r} could not be applied: " + "; ".join(
-        f"GPU {g.index} ({g.product}): {g.reason or g.outcome.value}" for g in failed
-    )
+            log.warning("event_not_recorded", reason=reason, error=bounded(str(err)))

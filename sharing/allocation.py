@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from sharing.errors import PluginError
 from sharing.inventory import Device, DeviceId
+from sharing.text import listed
 
 VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
 CDI_KIND = "nvidia.com/gpu"
@@ -58,6 +59,12 @@ def preferred_allocation(
     if unknown:
         raise AllocationError(
             f"{resource}: must-include devices {_ids(unknown)} are not advertised by this node"
+        )
+    offered = set(available)
+    missing = [i for i in must if i not in offered]
+    if missing:
+        raise AllocationError(
+            f"{resource}: must-include devices {_ids(missing)} are not in the available list"
         )
     if size < 1 or len(must) > size:
         raise AllocationError(
@@ -176,4 +183,4 @@ def _by_physical_gpu(
 
 
 def _ids(ids: Sequence[str]) -> str:
-    return ", ".join(ids)
+    return listed(ids)

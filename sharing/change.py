@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from sharing.catalog import Catalog
 from sharing.model import Gpu
-from sharing.plan import Existing, Infeasible, Placement, plan_gpu
+from sharing.plan import Existing, Infeasibility, Infeasible, Placement, plan_gpu
 from sharing.spec import MigMode, SharingConfig
 
 
@@ -33,6 +33,8 @@ class Outcome(enum.Enum):
     PLANNED = "planned"
     """Dry run: the steps would run."""
     FAILED = "failed"
+    BLOCKED = "blocked"
+    """Devices in use (processes, or pods per PodResources) stand in the way; retried when they are free."""
     RESET_REQUIRED = "reset-required"
 
 
@@ -74,6 +76,26 @@ class GpuChange:
     """The instances expected afterwards when MIG is wanted on."""
     failure: Outcome | None = None
     reason: str = ""
+    blockers: tuple[str, ...] = ()
+    """UUIDs of the GPU or MIG devices in use that stand in the way (when BLOCKED)."""
+
+    def removed(self) -> frozenset[str]:
+        """UUIDs of the devices (whole GPU, MIG devices) that running the steps takes away.
+
+        These are withdrawn from the kubelet before the steps run, so no pod is admitted to a
+        device that is about to disappear.
+        """
+        gone: set[str] = set()
+        for step in self.steps:
+            if step.kind is StepKind.ENABLE_MIG:
+                gone.add(self.gpu.uuid)
+            elif step.kind is StepKind.DISABLE_MIG:
+                gone.update(ci.uuid for _, ci in self.gpu.mig_devices)
+            elif step.kind is StepKind.DESTROY:
+                gone.update(
+                    ci.uuid for gi in self.gpu.instances if gi.id == step.gi_id for ci in gi.compute_instances
+                )
+        return frozenset(gone)
 
 
 def target_for(config: SharingConfig, gpu: Gpu, catalog: Catalog) -> Target | None:
@@ -95,32 +117,29 @@ def plan_change(
     `busy_uuids` are GPUs and MIG devices in use beyond what NVML sees (pods holding them, per the
     kubelet's PodResources): they are kept exactly like devices with processes.
     """
-    where = f"GPU {gpu.index} ({gpu.product}, {gpu.uuid})"
     if target is None:
         return GpuChange(gpu, target, reason="no rule asks for a change; left as it is")
-    gpu_busy = gpu.busy or gpu.uuid in busy_uuids
-    in_use = [
+    busy_migs = tuple(
         ci.uuid for gi in gpu.instances for ci in gi.compute_instances if ci.busy or ci.uuid in busy_uuids
-    ]
-    idle_needed = (
-        f"{where} has processes (or a pod holds it) and MIG mode only changes on an idle GPU: "
-        "stop them (drain the node), then apply again"
     )
+    gpu_busy = gpu.busy or gpu.uuid in busy_uuids
+    holders = busy_migs or ((gpu.uuid,) if gpu_busy else ())
+    if gpu.mig_capable and gpu.mig_pending != gpu.mig_enabled and gpu.mig_pending == target.mig_enabled:
+        # Asked for already; only a reset makes it happen. Asking again would change nothing.
+        return GpuChange(gpu, target, failure=Outcome.RESET_REQUIRED, reason=_reset_reason(gpu))
     if not target.mig_enabled:
         if not gpu.mig_capable or not (gpu.mig_enabled or gpu.mig_pending):
             return GpuChange(gpu, target)
         if not gpu.mig_enabled:  # only a pending "on": cancel it
             return GpuChange(gpu, target, (Step(StepKind.DISABLE_MIG),))
-        if in_use:
+        if holders:
             return GpuChange(
                 gpu,
                 target,
-                failure=Outcome.FAILED,
-                reason=f"MIG devices {', '.join(in_use)} on {where} are in use; MIG stays on until "
-                "they are free",
+                failure=Outcome.BLOCKED,
+                reason=f"MIG devices {', '.join(holders)} are in use; MIG stays on until they are free",
+                blockers=holders,
             )
-        if gpu_busy:
-            return GpuChange(gpu, target, failure=Outcome.FAILED, reason=idle_needed)
         destroys = tuple(Step(StepKind.DESTROY, gi.profile, gi.start, gi.id) for gi in gpu.instances)
         return GpuChange(gpu, target, (*destroys, Step(StepKind.DISABLE_MIG)))
     if not gpu.mig_capable:
@@ -128,7 +147,7 @@ def plan_change(
             gpu,
             target,
             failure=Outcome.FAILED,
-            reason=f"{where} has no MIG; give it a rule without `mig` (time-slicing only)",
+            reason="this GPU has no MIG; give it a rule without `mig` (time-slicing only)",
         )
     product = catalog.find(gpu.product)
     if product is None:
@@ -136,12 +155,21 @@ def plan_change(
             gpu,
             target,
             failure=Outcome.FAILED,
-            reason=f"{where} is not in the hardware catalog, so its MIG layouts are unknown",
+            reason=f"{gpu.product} is not in the hardware catalog, so its MIG layouts are unknown",
         )
     steps: list[Step] = []
-    if not gpu.mig_enabled or not gpu.mig_pending:
-        if gpu_busy and not gpu.mig_enabled:
-            return GpuChange(gpu, target, failure=Outcome.FAILED, reason=idle_needed)
+    if not gpu.mig_enabled:
+        if gpu_busy:
+            return GpuChange(
+                gpu,
+                target,
+                failure=Outcome.BLOCKED,
+                reason="the GPU is in use (processes, or a pod holds it) and MIG mode only changes on an "
+                "idle GPU",
+                blockers=(gpu.uuid,),
+            )
+        steps.append(Step(StepKind.ENABLE_MIG))
+    elif not gpu.mig_pending:  # on now, but set to go off at the next reset: keep it on
         steps.append(Step(StepKind.ENABLE_MIG))
     instances = gpu.instances if gpu.mig_enabled else ()
     existing = [
@@ -154,7 +182,9 @@ def plan_change(
     ]
     plan = plan_gpu(product, existing, dict(target.instances))
     if isinstance(plan, Infeasible):
-        return GpuChange(gpu, target, failure=Outcome.FAILED, reason=f"{where}: {plan.reason}")
+        if plan.kind in (Infeasibility.BUSY_NOT_WANTED, Infeasibility.FRAGMENTED_BY_BUSY):
+            return GpuChange(gpu, target, failure=Outcome.BLOCKED, reason=plan.reason, blockers=busy_migs)
+        return GpuChange(gpu, target, failure=Outcome.FAILED, reason=plan.reason)
     by_place = {(gi.profile, gi.start): gi for gi in instances}
     half_built = {(gi.profile, gi.start) for gi in instances if not gi.compute_instances}
     steps += [
@@ -187,3 +217,10 @@ def verify(change: GpuChange, after: Gpu | None) -> str | None:
     if empty:
         return f"GPU instances without a compute instance: {', '.join(empty)}"
     return None
+
+
+def _reset_reason(gpu: Gpu) -> str:
+    return (
+        f"MIG mode is set to {'on' if gpu.mig_pending else 'off'} and takes effect when the GPU is reset; "
+        f"this agent never resets GPUs: drain the node and run `nvidia-smi -r -i {gpu.index}` (or reboot)"
+    )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import NewType
 
@@ -136,16 +136,27 @@ def build_inventory(
     config: SharingConfig | None,
     health: HealthState | None = None,
     catalog: Catalog | None = None,
+    *,
+    per_gpu: Mapping[GpuUuid, SharingConfig | None] | None = None,
 ) -> Inventory:
-    """What to advertise for this node; config None advertises the GPUs as they are (MIG mixed)."""
+    """What to advertise for this node; config None advertises the GPUs as they are (MIG mixed).
+
+    `per_gpu` overrides the config for some GPUs: a GPU whose change failed keeps advertising
+    its devices under the names of the config last applied to it.
+    """
     catalog = catalog if catalog is not None else default_catalog()
-    strategy = config.mig_strategy if config is not None else MigStrategy.MIXED
     warnings: list[str] = []
-    single_ok = strategy is not MigStrategy.SINGLE or _single_is_uniform(node, warnings)
+
+    def config_of(uuid: GpuUuid) -> SharingConfig | None:
+        return per_gpu[uuid] if per_gpu is not None and uuid in per_gpu else config
+
+    singles = [g for g in node.gpus if _strategy(config_of(g.uuid)) is MigStrategy.SINGLE]
+    single_ok = not singles or _single_is_uniform(NodeState(tuple(singles)), warnings)
     found: dict[ResourceName, list[Device]] = {}
     for gpu in node.gpus:
+        cfg = config_of(gpu.uuid)
         for resource, device in _devices_of(
-            gpu, config, strategy=strategy, single_ok=single_ok, catalog=catalog, warnings=warnings
+            gpu, cfg, strategy=_strategy(cfg), single_ok=single_ok, catalog=catalog, warnings=warnings
         ):
             found.setdefault(resource, []).append(device)
     inventory = Inventory(
@@ -156,10 +167,31 @@ def build_inventory(
     return with_health(inventory, health) if health is not None else inventory
 
 
-def with_health(inventory: Inventory, health: HealthState) -> Inventory:
-    """The same inventory with every device's health taken from `health`."""
+def withdraw(inventory: Inventory, uuids: Collection[str]) -> Inventory:
+    """The inventory without the devices (and their replicas) whose container UUID is in `uuids`."""
+    gone = frozenset(uuids)
     resources = tuple(
-        (name, tuple(replace(d, health=health.health_of(d)) for d in devices))
+        (name, kept)
+        for name, devices in inventory.resources
+        if (kept := tuple(d for d in devices if d.uuid not in gone))
+    )
+    return replace(inventory, resources=resources)
+
+
+def _strategy(config: SharingConfig | None) -> MigStrategy:
+    return config.mig_strategy if config is not None else MigStrategy.MIXED
+
+
+def with_health(inventory: Inventory, health: HealthState) -> Inventory:
+    """The same inventory with `health` overlaid: a device is unhealthy when it already was
+    (e.g. its GPU cannot be read) or when `health` says so."""
+    resources = tuple(
+        (
+            name,
+            tuple(
+                d if d.health is Health.UNHEALTHY else replace(d, health=health.health_of(d)) for d in devices
+            ),
+        )
         for name, devices in inventory.resources
     )
     return replace(inventory, resources=resources)
@@ -188,11 +220,14 @@ def _devices_of(
     rule = config.rule_for(gpu.index, product.name if product else gpu.product) if config else None
     rename = _Rename(config is not None and config.rename_by_default, dict(rule.rename) if rule else {})
     if gpu.mig_enabled and strategy is MigStrategy.NONE:
+        # A GPU in MIG mode runs nothing as a whole GPU: handing it out would give a pod a GPU it
+        # cannot use, beside pods holding its MIG devices.
         warnings.append(
-            f"GPU {gpu.index} ({gpu.uuid}) has MIG enabled but migStrategy is none: it is advertised as a"
-            " whole GPU; use migStrategy mixed or single to advertise its MIG devices"
+            f"GPU {gpu.index} ({gpu.uuid}) has MIG enabled but migStrategy is none: it is not advertised;"
+            " use migStrategy mixed or single to advertise its MIG devices"
         )
-    if not gpu.mig_enabled or strategy is MigStrategy.NONE:
+        return
+    if not gpu.mig_enabled:
         replicas = rule.replicas.for_kind("gpu") if rule else 1
         yield from _replicate(GPU_RESOURCE, gpu, None, replicas, rename)
         return

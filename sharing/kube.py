@@ -19,6 +19,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from sharing.errors import KubeError
+from sharing.text import bounded
 
 
 class GoneError(KubeError):
@@ -33,6 +34,7 @@ class NodeObject:
     uid: str
     resource_version: str
     labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,10 +49,14 @@ class ConfigMapObject:
 
 @dataclass(frozen=True, slots=True)
 class WatchEvent:
-    """One change seen by a watch: ADDED, MODIFIED or DELETED, with the object after it."""
+    """One change seen by a watch: ADDED, MODIFIED or DELETED with the object after it, or BOOKMARK.
+
+    A BOOKMARK carries no object, only a newer resource version to resume from.
+    """
 
     kind: str
-    object: NodeObject | ConfigMapObject
+    object: NodeObject | ConfigMapObject | None
+    resource_version: str = ""
 
 
 class KubeClient(Protocol):
@@ -69,7 +75,9 @@ class KubeClient(Protocol):
         self, namespace: str, name: str, resource_version: str, timeout_s: int
     ) -> Iterator[WatchEvent]: ...
 
-    def patch_node_labels(self, name: str, patch: Mapping[str, str | None]) -> NodeObject: ...
+    def patch_node_labels(
+        self, name: str, patch: Mapping[str, str | None], annotations: Mapping[str, str | None] | None = None
+    ) -> NodeObject: ...
 
     def create_node_event(self, node: NodeObject, kind: str, reason: str, message: str) -> None: ...
 
@@ -120,9 +128,13 @@ class ApiClient:
         path = f"/api/v1/namespaces/{quote(namespace)}/configmaps"
         return self._watch(path, _configmap, f"metadata.name={name}", resource_version, timeout_s)
 
-    def patch_node_labels(self, name: str, patch: Mapping[str, str | None]) -> NodeObject:
-        """Merge-patch labels (None removes a label); returns the Node after the patch."""
-        body = {"metadata": {"labels": dict(patch)}}
+    def patch_node_labels(
+        self, name: str, patch: Mapping[str, str | None], annotations: Mapping[str, str | None] | None = None
+    ) -> NodeObject:
+        """Merge-patch labels (and annotations; None removes one); returns the Node after the patch."""
+        body: dict[str, Any] = {"metadata": {"labels": dict(patch)}}
+        if annotations:
+            body["metadata"]["annotations"] = dict(annotations)
         return _node(
             self._json(
                 f"patch labels of node {name}", "PATCH", f"/api/v1/nodes/{quote(name)}", body=body,
@@ -140,7 +152,7 @@ class ApiClient:
             "metadata": {"name": f"{node.name}.{int(now.timestamp() * 1e6):x}{next(self._names)}"},
             "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node.name, "uid": node.uid},
             "reason": reason,
-            "message": message[:1024],
+            "message": bounded(message, 1000),
             "type": kind,
             "source": {"component": "gpu-sharing", "host": node.name},
             "firstTimestamp": stamp,
@@ -175,7 +187,7 @@ class ApiClient:
         except ApiException as err:
             raise _status_error(what, err.status, str(err.reason), err.body) from err
         except Exception as err:  # connection refused, TLS, timeouts: the API server is unreachable
-            raise KubeError(f"{what}: {type(err).__name__}: {err}") from err
+            raise KubeError(f"{what}: {type(err).__name__}: {bounded(str(err))}") from err
         if not 200 <= response.status < 300:
             raise _status_error(what, response.status, response.reason, response.read())
         return response
@@ -191,7 +203,12 @@ class ApiClient:
     def _watch(
         self, path: str, convert: Any, field_selector: str, resource_version: str, timeout_s: int
     ) -> Iterator[WatchEvent]:
-        query = [("watch", "true"), ("fieldSelector", field_selector), ("timeoutSeconds", str(timeout_s))]
+        query = [
+            ("watch", "true"),
+            ("fieldSelector", field_selector),
+            ("timeoutSeconds", str(timeout_s)),
+            ("allowWatchBookmarks", "true"),
+        ]
         if resource_version:
             query.append(("resourceVersion", resource_version))
         what = f"watch {field_selector}"
@@ -201,17 +218,22 @@ class ApiClient:
         try:
             for line in _lines(response.response.stream(amt=None, decode_content=True)):
                 raw = json.loads(line)
-                if raw.get("type") == "ERROR":
-                    status = raw.get("object", {})
-                    if status.get("code") == 410:
-                        raise GoneError(f"watch expired: {status.get('message', '')}")
-                    raise KubeError(f"{what} failed: {status.get('message', status)}")
-                if raw.get("type") in ("ADDED", "MODIFIED", "DELETED"):
-                    yield WatchEvent(raw["type"], convert(raw["object"]))
+                kind = raw.get("type")
+                obj = raw.get("object") or {}
+                if kind == "ERROR":
+                    message = bounded(str(obj.get("message", obj)))
+                    if obj.get("code") == 410:
+                        raise GoneError(f"watch expired: {message}")
+                    raise KubeError(f"{what} failed: {message}")
+                if kind == "BOOKMARK":
+                    yield WatchEvent(kind, None, obj.get("metadata", {}).get("resourceVersion", ""))
+                elif kind in ("ADDED", "MODIFIED", "DELETED"):
+                    converted = convert(obj)
+                    yield WatchEvent(kind, converted, converted.resource_version)
         except KubeError:
             raise
         except Exception as err:  # the connection broke, or a torn line
-            raise KubeError(f"{what}: {type(err).__name__}: {err}") from err
+            raise WatchBrokenError(f"{what}: {type(err).__name__}: {bounded(str(err))}") from err
         finally:
             response.response.release_conn()
 
@@ -220,12 +242,18 @@ class NotFoundError(KubeError):
     """HTTP 404."""
 
 
+class WatchBrokenError(KubeError):
+    """A watch stream broke after it started: resume from the last resource version seen."""
+
+
 def _status_error(what: str, status: int, reason: str, body: Any) -> KubeError:
     try:
         message = json.loads(body or b"{}").get("message", "")
     except (ValueError, TypeError, AttributeError):
         message = ""
-    text = f"{what}: HTTP {status} {reason}" + (f": {message}" if message else "")
+    text = f"{what}: HTTP {status} {bounded(str(reason), 80)}" + (
+        f": {bounded(str(message))}" if message else ""
+    )
     if status == 410:
         return GoneError(text)
     if status == 404:
@@ -253,6 +281,7 @@ def _node(obj: Mapping[str, Any]) -> NodeObject:
         meta.get("uid", ""),
         meta.get("resourceVersion", ""),
         dict(meta.get("labels") or {}),
+        dict(meta.get("annotations") or {}),
     )
 
 

@@ -66,10 +66,20 @@ class Gpu:
 
 
 @dataclass(frozen=True, slots=True)
+class UnreadableGpu:
+    """A GPU the backend could not read (e.g. lost): the others are observed regardless."""
+
+    index: int
+    uuid: GpuUuid | None
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
 class NodeState:
-    """All GPUs of the node, ordered by index."""
+    """All GPUs of the node, ordered by index; those that could not be read are listed apart."""
 
     gpus: tuple[Gpu, ...]
+    unreadable: tuple[UnreadableGpu, ...] = ()
 
     def gpu(self, uuid: str) -> Gpu | None:
         """The GPU with this UUID, or None."""

@@ -47,17 +47,20 @@ class Failed:
 Selection = Selected | Unmanaged | Failed
 
 
-def select_config(labels: Mapping[str, str], configs: ConfigSet, *, label: str = CONFIG_LABEL) -> Selection:
-    """The config for a node with these labels; an empty label value counts as absent."""
+def select_config(
+    labels: Mapping[str, str], configs: ConfigSet, *, label: str = CONFIG_LABEL, default: str = DEFAULT_CONFIG
+) -> Selection:
+    """The config for a node with these labels; an empty label value counts as absent.
+
+    Without a label, the config named `default` applies (NVIDIA's `config.default`), if there is one.
+    """
     for key in dict.fromkeys((label, MIG_CONFIG_LABEL)):
         name = labels.get(key, "")
         if name:
             return _lookup(name, configs, f"label {key}={name}")
-    if DEFAULT_CONFIG in configs.names or DEFAULT_CONFIG in configs.invalid:
-        return _lookup(DEFAULT_CONFIG, configs, "default")
-    if CONFIGMAP in configs.invalid:
-        return _lookup(DEFAULT_CONFIG, configs, "default")
-    return Unmanaged(f"no {label} label and no config named {DEFAULT_CONFIG!r}: GPUs are left as they are")
+    if default and (default in configs.names or default in configs.invalid or CONFIGMAP in configs.invalid):
+        return _lookup(default, configs, "default")
+    return Unmanaged(f"no {label} label and no config named {default!r}: GPUs are left as they are")
 
 
 def _lookup(name: str, configs: ConfigSet, source: str) -> Selection:

@@ -14,6 +14,8 @@ from pathlib import Path
 
 from sharing.journal import DEFAULT_PATH as DEFAULT_JOURNAL
 
+DEFAULT_POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+
 
 @dataclass(frozen=True, slots=True)
 class Settings:
@@ -22,16 +24,20 @@ class Settings:
     node_name: str
     namespace: str = "gpu-sharing"
     configmap: str = "gpu-sharing-config"
+    presets_configmap: str = "gpu-sharing-presets"
+    """The shipped presets; the user's ConfigMap wins per name. Empty: no presets."""
+    default_config: str = "default"
     config_label: str = "nvidia.com/device-plugin.config"
     fallback_label: str = "nvidia.com/mig.config"
     backend: str = "nvml"
     sim_state: Path | None = None
     device_plugin_dir: Path = Path("/var/lib/kubelet/device-plugins")
-    pod_resources_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+    pod_resources_socket: Path = DEFAULT_POD_RESOURCES_SOCKET
     journal: Path = DEFAULT_JOURNAL
     kubeconfig: str | None = None
     """None: in-cluster service account."""
     resync_seconds: float = 300.0
+    blocked_recheck_seconds: float = 3.0
     watch_timeout_seconds: int = 300
     ignored_xids: tuple[int, ...] = (13, 31, 43, 45, 68, 109)
     allocation_policy: str = "distributed"
@@ -47,7 +53,14 @@ class Settings:
 _OPTIONS: tuple[tuple[str, str, str, str], ...] = (
     ("node_name", "--node-name", "SHARING_NODE_NAME", "this node's name (DaemonSet: from the downward API)"),
     ("namespace", "--namespace", "SHARING_NAMESPACE", "namespace of the ConfigMap of named configs"),
-    ("configmap", "--configmap", "SHARING_CONFIGMAP", "name of the ConfigMap of named configs"),
+    ("configmap", "--configmap", "SHARING_CONFIGMAP", "name of the user's ConfigMap of named configs"),
+    (
+        "presets_configmap",
+        "--presets-configmap",
+        "SHARING_PRESETS_CONFIGMAP",
+        "name of the ConfigMap of shipped presets ('' for none); the user's configs win per name",
+    ),
+    ("default_config", "--default-config", "SHARING_DEFAULT_CONFIG", "config for a node without a label"),
     ("config_label", "--config-label", "SHARING_CONFIG_LABEL", "node label that names the config"),
     ("fallback_label", "--fallback-label", "SHARING_FALLBACK_LABEL", "label used when the first is absent"),
     ("backend", "--backend", "SHARING_BACKEND", "GPU backend: nvml or sim"),
@@ -67,6 +80,12 @@ _OPTIONS: tuple[tuple[str, str, str, str], ...] = (
     ("journal", "--journal", "SHARING_JOURNAL", "journal of hardware steps (crash recovery)"),
     ("kubeconfig", "--kubeconfig", "SHARING_KUBECONFIG", "kubeconfig file (default: in-cluster)"),
     ("resync_seconds", "--resync-seconds", "SHARING_RESYNC_SECONDS", "reconcile at least this often"),
+    (
+        "blocked_recheck_seconds",
+        "--blocked-recheck-seconds",
+        "SHARING_BLOCKED_RECHECK_SECONDS",
+        "while devices in use block a change, look this often whether they are free",
+    ),
     ("watch_timeout_seconds", "--watch-timeout-seconds", "SHARING_WATCH_TIMEOUT_SECONDS", "watch renewal"),
     ("ignored_xids", "--ignored-xids", "SHARING_IGNORED_XIDS", "XIDs that do not make a GPU unhealthy"),
     (
@@ -78,6 +97,10 @@ _OPTIONS: tuple[tuple[str, str, str, str], ...] = (
     ("cdi", "--cdi", "SHARING_CDI", "also return CDI device names from Allocate (true/false)"),
     ("log_format", "--log-format", "SHARING_LOG_FORMAT", "auto, json or console"),
 )
+
+
+_EMPTY_ALLOWED = frozenset({"presets_configmap", "default_config"})
+"""Settings where an empty value means "none" rather than "not set"."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -98,7 +121,7 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] = os.environ)
             raw, source = environ.get(env), env
         if raw is None and name == "kubeconfig":
             raw, source = environ.get("KUBECONFIG") or None, "KUBECONFIG"
-        if raw is None or raw == "":
+        if raw is None or (raw == "" and name not in _EMPTY_ALLOWED):
             continue
         values[name] = _convert(name, raw, source)
     if "node_name" not in values:

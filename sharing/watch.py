@@ -1,10 +1,14 @@
-"""Watches that turn the Kubernetes world into reconcile triggers: this Node and the ConfigMap.
+"""Watches that turn the Kubernetes world into reconcile triggers: this Node and the ConfigMaps.
 
-Each watch is a list-then-watch loop (like a client-go informer) on its own thread, because the
-official client blocks. It resumes from the last resource version after a disconnect, lists again
-after `410 Gone`, backs off while the API server is unreachable, and hands the newest object to the
-event loop. Only changes that matter (the Node's labels, the ConfigMap's data) trigger a reconcile,
-so the kubelet's status updates cost nothing.
+Each watch runs on its own thread, because the official client blocks. It reads the object once
+(a missing ConfigMap reads as "no data"), then watches from the newest state (no resource
+version: the server sends the object as it is now, then every change), resumes from the last
+version it saw (events and bookmarks) after a broken connection, starts again from the newest state
+after `410 Gone`, and backs off on repeated failures of any kind. Starting from the object's own
+resource version would be wrong: an object unchanged for a while is older than the server's watch
+window (always so after an API server restart), and every watch from it would end in 410.
+Only changes that matter (the Node's labels, the ConfigMap's data) trigger a reconcile, so the
+kubelet's status updates cost nothing.
 """
 
 from __future__ import annotations
@@ -18,10 +22,12 @@ import structlog
 
 from sharing.errors import KubeError
 from sharing.kube import ConfigMapObject, GoneError, KubeClient, NodeObject, WatchEvent
+from sharing.text import bounded
 
 T = TypeVar("T", NodeObject, ConfigMapObject)
 log = structlog.get_logger(__name__)
 EMPTY_WATCH_PAUSE_S = 0.2
+BACKOFF_MIN_S = 0.2
 
 
 class Watched(Generic[T]):
@@ -35,6 +41,7 @@ class Watched(Generic[T]):
         relevant: Callable[[T], object],
         *,
         backoff_max_s: float = 30.0,
+        pause: Callable[[float], object] | None = None,
     ) -> None:
         self.what = what
         self.current: T | None = None
@@ -44,6 +51,8 @@ class Watched(Generic[T]):
         self._relevant: Callable[[T], object] = relevant
         self._backoff_max_s = backoff_max_s
         self._stopped = threading.Event()
+        self._pause: Callable[[float], object] = pause or self._stopped.wait
+        """Waits between attempts (returns early when stopped); tests record the delays instead."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
 
@@ -59,32 +68,44 @@ class Watched(Generic[T]):
         self._stopped.set()
 
     def _run(self) -> None:
+        read = False
         version = ""
-        delay = 0.0
+        failures = waits = 0
         while not self._stopped.is_set():
+            wait = True
             try:
-                if not version:
-                    obj = self._get()
-                    self._deliver(obj)
-                    version = obj.resource_version
+                if not read:
+                    self._deliver(self._get())
+                    read = True
                 events = 0
                 for event in self._watch(version):
                     if self._stopped.is_set():
                         return
-                    self._deliver(event.object)  # type: ignore[arg-type]
-                    version = event.object.resource_version or version
+                    if event.object is not None:
+                        self._deliver(event.object)  # type: ignore[arg-type]
+                    version = (
+                        event.resource_version or getattr(event.object, "resource_version", "") or version
+                    )
                     events += 1
-                delay = 0.0
+                failures = waits = 0
                 if not events:  # a server that ends watches at once must not make this spin
-                    self._stopped.wait(EMPTY_WATCH_PAUSE_S)
+                    self._pause(EMPTY_WATCH_PAUSE_S)
+                continue
             except GoneError:
+                # Our version left the server's window: watch from the newest state, which the
+                # server sends first. Only a second 410 in a row waits.
                 log.info("watch_expired", what=self.what)
                 version = ""
+                wait = failures > 0
             except KubeError as err:
-                delay = min(self._backoff_max_s, max(0.2, delay * 2))
-                log.warning("watch_failed", what=self.what, error=str(err), retry_in_s=delay)
-                version = ""  # list again after an outage: what happened meanwhile is in the list
-                self._stopped.wait(delay)
+                log.warning("watch_failed", what=self.what, error=bounded(str(err)))
+            except Exception as err:  # a bug or a surprise from the client must not end the watch
+                log.error("watch_crashed", what=self.what, error=f"{type(err).__name__}: {bounded(str(err))}")
+                read, version = False, ""
+            failures += 1
+            if wait:
+                self._pause(min(self._backoff_max_s, BACKOFF_MIN_S * 2**waits))
+                waits += 1
 
     def _deliver(self, obj: T) -> None:
         if self._loop is not None and not self._stopped.is_set():
@@ -108,13 +129,13 @@ def watch_node(kube: KubeClient, name: str, timeout_s: int) -> Watched[NodeObjec
 
 
 def watch_configmap(kube: KubeClient, namespace: str, name: str, timeout_s: int) -> Watched[ConfigMapObject]:
-    """The ConfigMap of named configs; a deleted one reads as missing (data None)."""
+    """A ConfigMap of named configs; a deleted or missing one reads as no data (data None)."""
 
     def events(version: str) -> Iterator[WatchEvent]:
         for event in kube.watch_configmap(namespace, name, version, timeout_s):
             if event.kind == "DELETED":
-                gone = ConfigMapObject(namespace, name, event.object.resource_version, None)
-                yield WatchEvent(event.kind, gone)
+                gone = ConfigMapObject(namespace, name, event.resource_version, None)
+                yield WatchEvent(event.kind, gone, event.resource_version)
             else:
                 yield event
 

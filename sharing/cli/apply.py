@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import sys
 from pathlib import Path
 
 from sharing import logs
@@ -15,6 +16,7 @@ from sharing.cli.gpuargs import add_backend_arguments, backend_kind, open_from_a
 from sharing.config import InvalidConfigError, load_yaml, parse_config, parse_configmap
 from sharing.journal import DEFAULT_PATH as DEFAULT_JOURNAL
 from sharing.journal import Journal
+from sharing.settings import DEFAULT_POD_RESOURCES_SOCKET
 from sharing.spec import SharingConfig
 
 
@@ -24,9 +26,10 @@ def register(commands: Subparsers) -> None:
         "apply",
         help="partition the GPUs as a named config says",
         description="Apply the smallest change that makes the GPUs match config NAME of FILE (one config "
-        "document, a mig-parted file, or a ConfigMap manifest). Busy instances are kept; MIG mode only "
-        "changes on idle GPUs and no GPU is ever reset. Exit 0 applied or nothing to do, 1 could not "
-        "apply (the reason per GPU), 2 bad arguments.",
+        "document, a mig-parted file, or a ConfigMap manifest). Busy instances are kept (processes, and "
+        "devices pods hold per the kubelet's PodResources: when it cannot be read, no device is "
+        "destroyed); MIG mode only changes on idle GPUs and no GPU is ever reset. Exit 0 applied or "
+        "nothing to do, 1 could not apply (the reason per GPU), 2 bad arguments.",
     )
     parser.add_argument("--config", required=True, type=Path, metavar="FILE", help="config file")
     parser.add_argument("--name", required=True, metavar="CONFIG", help="name of the config to apply")
@@ -38,6 +41,19 @@ def register(commands: Subparsers) -> None:
         metavar="PATH",
         help="journal of hardware steps for crash recovery [SHARING_JOURNAL; default: next to "
         f"--sim-state, or {DEFAULT_JOURNAL}]",
+    )
+    parser.add_argument(
+        "--pod-resources-socket",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="the kubelet's PodResources socket "
+        f"[SHARING_POD_RESOURCES_SOCKET; default {DEFAULT_POD_RESOURCES_SOCKET}]",
+    )
+    parser.add_argument(
+        "--no-kubelet",
+        action="store_true",
+        help="this node runs no kubelet: only processes count as users of a device",
     )
     parser.add_argument("--dry-run", action="store_true", help="print the plan per GPU and change nothing")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -58,13 +74,39 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _apply(args: argparse.Namespace, config: SharingConfig, journal: Journal) -> ApplyReport:
+    from sharing.holders import read_holders
+    from sharing.serve.podresources import PodResourcesClient
+
     backend = open_from_args(args)
     try:
+        observed = await backend.observe()
+        holders = await read_holders(
+            None if args.no_kubelet else PodResourcesClient(pod_resources_socket(args))
+        )
+        if holders.unknown:
+            print(
+                f"sharing: warning: {holders.unknown}; every device counts as in use, so none is destroyed "
+                "(pass --no-kubelet if this node runs no kubelet)",
+                file=sys.stderr,
+            )
         return await apply_config(
-            backend, config, catalog=default_catalog(), journal=journal, dry_run=args.dry_run
+            backend,
+            config,
+            catalog=default_catalog(),
+            journal=journal,
+            dry_run=args.dry_run,
+            busy_uuids=holders.busy_uuids(observed),
+            observed=observed,
         )
     finally:
         await backend.close()
+
+
+def pod_resources_socket(args: argparse.Namespace) -> Path:
+    """--pod-resources-socket > SHARING_POD_RESOURCES_SOCKET > the kubelet's default."""
+    if args.pod_resources_socket is not None:
+        return Path(args.pod_resources_socket)
+    return Path(os.environ.get("SHARING_POD_RESOURCES_SOCKET") or DEFAULT_POD_RESOURCES_SOCKET)
 
 
 def load_config(path: Path, name: str) -> SharingConfig:
@@ -116,6 +158,7 @@ def report_json(report: ApplyReport) -> dict[str, object]:
                 "outcome": g.outcome.value,
                 "steps": [str(s) for s in g.steps],
                 "reason": g.reason,
+                "blockers": list(g.blockers),
             }
             for g in report.gpus
         ],

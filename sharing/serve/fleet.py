@@ -4,6 +4,11 @@
 bursts coalesce (latest wins). The worker starts servers for new resources, stops removed ones and
 pushes device changes into the open ListAndWatch streams without re-registering. It re-registers a
 plugin on a fresh socket when its stream drops, its socket vanishes, or the kubelet restarts.
+Registrations run in tasks of their own: a kubelet slow to answer one plugin (Register may wait
+up to its timeout) never holds back device or health updates of the others.
+
+At start, sockets of ours left in the directory by a process that was killed (kill -9 leaves them)
+are removed: the kubelet would otherwise keep dialling dead endpoints of the same resources.
 
 Kubelet restarts are seen by polling the identity (device, inode, ctime) of kubelet.sock: one
 stat() per poll interval (100 ms by default) is negligible, needs no inotify instance (NVIDIA's
@@ -65,6 +70,8 @@ class _Plugin:
     retry_at: float = 0.0
     registered_at: float = 0.0
     registrations: int = 0
+    task: asyncio.Task[None] | None = None
+    """The registration in progress, if any."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +116,7 @@ class Fleet:
     async def start(self) -> None:
         """Start the worker and the kubelet watcher."""
         if not self._tasks:
+            _remove_stale_sockets(self.settings.plugin_dir, self.settings.socket_prefix)
             self._kubelet = _identity(self.settings.kubelet_socket)
             self._tasks = [
                 asyncio.create_task(self._work(), name="fleet-worker"),
@@ -123,6 +131,10 @@ class Fleet:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks = []
+        registering = [p.task for p in self._plugins.values() if p.task is not None]
+        for task in registering:
+            task.cancel()
+        await asyncio.gather(*registering, return_exceptions=True)
         await asyncio.gather(*(p.server.stop() for p in self._plugins.values()))
         self._plugins.clear()
 
@@ -142,6 +154,32 @@ class Fleet:
         self._wanted.health = health
         self._bump()
         return True
+
+    @property
+    def ready(self) -> bool:
+        """Every resource of the newest inventory is registered with the kubelet and streaming."""
+        return self._applied_generation >= self._wanted.generation and all(
+            p.kubelet is not None and not p.lost for p in self._plugins.values()
+        )
+
+    @property
+    def alive(self) -> bool:
+        """The worker and the kubelet watcher are running."""
+        return bool(self._tasks) and not any(t.done() for t in self._tasks)
+
+    def recently_allocated(self, within_s: float) -> frozenset[str]:
+        """Device IDs any plugin handed out in the last `within_s` seconds.
+
+        The kubelet records an allocation in PodResources only after Allocate returns, so for a
+        moment a device can be handed out and not yet listed there: count those as held too.
+        """
+        since = asyncio.get_running_loop().time() - within_s
+        return frozenset(i for p in self._plugins.values() for i in p.server.allocated_since(since))
+
+    def forget_allocated(self, device_ids: frozenset[str]) -> None:
+        """These IDs are listed by the kubelet now: stop counting them as recently allocated."""
+        for plugin in self._plugins.values():
+            plugin.server.forget_allocated(device_ids)
 
     @property
     def health(self) -> HealthState:
@@ -185,7 +223,9 @@ class Fleet:
         while True:
             # Retries wait for their time; with no kubelet.sock there is nothing to retry until the
             # watcher sees one appear.
-            retry = [p.retry_at for p in self._plugins.values() if p.kubelet is None or p.lost]
+            retry = [
+                p.retry_at for p in self._plugins.values() if (p.kubelet is None or p.lost) and p.task is None
+            ]
             delay = max(0.0, min(retry) - loop.time()) if retry and self._kubelet is not None else None
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(delay):
@@ -205,19 +245,25 @@ class Fleet:
         wanted = with_health(self._wanted.inventory, self._wanted.health)
         resources = {name: devices for name, devices in wanted.resources if devices}
         for name in [n for n in self._plugins if n not in resources]:
-            await self._plugins.pop(name).server.stop()
+            gone = self._plugins.pop(name)
+            if gone.task is not None:
+                gone.task.cancel()
+            await gone.server.stop()
             self._errors.pop(name, None)
             log.info("plugin_removed", resource=name)
         kubelet = _identity(self.settings.kubelet_socket)
-        todo = []
         for name, devices in resources.items():
             plugin = self._plugins.get(name)
             if plugin is None:
                 plugin = self._plugins[name] = _Plugin(self._new_server(name))
             plugin.server.update(devices, wanted.fail_requests_greater_than_one)
-            if self._needs_registration(plugin, kubelet) and kubelet is not None and plugin.retry_at <= now:
-                todo.append(plugin)
-        await asyncio.gather(*(self._register(p, kubelet) for p in todo if kubelet is not None))
+            if (
+                kubelet is not None
+                and plugin.task is None
+                and plugin.retry_at <= now
+                and self._needs_registration(plugin, kubelet)
+            ):
+                plugin.task = asyncio.create_task(self._register(plugin, kubelet), name=f"register-{name}")
 
     def _needs_registration(self, plugin: _Plugin, kubelet: SocketId | None) -> bool:
         socket = plugin.server.socket
@@ -237,10 +283,14 @@ class Fleet:
             plugin.retry_at = loop.time() + self._backoff(plugin.failures)
             self._errors[name] = str(err)
             log.warning("plugin_register_failed", resource=name, error=str(err), attempt=plugin.failures)
-            return
-        plugin.kubelet, plugin.failures, plugin.registered_at = kubelet, 0, loop.time()
-        plugin.registrations += 1
-        self._errors.pop(name, None)
+        else:
+            plugin.kubelet, plugin.failures, plugin.registered_at = kubelet, 0, loop.time()
+            plugin.registrations += 1
+            self._errors.pop(name, None)
+        finally:
+            plugin.task = None
+            self._wake.set()  # a retry is due later, or another change came in meanwhile
+            self._notify_status()
 
     def _new_server(self, resource: str) -> PluginServer:
         return PluginServer(
@@ -286,6 +336,19 @@ class Fleet:
                 self._wake.set()
             elif any(_vanished(p.server.socket) for p in self._plugins.values() if p.kubelet is not None):
                 self._wake.set()
+
+
+def _remove_stale_sockets(plugin_dir: Path, prefix: str) -> None:
+    """Remove sockets a killed process of ours left (ours by name; nothing else is touched)."""
+    try:
+        names = [p for p in plugin_dir.glob(f"{prefix}-*.sock") if p.is_socket()]
+    except OSError:
+        return
+    for path in names:
+        with contextlib.suppress(OSError):
+            path.unlink()
+    if names:
+        log.info("stale_sockets_removed", count=len(names), dir=str(plugin_dir))
 
 
 def _identity(path: Path) -> SocketId | None:

@@ -62,6 +62,15 @@ class PluginServer:
         """True between start() and stop()."""
         return self._server is not None
 
+    def allocated_since(self, since: float) -> tuple[str, ...]:
+        """Device IDs Allocate handed out at or after loop time `since` (this server's life only)."""
+        return self._service.allocated_since(since) if self._service else ()
+
+    def forget_allocated(self, device_ids: frozenset[str]) -> None:
+        """Drop the Allocate records of these IDs."""
+        if self._service:
+            self._service.forget_allocated(device_ids)
+
     @property
     def streams(self) -> int:
         """Open ListAndWatch streams."""

@@ -1,13 +1,16 @@
-"""A client of the kubelet's PodResources API: which device IDs do running pods hold?
+"""A client of the kubelet's PodResources API: which pods hold which device IDs, and what is allocatable.
 
-The agent uses it to mark MIG devices busy before planning, so it never destroys an instance a pod
-uses. The kubelet sends one entry per device and NUMA node, so answers are aggregated per resource.
+The agent uses it to mark devices busy before planning, so it never destroys an instance a pod
+uses, to name the pods that block a change, and to confirm that the kubelet has taken devices
+about to be destroyed out of what it hands out. The kubelet sends one entry per device and NUMA
+node, so answers are aggregated.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +21,17 @@ from sharing.kubeletapi import podresources_v1_pb2 as api
 from sharing.kubeletapi import podresources_v1_pb2_grpc as api_grpc
 
 DEFAULT_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+
+
+@dataclass(frozen=True, slots=True)
+class Holding:
+    """One container's devices of one resource."""
+
+    namespace: str
+    pod: str
+    container: str
+    resource: str
+    device_ids: frozenset[str]
 
 
 def devices_by_resource(entries: Iterable[api.ContainerDevices]) -> dict[str, frozenset[str]]:
@@ -37,12 +51,22 @@ class PodResourcesClient:
 
     async def in_use(self) -> dict[str, frozenset[str]]:
         """{resource: device IDs held by the containers of active pods}."""
+        found: dict[str, set[str]] = {}
+        for holding in await self.holdings():
+            found.setdefault(holding.resource, set()).update(holding.device_ids)
+        return {name: frozenset(ids) for name, ids in found.items()}
+
+    async def holdings(self) -> tuple[Holding, ...]:
+        """Every container of an active pod that holds devices, one entry per resource."""
         async with self._stub("List") as stub:
             response: api.ListPodResourcesResponse = await stub.List(
                 api.ListPodResourcesRequest(), timeout=self.timeout
             )
-        return devices_by_resource(
-            d for pod in response.pod_resources for c in pod.containers for d in c.devices
+        return tuple(
+            Holding(pod.namespace, pod.name, container.name, resource, ids)
+            for pod in response.pod_resources
+            for container in pod.containers
+            for resource, ids in devices_by_resource(container.devices).items()
         )
 
     async def allocatable(self) -> dict[str, frozenset[str]]:

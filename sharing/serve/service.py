@@ -17,6 +17,7 @@ import structlog
 from sharing.allocation import AllocationError, AllocationPolicy, allocate, preferred_allocation
 from sharing.inventory import Device
 from sharing.kubeletapi import deviceplugin_v1beta1_pb2 as api
+from sharing.text import bounded
 
 log = structlog.get_logger(__name__)
 
@@ -94,6 +95,20 @@ class DevicePluginService:
         self.on_stream_change = on_stream_change
         self.streams = 0
         """Open ListAndWatch streams that have sent their first list."""
+        self._allocated: dict[str, float] = {}
+        """Device ID -> loop time of the last Allocate that handed it out."""
+
+    def allocated_since(self, since: float) -> tuple[str, ...]:
+        """Device IDs handed out at or after loop time `since`; older records are dropped."""
+        for device, at in list(self._allocated.items()):
+            if at < since:
+                del self._allocated[device]
+        return tuple(self._allocated)
+
+    def forget_allocated(self, device_ids: frozenset[str]) -> None:
+        """Drop the Allocate records of these IDs (the kubelet lists their pods now)."""
+        for device in device_ids & self._allocated.keys():
+            del self._allocated[device]
 
     async def GetDevicePluginOptions(
         self, request: api.Empty, context: grpc.aio.ServicerContext
@@ -159,8 +174,10 @@ class DevicePluginService:
                     cdi=self.cdi,
                 )
             except AllocationError as err:
-                log.warning("allocate_refused", resource=self.resource, reason=str(err))
+                log.warning("allocate_refused", resource=self.resource, reason=bounded(str(err)))
                 await _invalid(context, str(err))
+            now = asyncio.get_running_loop().time()
+            self._allocated.update(dict.fromkeys(r.devices_ids, now))
             responses.append(
                 api.ContainerAllocateResponse(
                     envs=dict(got.envs), cdi_devices=[api.CDIDevice(name=n) for n in got.cdi_devices]
@@ -176,4 +193,6 @@ class DevicePluginService:
 
 
 async def _invalid(context: grpc.aio.ServicerContext, message: str) -> None:
-    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
+    # Bounded: gRPC sends the message in trailing metadata (8 KiB by default); a longer one would
+    # reach the kubelet as RESOURCE_EXHAUSTED instead of this answer.
+    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, bounded(message, 1000))

@@ -44,6 +44,9 @@ def poll(what: str, read: Callable[[], Any], ok: Callable[[Any], bool], timeout:
 def agent_kubeconfig(control_plane: cluster.ControlPlane) -> Path:
     """deploy/ applied to the API server; a kubeconfig with the agent ServiceAccount's own token."""
     control_plane.kubectl("apply", "-f", str(REPO / "deploy"), check=True)
+    # The user's ConfigMap is theirs: deploy/ never ships it. Tests add their configs to it.
+    if control_plane.kubectl("get", "configmap", CONFIGMAP, "-n", NAMESPACE).returncode != 0:
+        control_plane.kubectl("create", "configmap", CONFIGMAP, "-n", NAMESPACE, check=True)
     token = control_plane.kubectl(
         "create", "token", "gpu-sharing", "-n", NAMESPACE, "--duration=2h", check=True
     ).stdout.strip()

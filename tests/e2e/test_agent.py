@@ -107,12 +107,19 @@ def test_a_slice_a_pod_holds_is_never_destroyed(gpu_node: GpuNode) -> None:
     gpu_node.label("all-3g")
     gpu_node.kubelet.wait_resources(capacity("nvidia.com/mig-3g.20gb", 4), timeout=60)
     assert held in gpu_node.kubelet.resources()["resources"]["nvidia.com/mig-3g.20gb"]["healthy"]
-    # all-1g has no room for it: the change fails, says why, and the slice survives.
+    # all-1g has no room for it: the change waits, names the pod that blocks it, and the slice survives.
     gpu_node.label("all-1g")
     gpu_node.wait_labels(lambda labels: labels.get("nvidia.com/mig.config.state") == "failed")
-    event = gpu_node.wait_event("ConfigApplyFailed")
-    assert "in use" in event["message"]
+    event = gpu_node.wait_event("ConfigApplyBlocked")
+    assert "Warning" == event["type"]
+    assert "held by pods default/trainer" in event["message"]
+    assert "applied as soon as they are free" in event["message"]
     assert held in gpu_node.export_mig_uuids()
+    # The pod ends: the change goes ahead by itself, long before the periodic resync.
+    gpu_node.kubelet.delete_pod("trainer")
+    gpu_node.wait_labels(lambda labels: labels.get("nvidia.com/mig.config.state") == "success", timeout=30)
+    gpu_node.kubelet.wait_resources(capacity("nvidia.com/mig-1g.5gb", 14), timeout=30)
+    assert held not in gpu_node.export_mig_uuids()
 
 
 def test_kubelet_restart_reregisters_everything(gpu_node: GpuNode) -> None:

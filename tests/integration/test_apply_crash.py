@@ -146,6 +146,7 @@ def apply(
         str(state),
         "--journal",
         str(state.with_suffix(".journal")),
+        "--no-kubelet",
         crash_after=crash_after,
     )
 

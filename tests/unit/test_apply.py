@@ -136,7 +136,7 @@ async def test_busy_instances_are_kept_while_the_rest_changes(
     assert layout(after) == Counter({"2g.10gb": 3, "1g.5gb": 1})
 
 
-async def test_a_busy_instance_the_config_drops_fails_that_gpu_only(
+async def test_a_busy_instance_the_config_drops_blocks_that_gpu_only(
     backend: NvmlBackend, journal: Journal, state: Path
 ) -> None:
     await apply(backend, journal, config(mig(0, **BALANCED), mig(1, **BALANCED), NO_MIG))
@@ -149,8 +149,9 @@ async def test_a_busy_instance_the_config_drops_fails_that_gpu_only(
         config(mig(0, **{"7g.40gb": 1}), mig(1, **{"7g.40gb": 1}), NO_MIG),
         busy_uuids={held},
     )
-    assert outcomes(report) == ["failed", "applied", "unchanged"]
-    assert "2g.10gb@0:busy" in report.gpus[0].reason or "in use" in report.gpus[0].reason
+    assert outcomes(report) == ["blocked", "applied", "unchanged"]
+    assert "2g.10gb@0:busy" in report.gpus[0].reason
+    assert (held,) == report.gpus[0].blockers
     assert not report.ok
     after = (await backend.observe()).gpus
     assert after[0] == gpus[0]
@@ -164,8 +165,9 @@ async def test_mig_mode_is_not_changed_on_a_gpu_with_processes(
     gpus = (await backend.observe()).gpus
     simstate.set_busy(state, gpus[0].uuid, True)
     report = await apply(backend, journal, config(mig(0, **BALANCED), NO_MIG))
-    assert outcomes(report) == ["failed", "unchanged", "unchanged"]
-    assert "has processes" in report.gpus[0].reason
+    assert outcomes(report) == ["blocked", "unchanged", "unchanged"]
+    assert "MIG mode only changes on an idle GPU" in report.gpus[0].reason
+    assert (gpus[0].uuid,) == report.gpus[0].blockers
     assert simstate.counters(state) == simstate.Counters(0, 0)
 
 
@@ -175,8 +177,8 @@ async def test_mig_mode_is_not_changed_on_a_gpu_a_pod_holds(
     """A whole GPU allocated to a pod (per PodResources) may have no process yet: it is still in use."""
     gpus = (await backend.observe()).gpus
     report = await apply(backend, journal, config(mig(0, **BALANCED), NO_MIG), busy_uuids={gpus[0].uuid})
-    assert outcomes(report) == ["failed", "unchanged", "unchanged"]
-    assert "has processes" in report.gpus[0].reason
+    assert outcomes(report) == ["blocked", "unchanged", "unchanged"]
+    assert "a pod holds it" in report.gpus[0].reason
     assert simstate.counters(state) == simstate.Counters(0, 0)
 
 
@@ -188,7 +190,7 @@ async def test_disabling_mig_with_a_busy_device_is_refused(
     simstate.set_busy(state, gpu.instances[-1].compute_instances[0].uuid, True)
     before = simstate.counters(state)
     report = await apply(backend, journal, config(NO_MIG))
-    assert outcomes(report)[0] == "failed"
+    assert outcomes(report)[0] == "blocked"
     assert "in use; MIG stays on" in report.gpus[0].reason
     assert simstate.counters(state) == before
 

@@ -59,7 +59,7 @@ def test_export_json_shape(
 
 def test_apply_then_export(state: Path, config: Path, capsys: pytest.CaptureFixture[str]) -> None:
     sim = ["--backend", "sim", "--sim-state", str(state)]
-    assert main(["apply", "--config", str(config), "--name", "small", *sim, "--json"]) == 0
+    assert main(["apply", "--config", str(config), "--name", "small", *sim, "--no-kubelet", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert [g["outcome"] for g in report["gpus"]] == ["applied", "unchanged"]
     assert report["gpus"][0]["steps"] == ["enable MIG", "create 3g.20gb@0", "create 3g.20gb@4"]
@@ -79,7 +79,7 @@ def test_dry_run_prints_the_plan_and_changes_nothing(
     state: Path, config: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     args = ["apply", "--config", str(config), "--name", "x", "--backend", "sim", "--sim-state", str(state)]
-    assert main([*args, "--dry-run"]) == 0
+    assert main([*args, "--no-kubelet", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "planned" in out
     assert "2. create 3g.20gb@0" in out
@@ -92,8 +92,9 @@ def test_could_not_apply_is_exit_1_with_the_reason(
 ) -> None:
     simstate.set_busy(state, simstate.read(state)["gpus"][0]["uuid"], True)
     args = ["apply", "--config", str(config), "--name", "x", "--backend", "sim", "--sim-state", str(state)]
-    assert main(args) == 1
-    assert "failed: GPU 0 (NVIDIA A100-SXM4-40GB" in capsys.readouterr().out
+    assert main([*args, "--no-kubelet"]) == 1
+    assert "NVIDIA A100-SXM4-40GB" in (out := capsys.readouterr().out)
+    assert "blocked: the GPU is in use" in out
 
 
 def test_apply_from_a_configmap_ignores_other_broken_keys(
@@ -106,7 +107,17 @@ def test_apply_from_a_configmap_ignores_other_broken_keys(
         "kind: ConfigMap\nmetadata: {name: c}\ndata:\n"
         f"  good: |\n{good}\n  broken: |\n    version: v1\n    gpus: [{{devices: all, replicas: 0}}]\n"
     )
-    args = ["apply", "--config", str(manifest), "--backend", "sim", "--sim-state", str(state), "--json"]
+    args = [
+        "apply",
+        "--config",
+        str(manifest),
+        "--backend",
+        "sim",
+        "--sim-state",
+        str(state),
+        "--no-kubelet",
+        "--json",
+    ]
     assert main([*args, "--name", "good"]) == 0
     assert ["applied", "unchanged"] == [g["outcome"] for g in json.loads(capsys.readouterr().out)["gpus"]]
     assert main([*args, "--name", "broken"]) == 1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -12,8 +14,11 @@ from sharing.inventory import (
     HealthState,
     build_inventory,
     device_id,
+    inventory_from,
     mig_resource,
     parse_device_id,
+    with_health,
+    withdraw,
 )
 from sharing.model import ComputeInstance, Gpu, GpuInstance, GpuUuid, HealthEvent, MigUuid, NodeState
 from sharing.spec import MigStrategy, Replicas, Rule, Selector, SharingConfig
@@ -84,7 +89,11 @@ CASES = [
         MIG_NODE, config(strategy=MigStrategy.SINGLE), {}, id="single-not-uniform-advertises-no-mig"
     ),
     pytest.param(
-        MIG_NODE, config(strategy=MigStrategy.NONE), {"nvidia.com/gpu": ["GPU-0"]}, id="none-whole-gpu"
+        # A GPU in MIG mode can run nothing as a whole GPU: never hand it out as one.
+        MIG_NODE,
+        config(strategy=MigStrategy.NONE),
+        {},
+        id="none-never-advertises-a-mig-gpu-whole",
     ),
     pytest.param(
         NodeState((gpu(0),)),
@@ -290,3 +299,35 @@ def test_a_rules_own_rename_wins_over_rename_by_default() -> None:
         "nvidia.com/gpu-small": ["GPU-0::0", "GPU-0::1"],
         "nvidia.com/gpu.shared": ["GPU-1::0", "GPU-1::1", "GPU-1::2"],
     } == ids(NodeState((gpu(0), gpu(1))), config(small, rest, rename=True))
+
+
+def test_a_gpu_keeps_the_names_of_the_config_last_applied_to_it() -> None:
+    """A change that failed on GPU 0 (still in MIG mode) must not advertise it under the new config."""
+    node = NodeState((gpu(0, ("1g.5gb", "MIG-a"), ("1g.10gb", "MIG-b")), gpu(1)))
+    old = config(strategy=MigStrategy.MIXED)
+    new = config(every(4), strategy=MigStrategy.NONE)
+    inventory = build_inventory(node, new, per_gpu={GpuUuid("GPU-0"): old})
+    assert {
+        "nvidia.com/gpu": ["GPU-1::0", "GPU-1::1", "GPU-1::2", "GPU-1::3"],
+        "nvidia.com/mig-1g.10gb": ["MIG-b"],
+        "nvidia.com/mig-1g.5gb": ["MIG-a"],
+    } == {name: [d.id for d in devices] for name, devices in inventory.resources}
+
+
+def test_withdraw_removes_a_device_with_all_its_replicas_and_empty_resources() -> None:
+    node = NodeState((gpu(0, ("1g.5gb", "MIG-a"), ("3g.20gb", "MIG-c")), gpu(1)))
+    inventory = build_inventory(node, config(every(2)))
+    left = withdraw(inventory, {"MIG-a", "GPU-1"})
+    assert {"nvidia.com/mig-3g.20gb": ["MIG-c::0", "MIG-c::1"]} == {
+        name: [d.id for d in devices] for name, devices in left.resources
+    }
+
+
+def test_a_device_unhealthy_in_the_inventory_stays_unhealthy_under_the_health_overlay() -> None:
+    node = NodeState((gpu(0),))
+    inventory = build_inventory(node, None)
+    ((name, (device,)),) = inventory.resources
+    sick = inventory_from({name: [replace(device, health=Health.UNHEALTHY)]})
+    assert [Health.UNHEALTHY] == [
+        d.health for _, ds in with_health(sick, HealthState()).resources for d in ds
+    ]

@@ -53,7 +53,7 @@ def test_the_configmap_holds_every_preset() -> None:
     manifest = yaml.safe_load((ROOT / "deploy" / "presets-configmap.yaml").read_text())
     assert (manifest["kind"], manifest["metadata"]) == (
         "ConfigMap",
-        {"name": "gpu-sharing-config", "namespace": "gpu-sharing"},
+        {"name": "gpu-sharing-presets", "namespace": "gpu-sharing"},
     )
     assert sorted(manifest["data"]) == PRESETS
     assert parse_configmap(manifest["data"]).names == tuple(PRESETS)

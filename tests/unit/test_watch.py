@@ -1,6 +1,7 @@
-"""The watch loop against a scripted API: resume after a disconnect, relist after 410, back off.
+"""The watch loop against a scripted API: where each watch starts, resume, 410, backoff, surprises.
 
-An in-memory fake is fine here (unit test); the e2e tests restart a real kube-apiserver.
+An in-memory fake is fine here (unit test); the e2e tests restart a real kube-apiserver. Delays are
+recorded instead of slept, so "does not spin" is asserted on the delays the loop asked for.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import threading
 from collections.abc import Iterator
 
 from sharing.errors import KubeError
-from sharing.kube import GoneError, NodeObject, WatchEvent
+from sharing.kube import GoneError, NodeObject, WatchBrokenError, WatchEvent
 from sharing.watch import Watched
 
 
@@ -18,8 +19,12 @@ def node(version: str, **labels: str) -> NodeObject:
     return NodeObject("n1", "uid", version, labels)
 
 
+def changed(version: str, **labels: str) -> WatchEvent:
+    return WatchEvent("MODIFIED", node(version, **labels), version)
+
+
 class ScriptedApi:
-    """Answers gets and watches from scripts; records the resource versions watches started at."""
+    """Answers gets and watches from scripts; records where watches started and the pauses asked for."""
 
     def __init__(
         self, gets: list[NodeObject | Exception], watches: list[list[WatchEvent] | Exception]
@@ -27,6 +32,7 @@ class ScriptedApi:
         self.gets = gets
         self.watches = watches
         self.watch_versions: list[str] = []
+        self.pauses: list[float] = []
         self.done = threading.Event()
         self.release = threading.Event()
 
@@ -47,19 +53,22 @@ class ScriptedApi:
             raise answer
         yield from answer
 
+    def pause(self, seconds: float) -> None:
+        self.pauses.append(seconds)
+
 
 async def run(api: ScriptedApi, changes: int) -> tuple[Watched[NodeObject], int]:
     seen = 0
     enough = asyncio.Event()
 
-    def changed() -> None:
+    def on_change() -> None:
         nonlocal seen
         seen += 1
         if seen >= changes:
             enough.set()
 
-    watched = Watched("node/n1", api.get, api.watch, lambda n: n.labels, backoff_max_s=0.01)
-    watched.start(changed)
+    watched = Watched("node/n1", api.get, api.watch, lambda n: n.labels, pause=api.pause)
+    watched.start(on_change)
     await asyncio.wait_for(enough.wait(), 10)
     await asyncio.to_thread(api.done.wait, 10)
     watched.stop()
@@ -67,25 +76,64 @@ async def run(api: ScriptedApi, changes: int) -> tuple[Watched[NodeObject], int]
     return watched, seen
 
 
-async def test_resumes_from_the_last_version_and_triggers_only_on_label_changes() -> None:
+async def test_watches_from_the_newest_state_then_resumes_and_triggers_only_on_label_changes() -> None:
     api = ScriptedApi(
         gets=[node("1", a="1")],
         watches=[
-            [WatchEvent("MODIFIED", node("2", a="1")), WatchEvent("MODIFIED", node("3", a="2"))],
-            [WatchEvent("MODIFIED", node("4", a="3"))],
+            [changed("2", a="1"), changed("3", a="2")],
+            [WatchEvent("BOOKMARK", None, "17")],
+            [changed("18", a="3")],
         ],
     )
     watched, seen = await run(api, changes=3)
-    assert ["1", "3", "4"] == api.watch_versions
+    # Never from the object's own (possibly ancient) version "1"; then from the newest seen.
+    assert ["", "3", "17", "18"] == api.watch_versions
     assert 3 == seen  # the first read, then a=2, a=3; the status-only change at version 2 is not news
-    assert watched.current == node("4", a="3")
+    assert watched.current == node("18", a="3")
+    assert [] == api.pauses
 
 
-async def test_lists_again_after_410_gone_and_after_an_outage() -> None:
+async def test_a_410_starts_again_from_the_newest_state_without_a_spin() -> None:
+    """After an API server restart every old version is gone: one 410, then watch from now."""
     api = ScriptedApi(
-        gets=[node("1", a="1"), node("7", a="2"), KubeError("connection refused"), node("9", a="3")],
-        watches=[GoneError("too old"), KubeError("stream broken")],
+        gets=[node("1", a="1")],
+        watches=[[changed("5", a="2")], GoneError("too old"), [changed("900", a="3")]],
     )
     watched, _ = await run(api, changes=3)
-    assert ["1", "7", "9"] == api.watch_versions
-    assert watched.current == node("9", a="3")
+    assert ["", "5", "", "900"] == api.watch_versions
+    assert [] == api.pauses  # a single 410 costs no wait
+    assert watched.current == node("900", a="3")
+
+
+async def test_repeated_failures_back_off_instead_of_spinning() -> None:
+    gone = [GoneError("too old") for _ in range(6)]
+    api = ScriptedApi(gets=[node("1", a="1")], watches=[*gone, [changed("9", a="2")]])
+    await run(api, changes=2)
+    assert ["", "", "", "", "", "", "", "9"] == api.watch_versions
+    assert [0.2, 0.4, 0.8, 1.6, 3.2] == api.pauses  # the first 410 is normal; the rest wait longer
+
+
+async def test_a_broken_stream_resumes_from_the_last_version_after_an_outage() -> None:
+    api = ScriptedApi(
+        gets=[node("1", a="1")],
+        watches=[
+            [changed("4", a="2")],
+            WatchBrokenError("connection reset"),
+            KubeError("connection refused"),
+            [changed("6", a="3")],
+        ],
+    )
+    await run(api, changes=3)
+    assert ["", "4", "4", "4", "6"] == api.watch_versions
+    assert [0.2, 0.4] == api.pauses
+
+
+async def test_a_surprise_from_the_client_does_not_end_the_watch() -> None:
+    api = ScriptedApi(
+        gets=[KubeError("connection refused"), node("1", a="1"), node("2", a="2")],
+        watches=[ValueError("a client bug"), [changed("3", a="3")]],  # type: ignore[list-item]
+    )
+    watched, _ = await run(api, changes=3)
+    assert watched.current == node("3", a="3")
+    assert ["", ""] == api.watch_versions[:2]
+    assert 2 == len(api.pauses)

@@ -1,0 +1,290 @@
+"""Rolling a config out to the GPUs without ever handing out, destroying or advertising a slice wrongly.
+
+Per GPU, for every change that destroys or alters a device:
+1. plan from a fresh observation and the devices in use (`sharing.holders`: pods per PodResources,
+   the plugins' own recent Allocates, NVML processes; all counted as held when PodResources
+   cannot be read);
+2. withdraw the devices the plan removes from what the plugins advertise, push that to the
+   kubelet, and wait until the kubelet's PodResources no longer lists them as allocatable: from
+   then on no pod can be admitted to them (an Allocate already in flight is refused: the plugin no
+   longer knows the ID). If the kubelet cannot confirm, nothing is destroyed (fail closed);
+3. observe and read the holders again, and plan again: a plan that now removes more is withdrawn
+   again first;
+4. run the steps (journaled) under the journal's lock, re-observe and verify;
+5. advertise only what the hardware has: a GPU whose change did not happen keeps its devices under
+   the names of the config last applied to it, and a GPU in MIG mode is never a whole GPU.
+Devices withdrawn but not destroyed come back with the next advertisement.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+
+import structlog
+
+from sharing.apply import ApplyReport, GpuReport, NodePlan, execute, plan_node
+from sharing.catalog import Catalog
+from sharing.change import Outcome
+from sharing.gpu.backend import GpuBackend
+from sharing.holders import Holders, read_holders
+from sharing.inventory import Health, Inventory, build_inventory, withdraw
+from sharing.journal import Journal, JournalCorruptError
+from sharing.labels import ConfigState
+from sharing.model import Gpu, GpuUuid, NodeState
+from sharing.serve.fleet import Fleet
+from sharing.serve.podresources import PodResourcesClient
+from sharing.spec import SharingConfig
+from sharing.text import bounded, listed, summary
+
+log = structlog.get_logger(__name__)
+
+RECENT_ALLOCATE_S = 30.0
+"""How long a device counts as held after Allocate handed it out (PodResources catches up long before)."""
+CONFIRM_TIMEOUT_S = 10.0
+"""How long the kubelet gets to stop offering withdrawn devices."""
+WITHDRAW_ROUNDS = 3
+EVENT_LIMIT = 1000
+
+
+class Retry(enum.Enum):
+    """When the agent should try again without new input."""
+
+    NONE = "none"
+    """Only when the input changes (or at the periodic resync)."""
+    BACKOFF = "backoff"
+    """Something failed that may pass: again after a growing delay."""
+    BLOCKED = "blocked"
+    """Devices in use stand in the way: re-check cheaply and apply as soon as they are free."""
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What one reconcile concluded, for the state label, the Event and the retry."""
+
+    state: ConfigState | None
+    reason: str = ""
+    message: str = ""
+    subject: str = ""
+    """What the Event is about: the same reason and subject again is not news (no second Event)."""
+    changed: bool = False
+    """Hardware was changed: always news."""
+    retry: Retry = Retry.NONE
+    blockers: frozenset[str] = frozenset()
+    """Devices whose release should trigger a new attempt (Retry.BLOCKED)."""
+
+
+class Rollout:
+    """The hardware side of the agent: applies configs safely and keeps the fleet's devices true."""
+
+    def __init__(
+        self,
+        *,
+        backend: GpuBackend,
+        fleet: Fleet,
+        catalog: Catalog,
+        journal: Journal,
+        pod_resources: PodResourcesClient | None,
+    ) -> None:
+        self.backend = backend
+        self.fleet = fleet
+        self.catalog = catalog
+        self.journal = journal
+        self.pod_resources = pod_resources
+        self.effective: dict[GpuUuid, SharingConfig | None] = {}
+        """The config last applied to each GPU (absent: none yet, advertised as it is)."""
+        self.advertised = Inventory()
+        """What the fleet was last told to advertise (health aside)."""
+        self._seen: dict[GpuUuid, Gpu] = {}
+
+    async def holders(self) -> Holders:
+        """Who holds which device right now."""
+        holders = await read_holders(
+            self.pod_resources, lambda: self.fleet.recently_allocated(RECENT_ALLOCATE_S)
+        )
+        if not holders.unknown:
+            # Listed by the kubelet: PodResources tracks them from now on (and says when they are free).
+            self.fleet.forget_allocated(frozenset(i for h in holders.pods for i in h.device_ids))
+        return holders
+
+    async def roll_out(
+        self, config: SharingConfig, observed: NodeState, on_pending: Callable[[], Awaitable[None]]
+    ) -> tuple[Verdict, NodeState]:
+        """Make the GPUs match `config` as far as is safe; the verdict and the node afterwards.
+
+        `on_pending` runs just before the first hardware step (the agent sets the state label).
+        """
+        with self.journal.locked():
+            try:
+                unfinished = await asyncio.to_thread(self.journal.unfinished)
+            except JournalCorruptError as err:
+                log.error("journal_corrupt", error=bounded(str(err)))
+                return Verdict(
+                    ConfigState.FAILED, "JournalCorrupt", str(err), "journal", retry=Retry.BACKOFF
+                ), observed
+            holders = await self.holders()
+            plan = plan_node(
+                observed,
+                config,
+                catalog=self.catalog,
+                busy_uuids=holders.busy_uuids(observed),
+                unfinished=unfinished,
+            )
+            withdrawn: frozenset[str] = frozenset()
+            for _ in range(WITHDRAW_ROUNDS):
+                removed = plan.removed()
+                if removed <= withdrawn:
+                    break
+                withdrawn |= removed
+                problem = await self._withdraw(withdrawn)
+                if problem:
+                    plan = _hold(plan, problem)
+                    break
+                observed = await self.backend.observe()
+                holders = await self.holders()
+                plan = plan_node(
+                    observed,
+                    config,
+                    catalog=self.catalog,
+                    busy_uuids=holders.busy_uuids(observed),
+                    unfinished=unfinished,
+                )
+            else:
+                plan = _hold(plan, "the devices in use kept changing while their withdrawal was confirmed")
+            if plan.runnable:
+                await on_pending()
+                report = await execute(self.backend, self.journal, plan, config=config.name)
+            else:
+                report = ApplyReport(plan.reports(), resumed=unfinished is not None)
+        after = report.after or observed
+        for gpu in report.gpus:
+            if gpu.outcome in (Outcome.APPLIED, Outcome.UNCHANGED):
+                self.effective[gpu.uuid] = config
+        return _verdict(config, report, holders, after), after
+
+    def advertise(self, observed: NodeState, config: SharingConfig | None) -> Inventory:
+        """Tell the fleet what the hardware has, each GPU under the config in effect on it.
+
+        `config` names the node's config (allocation rules); GPUs it was not applied to keep theirs.
+        A GPU that cannot be read keeps its last known devices, advertised unhealthy.
+        """
+        self._seen.update((g.uuid, g) for g in observed.gpus)
+        lost = [
+            self._seen[u.uuid]
+            for u in observed.unreadable
+            if u.uuid is not None and u.uuid in self._seen and observed.gpu(u.uuid) is None
+        ]
+        gpus = tuple(sorted((*observed.gpus, *lost), key=lambda g: g.index))
+        inventory = build_inventory(
+            replace(observed, gpus=gpus), config, catalog=self.catalog, per_gpu=self.effective
+        )
+        if lost:
+            inventory = _unhealthy(inventory, frozenset(g.uuid for g in lost))
+        for warning in inventory.warnings:
+            log.warning("inventory_warning", warning=bounded(warning))
+        self.advertised = inventory
+        self.fleet.update(inventory)
+        return inventory
+
+    def forget(self) -> None:
+        """No config manages the GPUs any more: advertise each as it is."""
+        self.effective.clear()
+
+    async def _withdraw(self, uuids: frozenset[str]) -> str:
+        """Stop advertising these devices and wait until the kubelet stops offering them; why not, or ""."""
+        ids = {d.id for _, devices in self.advertised.resources for d in devices if d.uuid in uuids}
+        self.fleet.update(withdraw(self.advertised, uuids))
+        await self.fleet.sync()
+        if not ids or self.pod_resources is None:
+            return ""
+        log.info("devices_withdrawn", devices=len(ids))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + CONFIRM_TIMEOUT_S
+        delay = 0.01
+        while True:
+            try:
+                offered = await self.pod_resources.allocatable()
+            except Exception as err:  # any failure to confirm means: do not destroy
+                why = bounded(str(err))
+                return f"the kubelet could not confirm that the devices to change are withdrawn ({why})"
+            still = ids & {i for devices in offered.values() for i in devices}
+            if not still:
+                return ""
+            if loop.time() >= deadline:
+                late = listed(sorted(still))
+                return f"the kubelet still offers {late} {CONFIRM_TIMEOUT_S:.0f} s after their withdrawal"
+            await asyncio.sleep(delay)  # polling the kubelet's own answer, with a deadline
+            delay = min(delay * 2, 0.2)
+
+
+def _hold(plan: NodePlan, why: str) -> NodePlan:
+    """The plan with every runnable change held back (blocked) for `why`."""
+    held = tuple(
+        replace(c, steps=(), failure=Outcome.BLOCKED, reason=why, blockers=tuple(sorted(c.removed())))
+        if c.steps and c.failure is None
+        else c
+        for c in plan.changes
+    )
+    return replace(plan, changes=held)
+
+
+def _unhealthy(inventory: Inventory, gpus: frozenset[GpuUuid]) -> Inventory:
+    resources = tuple(
+        (name, tuple(replace(d, health=Health.UNHEALTHY) if d.gpu_uuid in gpus else d for d in devices))
+        for name, devices in inventory.resources
+    )
+    return replace(inventory, resources=resources)
+
+
+def _verdict(config: SharingConfig, report: ApplyReport, holders: Holders, after: NodeState) -> Verdict:
+    name = config.name
+    changed = [g for g in report.gpus if g.outcome is Outcome.APPLIED and g.steps]
+    failed = [g for g in report.gpus if g.outcome in (Outcome.FAILED, Outcome.RESET_REQUIRED)]
+    blocked = [g for g in report.gpus if g.outcome is Outcome.BLOCKED]
+    lost = [f"GPU {u.index}: cannot be read ({bounded(u.error, 160)})" for u in after.unreadable]
+    done = [f"GPU {g.index}: {', '.join(map(str, g.steps))}" for g in changed]
+    if not failed and not blocked and not lost:
+        message = f"config {name!r} applied" + (
+            f": {summary(done, EVENT_LIMIT - 40, unit='more GPUs')}" if done else ""
+        )
+        return Verdict(ConfigState.SUCCESS, "ConfigApplied", message, name, bool(changed))
+    problems = [_gpu_line(g) for g in failed] + lost
+    if blocked:
+        pods = holders.pods_holding({b for g in blocked for b in g.blockers})
+        who = f"held by pods {listed(pods)}" if pods else "in use"
+        if holders.unknown:
+            who = (
+                f"in use as far as can be told (the kubelet's PodResources cannot be read: {holders.unknown})"
+            )
+        problems += [f"{_gpu_line(g)} ({who})" for g in blocked]
+    applied = f"; applied on {', '.join(f'GPU {g.index}' for g in changed)}" if changed else ""
+    if failed or lost:
+        message = f"config {name!r} could not be applied: " + summary(
+            problems, EVENT_LIMIT - 80 - len(applied)
+        )
+        return Verdict(
+            ConfigState.FAILED,
+            "ConfigApplyFailed",
+            message + applied,
+            f"{name}: " + "; ".join(problems),
+            bool(changed),
+            Retry.BACKOFF if any(g.steps for g in failed) or lost else Retry.NONE,
+        )
+    retry = "it is applied as soon as they are free (checked every few seconds)"
+    message = f"config {name!r} waits: " + summary(problems, EVENT_LIMIT - 100 - len(applied)) + f"; {retry}"
+    blockers = frozenset(b for g in blocked for b in g.blockers)
+    return Verdict(
+        ConfigState.FAILED,
+        "ConfigApplyBlocked",
+        message + applied,
+        f"{name}: {sorted(blockers)}",
+        bool(changed),
+        Retry.BLOCKED,
+        blockers,
+    )
+
+
+def _gpu_line(g: GpuReport) -> str:
+    return f"GPU {g.index} ({g.product}): {g.reason or g.outcome.value}"
