@@ -55,10 +55,30 @@ def cluster_binaries() -> cluster.Binaries:
         pytest.skip(f"no Go-built test binaries: {e}")
 
 
+AUDIT_POLICY = """apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Metadata
+    userGroups: ["system:serviceaccounts"]
+  - level: None
+"""
+
+
 @pytest.fixture(scope="session")
-def control_plane(cluster_binaries: cluster.Binaries) -> Iterator[cluster.ControlPlane]:
-    """etcd + kube-apiserver for the whole session (RBAC on, admin kubeconfig in .kubeconfig)."""
-    with cluster.ControlPlane(bins=cluster_binaries) as cp:
+def control_plane(
+    cluster_binaries: cluster.Binaries, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[cluster.ControlPlane]:
+    """etcd + kube-apiserver for the whole session (RBAC on, admin kubeconfig in .kubeconfig).
+
+    Requests of ServiceAccounts (the agent's) go to an audit log (`control_plane.audit_log`), so
+    tests count what the agent sends as the API server saw it.
+    """
+    audit = tmp_path_factory.mktemp("audit")
+    (audit / "policy.yaml").write_text(AUDIT_POLICY)
+    args = [f"--audit-policy-file={audit / 'policy.yaml'}", f"--audit-log-path={audit / 'audit.log'}"]
+    with cluster.ControlPlane(bins=cluster_binaries, extra_apiserver_args=args) as cp:
+        cp.audit_log = audit / "audit.log"  # type: ignore[attr-defined]
         yield cp
 
 

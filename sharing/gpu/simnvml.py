@@ -9,7 +9,8 @@ instances, NOT_SUPPORTED on GPUs without MIG, caller-allocated arrays, sparse MI
 a ctypes value from nvmlDeviceIsMigDeviceHandle, and activation status from nvmlDeviceSetMigMode.
 
 Every call reads the state file under its lock; every call that changes the hardware writes it
-back and counts in it. `SHARING_SIM_CRASH_AFTER=N` kills the process (exit 137) right after its
+back and counts in it. `SHARING_SIM_GATE=PATH` holds every hardware change until a test lets it
+pass (see `simstate.pass_gate`). `SHARING_SIM_CRASH_AFTER=N` kills the process (exit 137) right after its
 N-th hardware change, to test crash recovery.
 """
 
@@ -117,6 +118,7 @@ class SimNvml:
         global _process_mutations  # noqa: PLW0603  (per process, by design of the crash hook)
         if not self._initialised:
             raise NVMLError_Uninitialized()
+        simstate.pass_gate()
         with simstate.locked(self._path):
             state = simstate.load(self._path)
             state["mutatingCalls"] += 1

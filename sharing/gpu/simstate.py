@@ -12,6 +12,7 @@ import contextlib
 import fcntl
 import json
 import os
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -229,3 +230,30 @@ def read(path: Path) -> State:
     """A snapshot of the whole state (for tests and `sharing sim`)."""
     with locked(path):
         return load(path)
+
+
+GATE_TIMEOUT_S = 120.0
+
+
+def pass_gate() -> None:
+    """With SHARING_SIM_GATE=PATH, wait before a hardware change until a test lets it through.
+
+    The process writes `PATH.waiting` and waits for the file `PATH` to appear; it consumes it (one
+    change per file) and goes on. Tests use it to look at the node in the middle of a change.
+    """
+    gate = os.environ.get("SHARING_SIM_GATE")
+    if not gate:
+        return
+    path, waiting = Path(gate), Path(gate + ".waiting")
+    waiting.write_text(str(os.getpid()))
+    deadline = time.monotonic() + GATE_TIMEOUT_S
+    while True:
+        try:
+            path.unlink()
+            break
+        except FileNotFoundError:
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.01)  # another process opens the gate: there is nothing to wait on but the file
+    with contextlib.suppress(FileNotFoundError):
+        waiting.unlink()

@@ -6,6 +6,7 @@ drives it the way an operator does: `kubectl label`, `kubectl patch configmap`, 
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import signal
@@ -26,6 +27,7 @@ CONFIGMAP = "gpu-sharing-config"
 NAMESPACE = "gpu-sharing"
 CONFIG_LABEL = "nvidia.com/device-plugin.config"
 GPUS = "A100-SXM4-40GB:2,H100-80GB-HBM3:2"
+AGENT_USER = f"system:serviceaccount:{NAMESPACE}:gpu-sharing"
 
 
 def poll(what: str, read: Callable[[], Any], ok: Callable[[Any], bool], timeout: float) -> Any:
@@ -98,8 +100,15 @@ class GpuNode:
         assert 0 == done.returncode, done.stderr
         return done.stdout
 
-    def start_agent(self, crash_after: int | None = None, kubeconfig: Path | None = None) -> AgentProcess:
-        env = {**os.environ, "PYTHONPATH": str(REPO)}
+    def start_agent(
+        self,
+        crash_after: int | None = None,
+        kubeconfig: Path | None = None,
+        *,
+        extra: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+    ) -> AgentProcess:
+        env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
         if crash_after is not None:
             env["SHARING_SIM_CRASH_AFTER"] = str(crash_after)
         log = self.tmp / f"agent-{len(self.agents)}.log"
@@ -114,6 +123,7 @@ class GpuNode:
             "--pod-resources-socket", str(self.kubelet.pod_resources_socket),
             "--journal", str(self.tmp / "journal.jsonl"),
             "--log-format", "json",
+            *extra,
         ]  # fmt: skip
         with log.open("wb") as out:
             process = subprocess.Popen(
@@ -159,6 +169,24 @@ class GpuNode:
             return list(json.loads(out)["items"])
 
         return dict(poll(f"event {reason}", read, bool, timeout)[-1])
+
+    def agent_requests(self, start: float, end: float) -> int:
+        """API requests the agent's ServiceAccount sent in [start, end) (wall clock), per the audit log."""
+        seen = set()
+        with open(self.control_plane.audit_log) as log:  # type: ignore[attr-defined]
+            for line in log:
+                event = json.loads(line)
+                if event.get("user", {}).get("username") != AGENT_USER:
+                    continue
+                received = datetime.datetime.fromisoformat(event["requestReceivedTimestamp"]).timestamp()
+                if start <= received < end:
+                    seen.add(event["auditID"])
+        return len(seen)
+
+    def export(self) -> dict[str, Any]:
+        return dict(
+            json.loads(self.sharing("export", "--backend", "sim", "--sim-state", str(self.sim), "--json"))
+        )
 
     def export_mig_uuids(self) -> set[str]:
         exported = json.loads(

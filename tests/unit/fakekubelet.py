@@ -63,6 +63,8 @@ class FakeKubelet:
         self.registrations: list[tuple[str, str]] = []
         """(resource, endpoint) of every successful Register, in order."""
         self.refusals: list[str] = []
+        self.hold: dict[str, asyncio.Event] = {}
+        """Register of these resources waits until the event is set (a kubelet slow to answer)."""
         self._server: grpc.aio.Server | None = None
         self._changed = asyncio.Condition()
 
@@ -147,6 +149,8 @@ class FakeKubelet:
             )
         if not is_extended_resource_name(request.resource_name):
             return f'the ResourceName "{request.resource_name}" is invalid'
+        if request.resource_name in self.hold:
+            await self.hold[request.resource_name].wait()
         socket = self.plugin_dir / request.endpoint
         channel = grpc.aio.insecure_channel(f"unix://{socket}")
         try:

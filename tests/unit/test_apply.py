@@ -215,6 +215,13 @@ async def test_pending_mode_change_is_reported_never_reset(tmp_path: Path, journ
         assert "nvidia-smi -r -i 0" in report.gpus[0].reason
         gpu = (await backend.observe()).gpus[0]
         assert (gpu.mig_enabled, gpu.mig_pending, gpu.instances) == (False, True, ())
+        # Asking again changes nothing: no new SetMigMode, no journal written, on every reconcile.
+        before = simstate.counters(path)
+        report = await apply(backend, journal, config(mig(0, **BALANCED)))
+        assert outcomes(report) == ["reset-required", "unchanged"]
+        assert () == report.gpus[0].steps
+        assert before == simstate.counters(path)
+        assert not journal.path.exists()
         simstate.reset(path)  # what a person does; then the same apply finishes the job
         report = await apply(backend, journal, config(mig(0, **BALANCED)))
         assert outcomes(report) == ["applied", "unchanged"]
@@ -268,6 +275,39 @@ async def test_a_crashed_run_is_rolled_forward_even_without_a_rule(
     assert layout(gpu1) == Counter({"3g.20gb": 2})
     assert all(gi.compute_instances for gi in gpu1.instances)
     assert simstate.counters(state).mutations - before == (1 + 4 * 2) + (1 + 2)
+    assert not journal.path.exists()
+
+
+async def test_a_crashed_runs_target_that_can_never_be_reached_is_dropped_not_retried_forever(
+    backend: NvmlBackend, journal: Journal, state: Path
+) -> None:
+    """A crashed run wanted 7 x 1g.5gb on the T4, which has no MIG: no rule can ever get there."""
+    gpus = (await backend.observe()).gpus
+    journal.begin({gpus[2].uuid: Target(True, (("1g.5gb", 7),))})
+    report = await apply(backend, journal, config(mig(0, **BALANCED)))
+    assert outcomes(report) == ["applied", "unchanged", "failed"]
+    assert not journal.path.exists()
+    report = await apply(backend, journal, config(mig(0, **BALANCED)))
+    assert outcomes(report) == ["unchanged", "unchanged", "unchanged"]
+
+
+async def test_a_crashed_runs_target_blocked_by_a_busy_gpu_waits_without_rewriting_the_journal(
+    backend: NvmlBackend, journal: Journal, state: Path
+) -> None:
+    gpus = (await backend.observe()).gpus
+    simstate.set_busy(state, gpus[1].uuid, True)
+    journal.begin({gpus[1].uuid: Target(True, (("3g.20gb", 2),))})
+    written = journal.path.read_bytes()
+    report = await apply(backend, journal, config(mig(0, **BALANCED)))
+    assert outcomes(report) == ["applied", "blocked", "unchanged"]
+    assert written == journal.path.read_bytes()  # kept, the target still applies once it is idle
+    mtime = journal.path.stat().st_mtime_ns
+    report = await apply(backend, journal, config(mig(0, **BALANCED)))
+    assert outcomes(report) == ["unchanged", "blocked", "unchanged"]
+    assert mtime == journal.path.stat().st_mtime_ns  # not rewritten on every pass
+    simstate.set_busy(state, gpus[1].uuid, False)
+    report = await apply(backend, journal, config(mig(0, **BALANCED)))
+    assert outcomes(report) == ["unchanged", "applied", "unchanged"]
     assert not journal.path.exists()
 
 

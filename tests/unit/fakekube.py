@@ -1,0 +1,103 @@
+"""An in-memory Kubernetes API for fast agent tests: one Node, ConfigMaps, label patches, Events.
+
+Watches block on a queue per object, so the agent's watch threads see changes the test makes, in
+order. Only for unit tests; the e2e tests run the agent against a real kube-apiserver.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterator, Mapping
+from dataclasses import replace
+
+from sharing.errors import KubeError
+from sharing.kube import ConfigMapObject, NodeObject, WatchEvent
+
+
+class FakeKube:
+    """KubeClient in memory; `events` collects (type, reason, message)."""
+
+    def __init__(self, node: str, configmaps: Mapping[tuple[str, str], Mapping[str, str] | None]) -> None:
+        self.requests = 0
+        self.node = NodeObject(node, "uid-1", "1", {})
+        self.configmaps = {
+            key: ConfigMapObject(key[0], key[1], "1", data) for key, data in configmaps.items()
+        }
+        self.events: list[tuple[str, str, str]] = []
+        self._version = 1
+        self._lock = threading.Lock()
+        self._queues: dict[tuple[str, ...], queue.Queue[WatchEvent | None]] = {}
+
+    # --- what the test does --------------------------------------------------------------------
+
+    def label(self, **labels: str) -> None:
+        with self._lock:
+            self.node = replace(
+                self.node, resource_version=self._next(), labels={**self.node.labels, **labels}
+            )
+            self._push(("node",), WatchEvent("MODIFIED", self.node, self.node.resource_version))
+
+    def set_configmap(self, namespace: str, name: str, data: Mapping[str, str]) -> None:
+        with self._lock:
+            cm = ConfigMapObject(namespace, name, self._next(), dict(data))
+            self.configmaps[(namespace, name)] = cm
+            self._push(("cm", namespace, name), WatchEvent("MODIFIED", cm, cm.resource_version))
+
+    def close(self) -> None:
+        for q in list(self._queues.values()):
+            q.put(None)
+
+    # --- KubeClient ---------------------------------------------------------------------------
+
+    def get_node(self, name: str) -> NodeObject:
+        self.requests += 1
+        return self.node
+
+    def watch_node(self, name: str, resource_version: str, timeout_s: int) -> Iterator[WatchEvent]:
+        self.requests += 1
+        return self._stream(("node",))
+
+    def get_configmap(self, namespace: str, name: str) -> ConfigMapObject:
+        self.requests += 1
+        return self.configmaps.get((namespace, name)) or ConfigMapObject(namespace, name, "", None)
+
+    def watch_configmap(
+        self, namespace: str, name: str, resource_version: str, timeout_s: int
+    ) -> Iterator[WatchEvent]:
+        self.requests += 1
+        return self._stream(("cm", namespace, name))
+
+    def patch_node_labels(
+        self, name: str, patch: Mapping[str, str | None], annotations: Mapping[str, str | None] | None = None
+    ) -> NodeObject:
+        self.requests += 1
+        with self._lock:
+            labels = {k: v for k, v in {**self.node.labels, **patch}.items() if v is not None}
+            notes = {
+                k: v for k, v in {**self.node.annotations, **(annotations or {})}.items() if v is not None
+            }
+            self.node = replace(self.node, resource_version=self._next(), labels=labels, annotations=notes)
+            self._push(("node",), WatchEvent("MODIFIED", self.node, self.node.resource_version))
+            return self.node
+
+    def create_node_event(self, node: NodeObject, kind: str, reason: str, message: str) -> None:
+        self.requests += 1
+        if len(message) > 1024:
+            raise KubeError("event message too long")
+        self.events.append((kind, reason, message))
+
+    # --- plumbing -----------------------------------------------------------------------------
+
+    def _next(self) -> str:
+        self._version += 1
+        return str(self._version)
+
+    def _push(self, key: tuple[str, ...], event: WatchEvent) -> None:
+        self._queues.setdefault(key, queue.Queue()).put(event)
+
+    def _stream(self, key: tuple[str, ...]) -> Iterator[WatchEvent]:
+        q = self._queues.setdefault(key, queue.Queue())
+        while (event := q.get()) is not None:
+            yield event
+        q.put(None)  # every other stream of this object ends too

@@ -1,0 +1,138 @@
+"""The device-plugin servers at their edges: hostile requests, a slow kubelet, sockets a kill left behind.
+
+Each test reproduces a defect found by trying the plugins as an attacker and a crashing node would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from sharing.inventory import inventory_from
+from sharing.kubeletapi import deviceplugin_v1beta1_pb2 as api
+from sharing.serve import Fleet, FleetSettings
+from tests.unit.fakekubelet import FakeKubelet
+from tests.unit.test_serve import GPU, MIG, migs, replicas
+
+MIG_3G = "nvidia.com/mig-3g.20gb"
+
+
+@pytest.fixture
+def plugin_dir() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="gs-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+async def kubelet(plugin_dir: Path) -> AsyncIterator[FakeKubelet]:
+    k = await FakeKubelet(plugin_dir).start()
+    yield k
+    await k.stop()
+
+
+@pytest.fixture
+async def fleet(plugin_dir: Path) -> AsyncIterator[Fleet]:
+    f = Fleet(FleetSettings(plugin_dir=plugin_dir, poll_interval_s=0.02, retry_min_s=0.02, retry_max_s=0.2))
+    await f.start()
+    yield f
+    await f.stop()
+
+
+@pytest.fixture
+async def served(kubelet: FakeKubelet, fleet: Fleet) -> FakeKubelet:
+    fleet.update(inventory_from({GPU: replicas("GPU-1", 2), MIG: migs("GPU-0", "MIG-a")}))
+    await kubelet.wait(lambda: kubelet.allocatable() == {GPU: 2, MIG: 1})
+    return kubelet
+
+
+def allocate(*ids: str) -> api.AllocateRequest:
+    return api.AllocateRequest(container_requests=[api.ContainerAllocateRequest(devices_ids=list(ids))])
+
+
+@pytest.mark.parametrize(
+    "ids",
+    [
+        pytest.param([f"GPU-x-{n}" for n in range(10_000)], id="10000-unknown-ids"),
+        pytest.param(["G" * (1 << 20)], id="one-1MiB-id"),
+    ],
+)
+async def test_a_huge_bad_allocate_is_invalid_argument_with_a_bounded_message(
+    served: FakeKubelet, ids: list[str]
+) -> None:
+    """The message used to echo the whole request: past gRPC's metadata limit it became RESOURCE_EXHAUSTED."""
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await served.plugin(GPU).Allocate(allocate(*ids))
+    assert grpc.StatusCode.INVALID_ARGUMENT == err.value.code()
+    details = err.value.details() or ""
+    assert "unknown device IDs" in details
+    assert len(details) < 1100
+
+
+async def test_preferred_allocation_refuses_must_include_ids_outside_the_available_list(
+    served: FakeKubelet,
+) -> None:
+    request = api.PreferredAllocationRequest(
+        container_requests=[
+            api.ContainerPreferredAllocationRequest(
+                available_deviceIDs=["GPU-1::1"], must_include_deviceIDs=["GPU-1::0"], allocation_size=1
+            )
+        ]
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await served.plugin(GPU).GetPreferredAllocation(request)
+    assert grpc.StatusCode.INVALID_ARGUMENT == err.value.code()
+    assert "GPU-1::0 are not in the available list" in (err.value.details() or "")
+
+
+async def test_a_slow_registration_holds_back_no_other_resource(kubelet: FakeKubelet, fleet: Fleet) -> None:
+    """Register may wait up to its timeout; the other plugins' devices and health must still flow."""
+    kubelet.hold[MIG_3G] = asyncio.Event()
+    fleet.update(inventory_from({GPU: replicas("GPU-1", 2), MIG_3G: migs("GPU-0", "MIG-c")}))
+    await kubelet.wait(lambda: kubelet.allocatable().get(GPU) == 2)
+    fleet.update(inventory_from({GPU: replicas("GPU-1", 3), MIG_3G: migs("GPU-0", "MIG-c")}))
+    await kubelet.wait(lambda: kubelet.allocatable().get(GPU) == 3)
+    assert MIG_3G not in kubelet.allocatable()  # still waiting for its Register answer
+    kubelet.hold[MIG_3G].set()
+    await kubelet.wait(lambda: kubelet.allocatable() == {GPU: 3, MIG_3G: 1})
+
+
+async def test_sockets_a_killed_agent_left_are_removed_at_start(
+    kubelet: FakeKubelet, plugin_dir: Path
+) -> None:
+    """kill -9 leaves the sockets behind (66 after 56 kills); only ours are removed, nothing else."""
+    left = []
+    for name in ("gpu-sharing-gpu-0a1b2c3d.sock", "gpu-sharing-mig-1g.5gb-00ff00ff.sock"):
+        s = socket.socket(socket.AF_UNIX)
+        s.bind(str(plugin_dir / name))
+        s.close()
+        left.append(plugin_dir / name)
+    theirs = plugin_dir / "nvidia-gpu.sock"
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(theirs))
+    s.close()
+    fleet = Fleet(FleetSettings(plugin_dir=plugin_dir, poll_interval_s=0.02))
+    await fleet.start()
+    try:
+        assert [p.exists() for p in left] == [False, False]
+        assert theirs.exists()
+        assert (plugin_dir / "kubelet.sock").exists()
+    finally:
+        await fleet.stop()
+
+
+async def test_a_device_handed_out_counts_as_held_until_the_kubelet_lists_it(
+    served: FakeKubelet, fleet: Fleet
+) -> None:
+    """The kubelet records a pod's devices only after Allocate returns: the plugin remembers them."""
+    await served.plugin(MIG).Allocate(allocate("MIG-a"))
+    assert frozenset({"MIG-a"}) == fleet.recently_allocated(30)
+    fleet.forget_allocated(frozenset({"MIG-a"}))
+    assert frozenset() == fleet.recently_allocated(30)
