@@ -30,7 +30,7 @@ from sharing.inventory import REPLICA_SEPARATOR, build_inventory
 from sharing.journal import Journal
 from sharing.kube import ConfigMapObject, KubeClient, NodeObject
 from sharing.labels import STATE_LABEL, ConfigState, label_patch, node_labels
-from sharing.model import NodeState
+from sharing.model import Gpu, NodeState
 from sharing.selection import Failed, Selected, select_config
 from sharing.serve.fleet import Fleet
 from sharing.serve.podresources import PodResourcesClient
@@ -181,8 +181,7 @@ class Agent:
                 await self._serve_remembered()
             return
         observed = await self.backend.observe()
-        products = tuple(sorted({p.name for g in observed.gpus if (p := self.catalog.find(g.product))}))
-        configs = self._parse(configmap, products)
+        configs = self._parse(configmap, observed.gpus)
         selection = select_config(node.labels, configs, label=self.settings.config_label)
         if isinstance(selection, Failed):
             log.error("config_rejected", config=selection.name, reason=selection.reason)
@@ -227,13 +226,14 @@ class Agent:
         self.fleet.update(build_inventory(observed, config, catalog=self.catalog))
         self._advertised = True
 
-    def _parse(self, configmap: ConfigMapObject, products: tuple[str, ...]) -> ConfigSet:
-        """The ConfigMap's configs, parsed again only when it or the node's GPU products changed."""
-        key = (configmap.resource_version, configmap.data is None, products)
+    def _parse(self, configmap: ConfigMapObject, gpus: tuple[Gpu, ...]) -> ConfigSet:
+        """The ConfigMap's configs, parsed again only when it or the node's GPUs changed."""
+        hardware = tuple((g.index, g.product, g.pci_device_id, g.pci_subsystem_id, g.profiles) for g in gpus)
+        key = (configmap.resource_version, configmap.data is None, hardware)
         if self._parsed is None or self._parsed[0] != key:
             self._parsed = (
                 key,
-                parse_configmap(configmap.data or {}, products=products, catalog=self.catalog),
+                parse_configmap(configmap.data or {}, gpus=gpus, catalog=self.catalog),
             )
         return self._parsed[1]
 
