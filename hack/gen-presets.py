@@ -13,6 +13,7 @@ fleet. Every preset is validated on every product it names before anything is wr
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -32,9 +33,11 @@ Layout = Callable[[Product], dict[str, int] | None]
 
 
 def _plain(product: Product, compute: int) -> Profile | None:
-    """The smallest profile with this many compute slices and no `+` attributes (`1g.5gb`, `3g.20gb`)."""
-    found = [p for p in product.profiles if p.compute_slices == compute and "+" not in p.name]
-    return min(found, key=lambda p: (p.memory_slices, p.name), default=None)
+    """The smallest profile with this many compute slices and no attributes (`1g.5gb`, `3g.20gb`)."""
+    found = [
+        p for p in product.profiles if p.compute_slices == compute and re.fullmatch(r"\d+g\.\d+gb", p.name)
+    ]
+    return min(found, key=lambda p: (p.size, p.name), default=None)
 
 
 def _all_of(compute: int) -> Layout:
@@ -50,7 +53,7 @@ def _balanced(product: Product) -> dict[str, int] | None:
     if one is None or two is None:
         return None
     layout = {one.name: 2, two.name: 1}
-    if product.memory_slices == 8 and three is not None:
+    if product.slots == 8 and three is not None:
         layout[three.name] = 1
     return layout
 
@@ -94,12 +97,12 @@ def presets(catalog: Catalog) -> dict[str, str]:
             "mixed", ["  - devices: all", "    mig: enabled"]),
         "all-1g": _document(
             ["all-1g: MIG on every GPU, split into the most instances of the smallest 1g profile",
-             "(7x 1g on 8-slice GPUs, 4x 1g on the A30), advertised as nvidia.com/mig-<profile>.",
-             f"Products: {names}."],
+             "(7x 1g on 8-slice GPUs, 4x 1g on the A30 and the RTX PRO 6000), advertised as",
+             f"nvidia.com/mig-<profile>. Products: {names}."],
             "mixed", _mig_rules(catalog, _all_of(1))),
         "all-2g": _document(
             ["all-2g: MIG on every GPU, split into the most 2g instances (3x 2g on 8-slice GPUs, 2x on the",
-             "A30), advertised as nvidia.com/mig-<profile>."],
+             "A30 and the RTX PRO 6000), advertised as nvidia.com/mig-<profile>."],
             "mixed", _mig_rules(catalog, _all_of(2))),
         "all-3g": _document(
             ["all-3g: MIG on every GPU, split into two 3g instances, advertised as nvidia.com/mig-<profile>.",
@@ -107,7 +110,7 @@ def presets(catalog: Catalog) -> dict[str, str]:
             "mixed", _mig_rules(catalog, _all_of(3))),
         "all-balanced": _document(
             ["all-balanced: MIG on every GPU, split as NVIDIA mig-manager's all-balanced: 2x 1g + 1x 2g +",
-             "1x 3g on 8-slice GPUs, 2x 1g + 1x 2g on the 4-slice A30; advertised per profile."],
+             "1x 3g on 8-slice GPUs, 2x 1g + 1x 2g on the A30 and the RTX PRO 6000; advertised per profile."],
             "mixed", _mig_rules(catalog, _balanced)),
     }  # fmt: skip
     for n in REPLICAS:

@@ -26,14 +26,14 @@ from sharing.journal import Journal
 from sharing.kube import ConfigMapObject, KubeClient
 from sharing.labels import STATE_LABEL, ConfigState, label_patch, node_labels
 from sharing.memory import LastGood, LastGoodError, Remembered
-from sharing.model import HealthEvent, NodeState
+from sharing.model import Gpu, HealthEvent, NodeState
 from sharing.rollout import Retry, Rollout, Verdict
 from sharing.selection import Failed, Selected, select_config
 from sharing.serve.fleet import Fleet
 from sharing.serve.podresources import PodResourcesClient
 from sharing.settings import Settings
 from sharing.sources import merge
-from sharing.spec import SharingConfig
+from sharing.spec import MigStrategy, SharingConfig
 from sharing.text import bounded
 from sharing.watch import Watched, watch_configmap, watch_node
 
@@ -252,15 +252,26 @@ class Agent:
 
         Parsing a large ConfigMap takes a while: it runs in a thread, off the loop that serves gRPC.
         """
-        products = tuple(sorted({p.name for g in observed.gpus if (p := self.catalog.find(g.product))}))
-        key = (tuple((m.resource_version, m.data is None) if m else None for m in maps), products)
+        hardware = tuple(
+            (g.index, g.product, g.pci_device_id, g.pci_subsystem_id, g.profiles) for g in observed.gpus
+        )
+        key = (tuple((m.resource_version, m.data is None) if m else None for m in maps), hardware)
         if self._parsed is None or self._parsed[0] != key:
             texts = [dict(m.data or {}) if m else {} for m in maps]
-            self._parsed = (key, await asyncio.to_thread(self._parse, texts, products))
+            self._parsed = (key, await asyncio.to_thread(self._parse, texts, observed.gpus))
         return self._parsed[1]
 
-    def _parse(self, texts: list[dict[str, str]], products: tuple[str, ...] | None) -> ConfigSet:
-        sets = [parse_configmap(t, products=products, catalog=self.catalog) for t in texts]
+    def _parse(self, texts: list[dict[str, str]], gpus: tuple[Gpu, ...] | None) -> ConfigSet:
+        """Each ConfigMap on its own (the node's GPUs add placement checks), the user's over the presets."""
+        sets = [
+            parse_configmap(
+                t,
+                gpus=gpus,
+                catalog=self.catalog,
+                default_mig_strategy=MigStrategy(self.settings.default_mig_strategy),
+            )
+            for t in texts
+        ]
         return merge(sets[0], sets[1]) if len(sets) > 1 else sets[0]
 
     async def _remember(self, maps: list[ConfigMapObject | None], name: str | None) -> None:

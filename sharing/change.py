@@ -1,8 +1,10 @@
 """The change one GPU needs: from what it is to what its rule asks, as hardware steps (pure).
 
-Busy instances are kept where they are (the exact planner decides which free ones stay), MIG mode
-changes only on idle GPUs, and a GPU instance left without its compute instance by a crash is
-completed or destroyed. `sharing.apply` runs these steps; `verify` checks the result.
+The GPU's MIG profiles and placements are the ones its driver reported (the catalog only fills in
+for observations without them). Busy instances are kept where they are (the exact planner decides
+which free ones stay), MIG mode changes only on idle GPUs, and a GPU instance left without its
+compute instance by a crash is completed or destroyed. `sharing.apply` runs these steps; `verify`
+checks the result.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from sharing.catalog import Catalog
-from sharing.model import Gpu
+from sharing.model import Gpu, geometry, identity
 from sharing.plan import Existing, Infeasibility, Infeasible, Placement, plan_gpu
 from sharing.spec import MigMode, SharingConfig
 
@@ -100,10 +102,11 @@ class GpuChange:
 
 def target_for(config: SharingConfig, gpu: Gpu, catalog: Catalog) -> Target | None:
     """What the config asks of this GPU; None when it is to be left as it is."""
-    product = catalog.find(gpu.product)
-    rule = config.rule_for(gpu.index, product.name if product else gpu.product)
+    rule = config.rule_matching(identity(gpu, catalog))
     if rule is None or rule.mig is MigMode.UNCHANGED:
         return None
+    if rule.skip_without_mig and not gpu.mig_capable:
+        return None  # mig-parted skips GPUs without MIG that an entry matches
     if rule.mig is MigMode.DISABLED:
         return Target(mig_enabled=False)
     return Target(mig_enabled=True, instances=rule.instances)
@@ -149,13 +152,14 @@ def plan_change(
             failure=Outcome.FAILED,
             reason="this GPU has no MIG; give it a rule without `mig` (time-slicing only)",
         )
-    product = catalog.find(gpu.product)
+    product = geometry(gpu, catalog)
     if product is None:
         return GpuChange(
             gpu,
             target,
             failure=Outcome.FAILED,
-            reason=f"{gpu.product} is not in the hardware catalog, so its MIG layouts are unknown",
+            reason="the driver reported no MIG profiles and the hardware catalog does not know the GPU, "
+            "so its MIG layouts are unknown",
         )
     steps: list[Step] = []
     if not gpu.mig_enabled:

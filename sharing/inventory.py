@@ -17,7 +17,7 @@ from typing import NewType
 
 from sharing.catalog import Catalog, default_catalog
 from sharing.errors import PluginError
-from sharing.model import Gpu, GpuUuid, HealthEvent, MigUuid, NodeState
+from sharing.model import Gpu, GpuUuid, HealthEvent, MigUuid, NodeState, identity
 from sharing.spec import MigStrategy, SharingConfig
 
 ResourceName = NewType("ResourceName", str)
@@ -216,8 +216,7 @@ def _devices_of(
     catalog: Catalog,
     warnings: list[str],
 ) -> Iterable[tuple[ResourceName, Device]]:
-    product = catalog.find(gpu.product)
-    rule = config.rule_for(gpu.index, product.name if product else gpu.product) if config else None
+    rule = config.rule_matching(identity(gpu, catalog)) if config else None
     rename = _Rename(config is not None and config.rename_by_default, dict(rule.rename) if rule else {})
     if gpu.mig_enabled and strategy is MigStrategy.NONE:
         # A GPU in MIG mode runs nothing as a whole GPU: handing it out would give a pod a GPU it

@@ -1,6 +1,8 @@
-"""The node as observed: GPUs, their MIG instances and what is busy. Frozen values, no behaviour.
+"""The node as observed: GPUs, their MIG instances, what is busy, and what the driver says. Frozen values.
 
 Every GPU backend (NVML, simulated) produces these; the applier, inventory and labels consume them.
+The driver is the authority on a GPU's MIG profiles (`Gpu.profiles`); the catalog fills in only
+where a backend did not read them (`geometry`).
 """
 
 from __future__ import annotations
@@ -8,11 +10,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NewType
 
+from sharing.catalog import Catalog, PlainProduct, Product
+from sharing.spec import GpuIdentity
+
 GpuUuid = NewType("GpuUuid", str)
 """`GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, as NVML reports it."""
 
 MigUuid = NewType("MigUuid", str)
 """`MIG-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`: one MIG device (a compute instance)."""
+
+MAX_ERROR_CHARS = 300
+"""Errors kept in observations are bounded: they end up in Events and logs."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,7 +34,7 @@ class ComputeInstance:
 
 @dataclass(frozen=True, slots=True)
 class GpuInstance:
-    """A MIG GPU instance: its profile and the memory slices [start, start+size) it occupies."""
+    """A MIG GPU instance: its profile and the slots [start, start+size) it occupies."""
 
     id: int
     profile: str
@@ -58,6 +66,15 @@ class Gpu:
     busy: bool = False
     """Processes run on the GPU itself (MIG disabled) or on any of its MIG devices."""
     numa_node: int | None = None
+    pci_device_id: int | None = None
+    """NVML's 32-bit pciDeviceId: device id in the high half, vendor in the low (0x20B010DE)."""
+    pci_subsystem_id: int | None = None
+    """NVML's pciSubSystemId: subsystem device in the high half, subsystem vendor in the low."""
+    pci_class: int | None = None
+    """The 24-bit PCI class code (0x030200 a 3D controller, 0x030000 a VGA controller)."""
+    compute_capability: tuple[int, int] | None = None
+    profiles: Product | None = None
+    """The MIG profiles and placements the driver reports (None: no MIG, or not read)."""
 
     @property
     def mig_devices(self) -> tuple[tuple[GpuInstance, ComputeInstance], ...]:
@@ -67,19 +84,36 @@ class Gpu:
 
 @dataclass(frozen=True, slots=True)
 class UnreadableGpu:
-    """A GPU the backend could not read (e.g. lost): the others are observed regardless."""
+    """A GPU the backend could count but not read (lost, fallen off the bus, driver error)."""
 
     index: int
     uuid: GpuUuid | None
+    """Its UUID when it could be read now or was seen at this index before."""
     error: str
+    """What NVML said, at most MAX_ERROR_CHARS characters."""
+
+
+@dataclass(frozen=True, slots=True)
+class DriverInfo:
+    """The driver as NVML reports it (for the GPU-feature-discovery labels)."""
+
+    version: str
+    """nvmlSystemGetDriverVersion, e.g. `550.107.02`."""
+    cuda_version: int | None = None
+    """nvmlSystemGetCudaDriverVersion, e.g. 12050 for CUDA 12.5."""
 
 
 @dataclass(frozen=True, slots=True)
 class NodeState:
-    """All GPUs of the node, ordered by index; those that could not be read are listed apart."""
+    """All readable GPUs of the node, ordered by index, and the ones that could not be read."""
 
     gpus: tuple[Gpu, ...]
     unreadable: tuple[UnreadableGpu, ...] = ()
+    driver: DriverInfo | None = None
+    machine: str | None = None
+    """The machine's product name (DMI), as GPU feature discovery labels it."""
+    virtual: bool = False
+    """True inside a VM with NVIDIA vGPU (NVML virtualization mode VGPU)."""
 
     def gpu(self, uuid: str) -> Gpu | None:
         """The GPU with this UUID, or None."""
@@ -95,3 +129,36 @@ class HealthEvent:
     xid: int | None = None
     mig_uuid: MigUuid | None = None
     """The affected MIG device when NVML attributes the event to one; None means the whole GPU."""
+
+
+def bounded(text: str, limit: int = MAX_ERROR_CHARS) -> str:
+    """`text` cut to `limit` characters, saying so."""
+    return text if len(text) <= limit else text[: limit - 15] + " ... (truncated)"
+
+
+def geometry(gpu: Gpu, catalog: Catalog) -> Product | None:
+    """The MIG profiles of a GPU: what its driver reported, else the catalog's (offline, old data)."""
+    if gpu.profiles is not None:
+        return gpu.profiles
+    if not gpu.mig_capable:
+        return None
+    found = catalog.for_gpu(gpu.product, gpu.pci_device_id)
+    return found if isinstance(found, Product) else None
+
+
+def catalog_name(gpu: Gpu, catalog: Catalog) -> str | None:
+    """The catalog's name for this GPU (by PCI id, then NVML name), or None when it is not known."""
+    found = catalog.for_gpu(gpu.product, gpu.pci_device_id)
+    return found.name if isinstance(found, Product | PlainProduct) else None
+
+
+def identity(gpu: Gpu, catalog: Catalog) -> GpuIdentity:
+    """What config rules match this GPU on: index, catalog and NVML names, PCI ids, UUID."""
+    return GpuIdentity(
+        index=gpu.index,
+        product=catalog_name(gpu, catalog) or gpu.product,
+        nvml_name=gpu.product,
+        pci_device_id=gpu.pci_device_id,
+        pci_subsystem_id=gpu.pci_subsystem_id,
+        uuid=gpu.uuid,
+    )

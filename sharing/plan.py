@@ -1,7 +1,8 @@
 """The MIG placement planner: the smallest change that turns a GPU's instances into the wanted set.
 
-Pure. Given a product, the GPU instances that exist (each free or busy) and the wanted multiset of
-profiles, it finds, by exact search over the catalog's placements, a target layout that keeps every
+Pure. Given a GPU's MIG geometry (what its driver reports, or the catalog's offline), the GPU
+instances that exist (each free or busy) and the wanted multiset of profiles, it finds, by exact
+search over the valid placements on the GPU's grid of slots, a target layout that keeps every
 busy instance where it is and as many free ones as any valid layout allows. It answers with the
 instances to keep, destroy and create (in an order that succeeds on hardware), or why it cannot.
 mig-parted instead destroys everything and lets the driver pick slots, so feasible mixes can fail.
@@ -19,7 +20,7 @@ from sharing.catalog import Product, Profile
 
 @dataclass(frozen=True, slots=True, order=True)
 class Placement:
-    """A GPU instance in a layout: its profile and the memory slices [start, start+size)."""
+    """A GPU instance in a layout: its profile and the slots [start, start+size) of the grid."""
 
     profile: str
     start: int
@@ -132,7 +133,7 @@ def _check_counts(
 ) -> Infeasible | None:
     for name in list(wanted) + [e.profile for e in existing]:
         if product.profile(name) is None:
-            known = ", ".join(p.name for p in product.profiles)
+            known = ", ".join(p.name for p in product.profiles) or "none known"
             return Infeasible(
                 Infeasibility.UNKNOWN_PROFILE,
                 f"unknown MIG profile {name!r} on {product.name} (valid: {known})",
@@ -145,13 +146,13 @@ def _check_counts(
                 f"{count} instances of {name} exceed the maximum of {profile.max_count} on {product.name}",
             )
     profiles = [(product.require_profile(name), count) for name, count in wanted.items()]
-    memory = sum(p.memory_slices * n for p, n in profiles)
+    slots = sum(p.size * n for p, n in profiles)
     compute = sum(p.compute_slices * n for p, n in profiles)
-    if memory > product.memory_slices or compute > product.compute_slices:
+    if slots > product.slots or compute > product.compute_slices:
         return Infeasible(
             Infeasibility.OVER_CAPACITY,
-            f"the wanted instances need {memory} memory and {compute} compute slices; "
-            f"{product.name} has {product.memory_slices} and {product.compute_slices}",
+            f"the wanted instances need {slots} placement slots and {compute} compute slices; "
+            f"{product.name} has {product.slots} and {product.compute_slices}",
         )
     return None
 
@@ -174,8 +175,8 @@ def _best_layout(
     most small instances (a 3g at slices 4-7 rather than 0-3, since no 1g can start at slice 7), so
     a later addition does not force a rebuild.
     """
-    smallest = min(product.profiles, key=lambda p: (p.size, len(p.placements)))
-    growth_starts = _mask_of(smallest.placements)
+    smallest = min(product.profiles, key=lambda p: (p.size, len(p.placements)), default=None)
+    growth_starts = 0 if smallest is None else _mask_of(smallest.placements)
     memo: dict[tuple[int, int, int], tuple[int, int, tuple[Placement, ...]] | None] = {}
 
     def best(index: int, mask: int, min_start: int) -> tuple[int, int, tuple[Placement, ...]] | None:

@@ -27,6 +27,8 @@ class Settings:
     presets_configmap: str = "gpu-sharing-presets"
     """The shipped presets; the user's ConfigMap wins per name. Empty: no presets."""
     default_config: str = "default"
+    default_mig_strategy: str = "none"
+    """MIG strategy of imported NVIDIA device-plugin configs that name none (NVIDIA's MIG_STRATEGY)."""
     config_label: str = "nvidia.com/device-plugin.config"
     fallback_label: str = "nvidia.com/mig.config"
     backend: str = "nvml"
@@ -61,6 +63,12 @@ _OPTIONS: tuple[tuple[str, str, str, str], ...] = (
         "name of the ConfigMap of shipped presets ('' for none); the user's configs win per name",
     ),
     ("default_config", "--default-config", "SHARING_DEFAULT_CONFIG", "config for a node without a label"),
+    (
+        "default_mig_strategy",
+        "--default-mig-strategy",
+        "SHARING_DEFAULT_MIG_STRATEGY",
+        "MIG strategy (none, single, mixed) of NVIDIA device-plugin configs that set none",
+    ),
     ("config_label", "--config-label", "SHARING_CONFIG_LABEL", "node label that names the config"),
     ("fallback_label", "--fallback-label", "SHARING_FALLBACK_LABEL", "label used when the first is absent"),
     ("backend", "--backend", "SHARING_BACKEND", "GPU backend: nvml or sim"),
@@ -133,6 +141,11 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] = os.environ)
         raise ValueError("--backend sim needs --sim-state or SHARING_SIM_STATE")
     if settings.allocation_policy not in ("distributed", "packed"):
         raise ValueError(f"allocation policy {settings.allocation_policy!r} is not distributed or packed")
+    if settings.default_mig_strategy not in ("none", "single", "mixed"):
+        raise ValueError(
+            f"--default-mig-strategy / SHARING_DEFAULT_MIG_STRATEGY: {settings.default_mig_strategy!r} "
+            "is not none, single or mixed"
+        )
     if settings.log_format not in ("auto", "json", "console"):
         raise ValueError(f"log format {settings.log_format!r} is not auto, json or console")
     return settings

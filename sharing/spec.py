@@ -31,26 +31,66 @@ class MigMode(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
-class Selector:
-    """Which GPUs a rule matches: all, a list of indices, or one product.
+class GpuIdentity:
+    """What rules match a GPU on; None where it is not known (a GPU named only by its product)."""
 
-    A product with indices (native `{product: X, indices: [0, 1]}`, or a mig-parted entry with both
-    `device-filter` and a `devices` list) matches the GPUs at those indices that are that product.
+    index: int | None = None
+    product: str | None = None
+    """Catalog name when the catalog knows the GPU, else its NVML name."""
+    nvml_name: str | None = None
+    pci_device_id: int | None = None
+    """NVML's packed pciDeviceId (0x20B010DE)."""
+    pci_subsystem_id: int | None = None
+    uuid: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PciFilter:
+    """A mig-parted device-filter: exact device+vendor (0x20B010DE), optionally the subsystem too."""
+
+    device: int
+    subsystem: int | None = None
+
+    def matches(self, device: int | None, subsystem: int | None) -> bool:
+        """True for a GPU with this packed PCI id (and subsystem, when the filter names one)."""
+        return device == self.device and (self.subsystem is None or subsystem == self.subsystem)
+
+    def __str__(self) -> str:
+        sub = "" if self.subsystem is None else f":0x{self.subsystem:08X}"
+        return f"0x{self.device:08X}{sub}"
+
+
+@dataclass(frozen=True, slots=True)
+class Selector:
+    """Which GPUs a rule matches: all, a list of indices or UUIDs, one product, or PCI ids.
+
+    A product or PCI filter with indices (native `{product: X, indices: [0, 1]}`, or a mig-parted
+    entry with both `device-filter` and a `devices` list) matches the GPUs at those indices that
+    are that product. PCI filters compare exact ids, as mig-parted does.
     """
 
     all: bool = False
     indices: tuple[int, ...] = ()
     product: str | None = None
     """Product name, canonical catalog name when the catalog knows it (`A100-SXM4-40GB`)."""
+    pci: tuple[PciFilter, ...] = ()
+    uuids: tuple[str, ...] = ()
 
-    def matches(self, index: int, product: str | None) -> bool:
-        """True when the GPU with this index and product name (catalog name when known) is selected."""
+    def matches(self, gpu: GpuIdentity) -> bool:
+        """True when the rule selects this GPU; an unknown index counts as any index."""
         if self.all:
             return True
-        if self.product is not None:
-            same = product is not None and product_key(product) == product_key(self.product)
-            return same and (not self.indices or index in self.indices)
-        return index in self.indices
+        if self.uuids:
+            return gpu.uuid is not None and gpu.uuid in self.uuids
+        if self.pci:
+            if not any(f.matches(gpu.pci_device_id, gpu.pci_subsystem_id) for f in self.pci):
+                return False
+        elif self.product is not None:
+            wanted = product_key(self.product)
+            names = (gpu.product, gpu.nvml_name)
+            if not any(n is not None and product_key(n) == wanted for n in names):
+                return False
+        return not self.indices or gpu.index is None or gpu.index in self.indices
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +119,8 @@ class Rule:
     """(resource name as the MIG strategy names it, name advertised for its time-sliced replicas)
     pairs sorted by the first: native `rename: {nvidia.com/gpu: nvidia.com/gpu-small}` or an NVIDIA
     `resources[].rename`. Overrides `renameByDefault` for that resource on the GPUs of this rule."""
+    skip_without_mig: bool = False
+    """mig-parted semantics: a GPU without MIG that the rule matches is left as it is."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +133,20 @@ class SharingConfig:
     fail_requests_greater_than_one: bool = False
     rules: tuple[Rule, ...] = ()
 
-    def rule_for(self, index: int, product: str | None) -> Rule | None:
+    def rule_for(
+        self,
+        index: int,
+        product: str | None,
+        *,
+        pci_device_id: int | None = None,
+        pci_subsystem_id: int | None = None,
+        nvml_name: str | None = None,
+        uuid: str | None = None,
+    ) -> Rule | None:
         """The first rule matching the GPU, or None (the GPU is left as it is)."""
-        return next((r for r in self.rules if r.devices.matches(index, product)), None)
+        gpu = GpuIdentity(index, product, nvml_name, pci_device_id, pci_subsystem_id, uuid)
+        return self.rule_matching(gpu)
+
+    def rule_matching(self, gpu: GpuIdentity) -> Rule | None:
+        """The first rule whose selector matches `gpu`, or None."""
+        return next((r for r in self.rules if r.devices.matches(gpu)), None)

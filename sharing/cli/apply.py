@@ -13,7 +13,7 @@ from sharing.apply import ApplyReport, apply_config
 from sharing.catalog import default_catalog
 from sharing.cli.common import Subparsers, UsageError, print_json
 from sharing.cli.gpuargs import add_backend_arguments, backend_kind, open_from_args, sim_state
-from sharing.config import InvalidConfigError, load_yaml, parse_config, parse_configmap
+from sharing.config import InvalidConfigError, load_yaml, parse_configmap, parse_file
 from sharing.journal import DEFAULT_PATH as DEFAULT_JOURNAL
 from sharing.journal import Journal
 from sharing.settings import DEFAULT_POD_RESOURCES_SOCKET
@@ -116,15 +116,15 @@ def load_config(path: Path, name: str) -> SharingConfig:
     except OSError as err:
         raise UsageError(f"--config: cannot read {path}: {err.strerror}") from err
     document = load_yaml(text, name)
+    # Like the agent: a broken config elsewhere in the ConfigMap or mig-parted file does not block this one.
     if isinstance(document, dict) and document.get("kind") == "ConfigMap":
-        # Like the agent: a broken key elsewhere in the ConfigMap does not block this config.
         parsed = parse_configmap(document.get("data") or {})
-        problems = parsed.errors_for(name)
-        if problems:
-            raise InvalidConfigError(problems)
-        configs = parsed.configs
     else:
-        configs = parse_config(name, text)
+        parsed = parse_file(name, text)
+    problems = parsed.errors_for(name) or (parsed.errors if not parsed.configs else ())
+    if problems:
+        raise InvalidConfigError(problems)
+    configs = parsed.configs
     chosen = next((c for c in configs if c.name == name), None)
     if chosen is None:
         raise UsageError(

@@ -1,9 +1,17 @@
-"""`sharing export`: the GPUs as they are (MIG mode, instances, MIG UUIDs, busy), as a table or JSON."""
+"""`sharing export`: the GPUs as they are (MIG mode, instances, MIG UUIDs, busy).
+
+As a table, as JSON, or as a mig-parted config (`--format mig-parted`) that `sharing apply` and
+mig-parted both take back to the same layout: one entry per group of GPUs with the same PCI id and
+MIG layout, each with its exact `device-filter`, GPU indices and profile counts.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+from collections import Counter
+
+import yaml
 
 from sharing.cli.common import Subparsers, print_json
 from sharing.cli.gpuargs import add_backend_arguments, open_from_args
@@ -18,18 +26,54 @@ def register(commands: Subparsers) -> None:
         description="Observe the node's GPUs (read-only) and print each one's MIG mode and instances.",
     )
     add_backend_arguments(parser)
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--json", action="store_true", help="print one JSON object (same as --format json)")
+    parser.add_argument(
+        "--format",
+        choices=("table", "json", "mig-parted"),
+        default=None,
+        help="table (default), json, or a mig-parted config of the current layout",
+    )
+    parser.add_argument(
+        "--name", default="current", metavar="CONFIG", help="config name in the mig-parted output (current)"
+    )
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Observe and print."""
     state = asyncio.run(_observe(args))
-    if args.json:
+    form = args.format or ("json" if args.json else "table")
+    if form == "json":
         print_json(export_json(state))
+    elif form == "mig-parted":
+        print(migparted_yaml(state, args.name), end="")
     else:
         print(describe(state))
     return 0
+
+
+def migparted_yaml(state: NodeState, name: str = "current") -> str:
+    """The node's current layout as a mig-parted config named `name`."""
+    groups: dict[tuple[int | None, bool, tuple[tuple[str, int], ...]], list[int]] = {}
+    for gpu in state.gpus:
+        counts = (
+            Counter(gi.profile for gi in gpu.instances if gi.compute_instances)
+            if gpu.mig_enabled
+            else Counter()
+        )
+        key = (gpu.pci_device_id or None, gpu.mig_enabled, tuple(sorted(counts.items())))
+        groups.setdefault(key, []).append(gpu.index)
+    entries: list[dict[str, object]] = []
+    for (pci, enabled, profiles), indices in groups.items():
+        entry: dict[str, object] = {}
+        if pci is not None:
+            entry["device-filter"] = f"0x{pci:08X}"
+        entry["devices"] = indices
+        entry["mig-enabled"] = enabled
+        if enabled:
+            entry["mig-devices"] = dict(profiles)
+        entries.append(entry)
+    return yaml.safe_dump({"version": "v1", "mig-configs": {name: entries}}, sort_keys=False)
 
 
 async def _observe(args: argparse.Namespace) -> NodeState:

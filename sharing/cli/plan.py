@@ -22,7 +22,9 @@ def register(commands: Subparsers) -> None:
         description="Plan the change from the instances a GPU has to the wanted profiles. "
         "Exit 0 feasible, 1 infeasible, 2 bad arguments.",
     )
-    parser.add_argument("--gpu", required=True, metavar="PRODUCT", help="e.g. A100-SXM4-40GB")
+    parser.add_argument(
+        "--gpu", required=True, metavar="GPU", help="catalog name, NVML name or PCI id, e.g. A100-SXM4-40GB"
+    )
     parser.add_argument(
         "--want", required=True, metavar="LIST", help="wanted profiles, e.g. 3g.20gb=1,1g.5gb=2"
     )
@@ -111,13 +113,13 @@ def plan_json(result: Plan | Infeasible) -> dict[str, object]:
 
 
 def describe(product: Product, have: list[Existing], result: Plan | Infeasible) -> str:
-    """A picture of the memory slices now and after, then the steps."""
-    lines = [f"{product.name}: {product.memory_slices} memory slices"]
+    """A picture of the placement slots now and after, then the steps."""
+    lines = [f"{product.name}: {product.slots} placement slots"]
     busy = {(e.profile, e.start) for e in have if e.busy}
     now = [Placement(e.profile, e.start, product.require_profile(e.profile).size) for e in have]
     target = list(result.layout) if isinstance(result, Plan) else []
     labels = _labels(now + target)
-    lines.append("slice   " + "".join(f"{i:<3}" for i in range(product.memory_slices)).rstrip())
+    lines.append("slot    " + "".join(f"{i:<3}" for i in range(product.slots)).rstrip())
     lines.append("now     " + _row(product, now, labels))
     if isinstance(result, Infeasible):
         lines.append(f"infeasible: {result.reason}")
@@ -127,7 +129,7 @@ def describe(product: Product, have: list[Existing], result: Plan | Infeasible) 
     for p in sorted(set(now + target), key=lambda p: labels[p]):
         state = "busy" if (p.profile, p.start) in busy else ""
         lines.append(
-            f"  {labels[p]}  {p.profile}@{p.start} (slices {p.start}-{p.start + p.size - 1}) {state}".rstrip()
+            f"  {labels[p]}  {p.profile}@{p.start} (slots {p.start}-{p.start + p.size - 1}) {state}".rstrip()
         )
     lines.append("")
     steps = [f"destroy {p}" for p in result.destroy] + [f"create  {p}" for p in result.create]
@@ -148,7 +150,7 @@ def _labels(placements: list[Placement]) -> dict[Placement, str]:
 
 
 def _row(product: Product, placements: list[Placement], labels: dict[Placement, str]) -> str:
-    cells = ["." for _ in range(product.memory_slices)]
+    cells = ["." for _ in range(product.slots)]
     for p in placements:
         for i in range(p.start, p.start + p.size):
             cells[i] = labels[p]

@@ -1,4 +1,4 @@
-"""`sharing sim`: create and poke simulated GPUs (init, busy, idle, xid, reset) for tests and demos."""
+"""`sharing sim`: create and poke simulated GPUs (init, busy, idle, xid, reset, lost, found)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def register(commands: Subparsers) -> None:
         "--gpus",
         required=True,
         metavar="LIST",
-        help="PRODUCT[:COUNT],... e.g. A100-SXM4-40GB:2,H100-80GB-HBM3:1,T4:1",
+        help="GPU[:COUNT],... by catalog name, NVML name or PCI id, e.g. A100-SXM4-40GB:2,H200:1,T4:1",
     )
     init.add_argument(
         "--pending-mode-changes",
@@ -53,6 +53,13 @@ def register(commands: Subparsers) -> None:
     reset = action("reset", "reset GPUs: pending MIG mode takes effect, instances are gone")
     reset.add_argument("--uuid", default=None, help="one GPU (default: all)")
     reset.set_defaults(run=_reset)
+    for name, help_text in (
+        ("lost", "make a GPU fail every NVML read, as a GPU that fell off the bus does"),
+        ("found", "make a lost GPU readable again"),
+    ):
+        lost = action(name, help_text)
+        lost.add_argument("--gpu", required=True, type=int, metavar="INDEX", help="GPU index")
+        lost.set_defaults(run=_lost, lost=name == "lost")
 
 
 def parse_gpus(text: str) -> list[simstate.SimGpuSpec]:
@@ -96,4 +103,10 @@ def _xid(args: argparse.Namespace) -> int:
 def _reset(args: argparse.Namespace) -> int:
     for uuid in simstate.reset(args.state, args.uuid):
         print(f"reset {uuid}")
+    return 0
+
+
+def _lost(args: argparse.Namespace) -> int:
+    uuid = simstate.set_lost(args.state, args.gpu, args.lost)
+    print(f"GPU {args.gpu} ({uuid}) {'lost' if args.lost else 'found'}")
     return 0

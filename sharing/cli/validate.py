@@ -11,10 +11,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sharing.catalog import product_key
-from sharing.cli.common import Subparsers, UsageError, print_json, product_arg
+from sharing.catalog import PlainProduct, default_catalog
+from sharing.cli.common import Subparsers, UsageError, gpu_arg, print_json
 from sharing.config import ConfigSet, InvalidConfigError, Problem, load_yaml, parse_configmap
 from sharing.config.document import MAX_BYTES
+from sharing.config.node import node_from_names
 from sharing.spec import MigMode, Rule, Selector, SharingConfig
 
 
@@ -28,15 +29,18 @@ def register(commands: Subparsers) -> None:
         "Exit 0 valid, 1 invalid, 2 bad arguments.",
     )
     parser.add_argument("file", metavar="FILE", help="the file to check, or - for stdin")
-    parser.add_argument("--gpu", action="append", default=[], metavar="PRODUCT",
-                        help="a GPU product of the node (repeatable): also check layouts on it")  # fmt: skip
+    parser.add_argument("--gpu", action="append", default=[], metavar="GPU",
+                        help="a GPU of the node, by catalog name, NVML name or PCI id (0x2335; repeatable): "
+                        "check layouts on it and apply mig-parted files as on that node")  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Validate and print."""
-    products = [product_arg(name).name for name in args.gpu] or None
+    for name in args.gpu:
+        gpu_arg(name)  # an unknown GPU is a usage error
+    products = list(args.gpu) or None
     raw, name = _read(args.file)
     data, problems = configmap_data(raw, name)
     result = parse_configmap(data, products=products)
@@ -100,22 +104,36 @@ def summary(config: SharingConfig, products: list[str] | None = None) -> str:
             rule = next(
                 (r for r in config.rules if not r.devices.indices and _matches(r.devices, product)), None
             )
-            parts.append(f"{product}: {_action(rule) if rule else 'left as it is'}")
+            found = gpu_arg(product)
+            skipped = (
+                rule is not None
+                and rule.skip_without_mig
+                and rule.mig is MigMode.ENABLED
+                and isinstance(found, PlainProduct)
+            )
+            action = _action(rule) if rule and not skipped else "left as it is"
+            parts.append(f"{found.name}: {action}")
     else:
         parts = [f"{_selector(r.devices)}: {_action(r)}" for r in config.rules]
     return f"{head} " + ("; ".join(parts) if parts else "no rules: every GPU is left as it is")
 
 
 def _matches(selector: Selector, product: str) -> bool:
-    return selector.all or (
-        selector.product is not None and product_key(selector.product) == product_key(product)
-    )
+    """True when a rule for all, a product or PCI ids (not by index) selects this named GPU."""
+    if selector.indices or selector.uuids:
+        return False
+    return any(selector.matches(g.identity) for g in node_from_names([product], default_catalog()))
 
 
 def _selector(selector: Selector) -> str:
     indices = ",".join(map(str, selector.indices))
     if selector.all:
         return "all GPUs"
+    if selector.pci:
+        pci = ", ".join(str(f) for f in selector.pci)
+        return f"PCI {pci} at {indices}" if indices else f"PCI {pci}"
+    if selector.uuids:
+        return ", ".join(selector.uuids)
     if selector.product is not None:
         return f"{selector.product} at {indices}" if indices else selector.product
     return f"GPUs {indices}"
@@ -151,7 +169,12 @@ def config_json(config: SharingConfig, products: list[str] | None = None) -> dic
             {
                 "devices": "all"
                 if r.devices.all
-                else {"indices": list(r.devices.indices), "product": r.devices.product},
+                else {
+                    "indices": list(r.devices.indices),
+                    "product": r.devices.product,
+                    "pci": [str(f) for f in r.devices.pci],
+                    "uuids": list(r.devices.uuids),
+                },
                 "mig": r.mig.value,
                 "instances": dict(r.instances),
                 "replicas": {"default": r.replicas.default, **dict(r.replicas.per_device_kind)},

@@ -20,9 +20,11 @@ from sharing.config.check import DraftConfig, finish
 from sharing.config.document import MAX_BYTES, describe, load_document
 from sharing.config.migparted import is_migparted, read_migparted
 from sharing.config.native import read_native
+from sharing.config.node import NodeGpu, node_from_gpus, node_from_names
 from sharing.config.nvidia import is_nvidia, read_nvidia
 from sharing.config.problems import CONFIGMAP, InvalidConfigError, Problem, Report, key
-from sharing.spec import SharingConfig
+from sharing.model import Gpu
+from sharing.spec import MigStrategy, SharingConfig
 
 __all__ = [
     "CONFIGMAP",
@@ -32,6 +34,7 @@ __all__ = [
     "load_yaml",
     "parse_config",
     "parse_configmap",
+    "parse_file",
 ]
 
 _KEY = re.compile(r"^[-._a-zA-Z0-9]{1,253}$")
@@ -74,11 +77,26 @@ class ConfigSet:
 
 
 def parse_configmap(
-    data: Mapping[Any, Any], *, products: Sequence[str] | None = None, catalog: Catalog | None = None
+    data: Mapping[Any, Any],
+    *,
+    products: Sequence[str] | None = None,
+    gpus: Sequence[Gpu] | None = None,
+    catalog: Catalog | None = None,
+    default_mig_strategy: MigStrategy = MigStrategy.NONE,
 ) -> ConfigSet:
-    """Parse and validate every key of a ConfigMap; `products` (the node's GPUs) adds placement checks."""
+    """Parse and validate every key of a ConfigMap.
+
+    The node's GPUs add placement checks and mig-parted matching: `gpus` as observed (each GPU's
+    driver-reported profiles and exact PCI ids; what the agent passes), or `products` named by
+    catalog name, NVML name or PCI id (offline). `default_mig_strategy` is the strategy of NVIDIA
+    device-plugin configs that set no `flags.migStrategy` (NVIDIA's MIG_STRATEGY).
+    """
     catalog = catalog or default_catalog()
-    node = None if products is None else tuple(_product_name(catalog, p) for p in products)
+    node: tuple[NodeGpu, ...] | None = None
+    if gpus is not None:
+        node = node_from_gpus(gpus, catalog)
+    elif products is not None:
+        node = node_from_names(products, catalog)
     size = sum(_size(k) + _size(v) for k, v in data.items())
     if size > MAX_BYTES:
         problem = Problem(
@@ -94,7 +112,7 @@ def parse_configmap(
     origin: dict[str, str] = {}
     for name, value in data.items():
         report = Report(str(name))
-        results = _parse_key(report, name, value, catalog, node)
+        results = _parse_key(report, name, value, catalog, node, default_strategy=default_mig_strategy)
         for draft, entry_report, parsed in results:
             config = parsed
             if draft.name in origin:
@@ -116,11 +134,35 @@ def parse_configmap(
     return ConfigSet(tuple(configs), tuple(errors), tuple(warnings), tuple(invalid))
 
 
+def parse_file(
+    name: str,
+    text: str | bytes,
+    *,
+    products: Sequence[str] | None = None,
+    gpus: Sequence[Gpu] | None = None,
+    catalog: Catalog | None = None,
+    default_mig_strategy: MigStrategy = MigStrategy.NONE,
+) -> ConfigSet:
+    """Every config of one document, each on its own (a mig-parted file has several): one invalid
+    config does not spoil the others, exactly as in a ConfigMap."""
+    return parse_configmap(
+        {name: text}, products=products, gpus=gpus, catalog=catalog, default_mig_strategy=default_mig_strategy
+    )
+
+
 def parse_config(
-    name: str, text: str | bytes, *, products: Sequence[str] | None = None, catalog: Catalog | None = None
+    name: str,
+    text: str | bytes,
+    *,
+    products: Sequence[str] | None = None,
+    gpus: Sequence[Gpu] | None = None,
+    catalog: Catalog | None = None,
+    default_mig_strategy: MigStrategy = MigStrategy.NONE,
 ) -> tuple[SharingConfig, ...]:
-    """The configs of one document (a mig-parted file has several); InvalidConfigError lists every error."""
-    return parse_configmap({name: text}, products=products, catalog=catalog).require()
+    """The configs of one document, all of them valid, or InvalidConfigError listing every error."""
+    return parse_file(
+        name, text, products=products, gpus=gpus, catalog=catalog, default_mig_strategy=default_mig_strategy
+    ).require()
 
 
 def load_yaml(raw: str | bytes, name: str = "document") -> Any:
@@ -136,7 +178,13 @@ _Result = tuple[DraftConfig, Report, SharingConfig | None]
 
 
 def _parse_key(
-    report: Report, name: object, value: object, catalog: Catalog, node: tuple[str, ...] | None
+    report: Report,
+    name: object,
+    value: object,
+    catalog: Catalog,
+    node: tuple[NodeGpu, ...] | None,
+    *,
+    default_strategy: MigStrategy,
 ) -> list[_Result]:
     if not isinstance(name, str) or not _KEY.match(name) or name in (".", ".."):
         report.error("", "not a valid ConfigMap key (letters, digits, '-', '_', '.'; at most 253 characters)")
@@ -159,20 +207,18 @@ def _parse_key(
         return []
     if is_migparted(doc):
         results = []
-        for draft, entry_report in read_migparted(report, doc, catalog):
+        for draft, entry_report in read_migparted(report, doc):
             config = finish(entry_report, draft, catalog, node)
             if report.errors:
                 entry_report.error("", f"the mig-parted file in key {name!r} it comes from is invalid")
                 config = None
             results.append((draft, entry_report, config))
         return results
-    draft = read_nvidia(report, name, doc) if is_nvidia(doc) else read_native(report, name, doc)
+    if is_nvidia(doc):
+        draft = read_nvidia(report, name, doc, default_strategy)
+    else:
+        draft = read_native(report, name, doc)
     return [(draft, report, finish(report, draft, catalog, node))]
-
-
-def _product_name(catalog: Catalog, name: str) -> str:
-    product = catalog.find(name)
-    return name.strip() if product is None else product.name
 
 
 def _size(value: object) -> int:

@@ -2,22 +2,23 @@
 
 The native reader and the NVIDIA importers only check shape and types; they hand over drafts that
 remember where each value came from, so these checks name the user's own YAML path whatever the
-format: rules that can never match, MIG profiles against the catalog, counts, capacity and placement
-(by the exact planner, on an empty GPU), `single` strategy uniformity, replicas and renames.
+format: rules that can never match, MIG profiles against each GPU's profiles, counts, capacity and
+placement (by the exact planner, on an empty GPU), `single` strategy uniformity, replicas, renames.
+A mig-parted draft keeps mig-parted's meaning: an entry that matches no GPU of the node is skipped
+(a warning at most), an entry overridden by a later one is not an error.
 """
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 
-from sharing.catalog import Catalog, Product, product_key
+from sharing.catalog import Catalog
+from sharing.config.node import NodeGpu, catalog_targets, layout_problems
 from sharing.config.problems import Report
-from sharing.plan import Infeasible, plan_gpu
+from sharing.config.rules import GPU, check_rename, check_replicas, check_strategy, covers, reachability
 from sharing.spec import MigMode, MigStrategy, Replicas, Rule, Selector, SharingConfig
 
-GPU = "gpu"
-"""The replicas/kind key of a whole GPU (MIG disabled)."""
+__all__ = ["GPU", "DraftConfig", "DraftRule", "covers", "finish"]
 
 
 @dataclass(slots=True)
@@ -33,6 +34,7 @@ class DraftRule:
     replicas_default: int = 1
     replicas: dict[str, tuple[int, str]] = field(default_factory=dict)
     rename: dict[str, tuple[str, str]] = field(default_factory=dict)
+    skip_without_mig: bool = False
 
 
 @dataclass(slots=True)
@@ -47,26 +49,27 @@ class DraftConfig:
     fail_requests_greater_than_one: bool = False
     fail_path: str = "sharing.failRequestsGreaterThanOne"
     rules: list[DraftRule] = field(default_factory=list)
-    order_hint: str = ""
-    """Appended to "never matches" errors (the mig-parted importer explains first-match-wins)."""
+    nvidia: bool = False
+    """An NVIDIA device-plugin config: replicated resources that no GPU has are skipped with a warning."""
+    migparted: bool = False
+    """mig-parted semantics: rules are in reverse file order (the last entry wins), unmatched
+    entries are skipped, overridden entries are fine."""
 
 
 def finish(
-    report: Report, draft: DraftConfig, catalog: Catalog, node: tuple[str, ...] | None
+    report: Report, draft: DraftConfig, catalog: Catalog, node: tuple[NodeGpu, ...] | None
 ) -> SharingConfig | None:
     """Check a draft; the SharingConfig when it has no errors (problems go to `report`)."""
     name = draft.name
     for rule in draft.rules:
-        _canonical_product(report, name, rule, catalog, node)
-    _reachability(report, draft)
+        _canonical_product(report, name, rule, catalog)
+    reachability(report, draft)
     for rule in draft.rules:
-        targets = _targets(rule, catalog, node)
-        _check_mig(report, name, rule, catalog, targets)
-        _check_replicas(
-            report, name=name, strategy=draft.strategy, rule=rule, catalog=catalog, targets=targets
-        )
-        _check_rename(report, name, draft.strategy, rule)
-    _check_strategy(report, draft)
+        targets = _targets(report, draft, rule, catalog, node)
+        _check_mig(report, draft, rule, catalog, targets, offline=node is None)
+        check_replicas(report, name, draft.strategy, rule, catalog, targets=targets, lenient=draft.nvidia)
+        check_rename(report, name, draft.strategy, rule)
+    check_strategy(report, draft)
     if report.has_errors_for(name):
         return None
     return SharingConfig(
@@ -83,142 +86,91 @@ def finish(
                     r.replicas_default, tuple(sorted((k, n) for k, (n, _) in r.replicas.items()))
                 ),
                 rename=tuple(sorted((k, v) for k, (v, _) in r.rename.items())),
+                skip_without_mig=r.skip_without_mig,
             )
             for r in draft.rules
         ),
     )
 
 
-def _canonical_product(
-    report: Report, name: str, rule: DraftRule, catalog: Catalog, node: tuple[str, ...] | None
-) -> None:
+def _canonical_product(report: Report, name: str, rule: DraftRule, catalog: Catalog) -> None:
     wanted = rule.selector.product
     if wanted is None:
         return
-    product = catalog.find(wanted)
-    if product is not None:
-        rule.selector = Selector(indices=rule.selector.indices, product=product.name)
-    else:
-        rule.selector = Selector(indices=rule.selector.indices, product=wanted.strip())
+    product = catalog.describe(wanted)
+    canonical = product.name if product is not None else wanted.strip()
+    rule.selector = Selector(indices=rule.selector.indices, product=canonical)
+    if product is None:
+        known = ", ".join([p.name for p in catalog.products] + [p.name for p in catalog.plain])
         report.warn(
             rule.devices_path,
-            f"{wanted!r} is not in the hardware catalog: treated as a GPU without MIG "
-            f"(catalog products: {', '.join(p.name for p in catalog.products)})",
+            f"{wanted!r} is not in the hardware catalog: it matches GPUs whose NVML name is {wanted!r} "
+            f"(catalog products: {known})",
             config=name,
         )
-    if node is not None and not any(product_key(n) == product_key(rule.selector.product or "") for n in node):
-        report.warn(rule.devices_path, f"matches none of the given GPUs ({', '.join(node)})", config=name)
 
 
-def covers(earlier: Selector, later: Selector) -> bool:
-    """True when every GPU `later` can match is matched by `earlier`."""
-    if earlier.all:
-        return True
-    if later.all:
-        return False
-    if earlier.product is not None and (
-        later.product is None or product_key(later.product) != product_key(earlier.product)
-    ):
-        return False
-    if not earlier.indices:
-        return True
-    return bool(later.indices) and set(later.indices) <= set(earlier.indices)
-
-
-def _reachability(report: Report, draft: DraftConfig) -> None:
-    for i, rule in enumerate(draft.rules):
-        earlier = draft.rules[:i]
-        hint = draft.order_hint
-        shadow = next((e for e in earlier if covers(e.selector, rule.selector)), None)
-        if shadow is not None:
-            if shadow.selector == rule.selector:
-                why = f"it selects the same GPUs as {shadow.path}"
-            elif shadow.selector.all:
-                why = f"{shadow.path} already matches every GPU"
-            else:
-                why = f"{shadow.path} already matches every GPU it selects"
-            report.error(rule.devices_path, f"this rule never matches: {why}{hint}", config=draft.name)
-            continue
-        if not rule.selector.indices:
-            continue
-        taken: dict[int, str] = {}
-        for e in earlier:
-            same_product = rule.selector.product is not None and product_key(
-                e.selector.product or ""
-            ) == product_key(rule.selector.product)
-            if e.selector.product is None or same_product:
-                for index in e.selector.indices:
-                    taken.setdefault(index, e.path)
-        overlap = [n for n in rule.selector.indices if n in taken]
-        if overlap and len(overlap) == len(rule.selector.indices):
-            paths = ", ".join(sorted({taken[n] for n in overlap}))
-            report.error(
-                rule.devices_path,
-                f"this rule never matches: every GPU it selects is matched by {paths}{hint}",
-                config=draft.name,
-            )
-        elif overlap:
-            text = ", ".join(f"GPU {n} by {taken[n]}" for n in overlap)
+def _targets(
+    report: Report, draft: DraftConfig, rule: DraftRule, catalog: Catalog, node: tuple[NodeGpu, ...] | None
+) -> list[NodeGpu] | None:
+    """The GPUs the rule is checked on; None: offline, any catalog product."""
+    if node is not None:
+        matched = [g for g in node if rule.selector.matches(g.identity)]
+        if not matched and (rule.selector.product is not None or rule.selector.pci):
+            names = ", ".join(dict.fromkeys(g.name for g in node)) or "none"
+            what = "skipped, as mig-parted skips it" if draft.migparted else "the rule does nothing here"
             report.warn(
-                rule.devices_path,
-                f"partly shadowed: {text} (the first matching rule wins)",
-                config=draft.name,
+                rule.devices_path, f"matches none of the node's GPUs ({names}): {what}", config=draft.name
             )
-
-
-def _targets(rule: DraftRule, catalog: Catalog, node: tuple[str, ...] | None) -> list[Product | str] | None:
-    """The products the rule is checked on (a name for non-catalog ones); None: any catalog product."""
-    if rule.selector.product is not None:
-        return [catalog.find(rule.selector.product) or rule.selector.product]
-    if node is None:
-        return None
-    return [catalog.find(n) or n for n in node]
-
-
-@functools.lru_cache(maxsize=4096)
-def _plan(product: Product, want: tuple[tuple[str, int], ...]) -> str | None:
-    result = plan_gpu(product, (), dict(want))
-    return result.reason if isinstance(result, Infeasible) else None
-
-
-def _layout_problems(product: Product, rule: DraftRule) -> tuple[list[tuple[str, str]], str | None]:
-    """(per-profile (path, message) problems, whole-layout problem) of the rule's instances on a product."""
-    per_profile = []
-    for profile, (count, path) in rule.instances.items():
-        found = product.profile(profile)
-        if found is None:
-            valid = ", ".join(p.name for p in product.profiles)
-            per_profile.append((path, f"unknown MIG profile {profile!r} on {product.name} (valid: {valid})"))
-        elif count > found.max_count:
-            per_profile.append(
-                (path, f"{count} instances exceed the maximum of {found.max_count} on {product.name}")
-            )
-    if per_profile:
-        return per_profile, None
-    return [], _plan(product, tuple(sorted((p, c) for p, (c, _) in rule.instances.items())))
+        return matched
+    targets = catalog_targets(rule.selector, catalog)
+    if targets == [] and rule.selector.pci:
+        ids = ", ".join(str(f) for f in rule.selector.pci)
+        report.warn(
+            rule.devices_path,
+            f"no product in the hardware catalog has PCI id {ids}: the entry applies only to GPUs with "
+            "that id, and its layout cannot be checked offline",
+            config=draft.name,
+        )
+    return targets
 
 
 def _check_mig(
-    report: Report, name: str, rule: DraftRule, catalog: Catalog, targets: list[Product | str] | None
+    report: Report,
+    draft: DraftConfig,
+    rule: DraftRule,
+    catalog: Catalog,
+    targets: list[NodeGpu] | None,
+    *,
+    offline: bool,
 ) -> None:
     if rule.mig is not MigMode.ENABLED:
         return
+    name = draft.name
+    # A filtered mig-parted entry checked offline only warns: it applies to nodes with that GPU,
+    # and drivers have named profiles differently (GB200 1g.24gb -> 1g.23gb).
+    soft = report.warn if draft.migparted and offline else report.error
     if targets is not None:
         for target in targets:
-            if isinstance(target, str):
-                report.error(
+            if target.geometry is None and not target.known:
+                report.warn(
                     rule.mig_path,
-                    f"{target} has no MIG (not a MIG product in the hardware catalog)",
+                    f"{target.name} is not in the hardware catalog: the layout is checked against what its "
+                    "driver reports when the agent runs on it",
                     config=name,
                 )
                 continue
-            per_profile, whole = _layout_problems(target, rule)
+            if target.geometry is None:
+                if not rule.skip_without_mig:
+                    soft(rule.mig_path, f"{target.name} has no MIG (not a MIG product)", config=name)
+                continue
+            per_profile, whole = layout_problems(target.geometry, rule.instances)
             for path, message in per_profile:
-                report.error(path, message, config=name)
+                soft(path, message, config=name)
             if whole is not None:
-                report.error(rule.mig_path, whole, config=name)
+                soft(rule.mig_path, whole, config=name)
         return
-    # `all` or index rules with no products given: the layout must be valid on some catalog product.
+    # `all` or index rules with no GPUs given: the layout must be valid on some catalog product.
     unknown = [p for p in rule.instances if not any(prod.profile(p) for prod in catalog.products)]
     for profile in unknown:
         report.error(
@@ -238,136 +190,8 @@ def _check_mig(
         return
     reasons = []
     for product in candidates:
-        per_profile, whole = _layout_problems(product, rule)
+        per_profile, whole = layout_problems(product, rule.instances)
         if not per_profile and whole is None:
             return
         reasons.append(per_profile[0][1] if per_profile else whole)
     report.error(rule.mig_path, f"fits no product in the hardware catalog: {reasons[0]}", config=name)
-
-
-def _profile_exists(profile: str, catalog: Catalog, targets: list[Product | str] | None) -> bool:
-    if targets is None:
-        return any(p.profile(profile) for p in catalog.products)
-    return any(isinstance(t, Product) and t.profile(profile) for t in targets)
-
-
-def _check_replicas(
-    report: Report,
-    *,
-    name: str,
-    strategy: MigStrategy,
-    rule: DraftRule,
-    catalog: Catalog,
-    targets: list[Product | str] | None,
-) -> None:
-    for kind, (_, path) in rule.replicas.items():
-        problem = None
-        if kind == GPU:
-            if rule.mig is MigMode.ENABLED:
-                problem = "MIG is enabled on these GPUs: there is no whole GPU to replicate"
-        elif strategy is MigStrategy.NONE:
-            problem = "migStrategy none does not advertise MIG devices; use single or mixed"
-        elif rule.mig is MigMode.DISABLED:
-            problem = f"MIG is disabled by this rule: there are no {kind} devices"
-        elif rule.mig is MigMode.ENABLED and kind not in rule.instances:
-            wanted = ", ".join(rule.instances) or "none"
-            problem = f"{kind} is not one of this rule's MIG instances ({wanted})"
-        elif not _profile_exists(kind, catalog, targets):
-            problem = f"unknown MIG profile {kind!r} for the GPUs of this rule"
-        if problem is not None:
-            report.error(path, problem, config=name)
-
-
-def resource_of(profile: str) -> str:
-    """The mixed-strategy resource of a MIG profile: `1g.10gb+me` -> `nvidia.com/mig-1g.10gb.me`."""
-    return "nvidia.com/mig-" + profile.replace("+", ".")
-
-
-def _check_rename(report: Report, name: str, strategy: MigStrategy, rule: DraftRule) -> None:
-    produced = {"nvidia.com/gpu"}
-    if strategy is MigStrategy.MIXED:
-        produced |= {resource_of(p) for p in rule.instances} if rule.mig is MigMode.ENABLED else set()
-    for resource, (new, path) in rule.rename.items():
-        unchanged_mig = rule.mig is MigMode.UNCHANGED and strategy is MigStrategy.MIXED
-        if resource not in produced and not (unchanged_mig and resource.startswith("nvidia.com/mig-")):
-            report.error(
-                path,
-                f"this rule advertises no {resource} (it advertises {', '.join(sorted(produced))})",
-                config=name,
-            )
-        if new == "nvidia.com/gpu" or new.startswith("nvidia.com/mig-"):
-            report.error(
-                path, f"{new} is a name the agent advertises itself; choose another name", config=name
-            )
-
-
-def _shares_node(a: Selector, b: Selector) -> bool:
-    return a.product is None or b.product is None or product_key(a.product) == product_key(b.product)
-
-
-def _check_strategy(report: Report, draft: DraftConfig) -> None:
-    name = draft.name
-    enabled = [r for r in draft.rules if r.mig is MigMode.ENABLED]
-    if draft.strategy is MigStrategy.NONE and any(r.instances for r in enabled):
-        report.warn(
-            draft.strategy_path,
-            "migStrategy none advertises MIG-enabled GPUs as whole GPUs; "
-            "the MIG instances are not advertised (use mixed or single)",
-            config=name,
-        )
-    if draft.strategy is MigStrategy.SINGLE:
-        _check_single(report, draft, enabled)
-    replicated = any(
-        r.replicas_default > 1 or any(n > 1 for n, _ in r.replicas.values()) for r in draft.rules
-    )
-    if not replicated:
-        if draft.rename_by_default:
-            report.warn(
-                draft.rename_path, "has no effect: no rule time-slices a device (replicas > 1)", config=name
-            )
-        if draft.fail_requests_greater_than_one:
-            report.warn(
-                draft.fail_path, "has no effect: no rule time-slices a device (replicas > 1)", config=name
-            )
-
-
-def _check_single(report: Report, draft: DraftConfig, enabled: list[DraftRule]) -> None:
-    name = draft.name
-    for i, rule in enumerate(enabled):
-        if len(rule.instances) > 1:
-            report.error(
-                rule.mig_path,
-                "migStrategy single needs one MIG profile per GPU; "
-                f"this rule has {', '.join(sorted(rule.instances))} (use mixed)",
-                config=name,
-            )
-        elif not rule.instances:
-            report.warn(
-                rule.mig_path,
-                "migStrategy single advertises nothing for a MIG-enabled GPU without instances",
-                config=name,
-            )
-        for other in enabled[:i]:
-            if (
-                _shares_node(rule.selector, other.selector)
-                and rule.instances
-                and other.instances
-                and set(rule.instances) != set(other.instances)
-            ):
-                report.error(
-                    rule.mig_path,
-                    f"migStrategy single needs the same MIG profile on every GPU of a node; "
-                    f"{other.path} uses {', '.join(sorted(other.instances))} (use mixed)",
-                    config=name,
-                )
-                break
-    for rule in draft.rules:
-        if rule.mig is MigMode.DISABLED:
-            clash = next((e for e in enabled if _shares_node(rule.selector, e.selector)), None)
-            if clash is not None:
-                report.warn(
-                    rule.mig_path or rule.devices_path,
-                    "migStrategy single needs MIG on every GPU of a node "
-                    f"or on none; {clash.path} enables it on GPUs that may share a node with these",
-                    config=name,
-                )

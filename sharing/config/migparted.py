@@ -1,8 +1,10 @@
 """mig-parted files (`version: v1`, `mig-configs:`) as native drafts, one named config per entry.
 
-Users of NVIDIA's mig-manager bring these. Each `mig-configs` entry becomes a config of the same
-name with migStrategy mixed. PCI `device-filter` ids map to catalog products (the `:subsystem`
-suffix is accepted and ignored, with a warning); an unknown id is an error that names it.
+Users of NVIDIA's mig-manager bring these, and they keep mig-parted's meaning: a `device-filter`
+compares the exact PCI device+vendor id (and the subsystem id when given), never a whole product;
+an entry that matches no GPU of the node is skipped; when several entries match a GPU, the last one
+wins (mig-parted applies them in turn); `devices: all` with MIG on leaves GPUs without MIG alone.
+Each `mig-configs` entry becomes a config of the same name with migStrategy mixed.
 """
 
 from __future__ import annotations
@@ -10,22 +12,18 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from sharing.catalog import Catalog
+from sharing.catalog import NVIDIA_VENDOR
 from sharing.config.check import DraftConfig, DraftRule
 from sharing.config.document import describe
-from sharing.config.native import read_indices
+from sharing.config.native import add_gpu_index
 from sharing.config.problems import Report, item, key
 from sharing.config.schema import boolean, choice, fields, integer
-from sharing.spec import MigMode, MigStrategy, Selector
+from sharing.spec import MigMode, MigStrategy, PciFilter, Selector
 
-_PCI = re.compile(
-    r"^0x(?P<device>[0-9a-fA-F]{4})(?P<vendor>[0-9a-fA-F]{4})(?::0x(?P<subsystem>[0-9a-fA-F]{8}))?$"
-)
-NVIDIA_VENDOR = 0x10DE
-ORDER_HINT = (
-    " (mig-parted applies every matching entry in turn, so there the last one wins; here the first "
-    "matching entry wins: put the more specific entries first)"
-)
+_NUMBER = re.compile(r"^(0[xX][0-9a-fA-F]{1,8}|[0-9]{1,10})$")
+_ATTR = r"(me|me\.all|gfx)"
+PROFILE = re.compile(rf"^([1-9][0-9]*c\.)?[1-9][0-9]*g\.[0-9]+gb(\+{_ATTR}(,{_ATTR})*|-me)?$")
+"""A mig-parted profile name: `[<C>c.]<G>g.<GB>gb`, optionally +me, +me.all, +gfx (comma-joined) or -me."""
 
 
 def is_migparted(doc: dict[Any, Any]) -> bool:
@@ -33,7 +31,7 @@ def is_migparted(doc: dict[Any, Any]) -> bool:
     return "mig-configs" in doc
 
 
-def read_migparted(report: Report, doc: dict[str, Any], catalog: Catalog) -> list[tuple[DraftConfig, Report]]:
+def read_migparted(report: Report, doc: dict[str, Any]) -> list[tuple[DraftConfig, Report]]:
     """One (draft, its own report) per `mig-configs` entry; file-level problems go to `report`."""
     top = fields(report, "", doc, required=("version", "mig-configs")) or {}
     if "version" in top:
@@ -51,31 +49,33 @@ def read_migparted(report: Report, doc: dict[str, Any], catalog: Catalog) -> lis
             continue
         entry_report = Report(name)
         path = key("mig-configs", name)
-        draft = DraftConfig(name, strategy=MigStrategy.MIXED, order_hint=ORDER_HINT)
+        draft = DraftConfig(name, strategy=MigStrategy.MIXED, migparted=True)
         if not isinstance(entries, list) or not entries:
             entry_report.error(path, f"expected a non-empty list of entries, got {describe(entries)}")
         else:
             for j, entry in enumerate(entries):
-                draft.rules.extend(_entry(entry_report, item(path, j), entry, catalog))
+                draft.rules.extend(_entry(entry_report, item(path, j), entry))
+        # The last matching entry wins in mig-parted; ours is first-match-wins: reverse.
+        draft.rules.reverse()
         drafts.append((draft, entry_report))
     return drafts
 
 
-def _entry(report: Report, path: str, value: object, catalog: Catalog) -> list[DraftRule]:
+def _entry(report: Report, path: str, value: object) -> list[DraftRule]:
     entry = fields(
         report, path, value, required=("devices", "mig-enabled"), optional=("mig-devices", "device-filter")
     )
     if entry is None or "devices" not in entry or "mig-enabled" not in entry:
         return []
     devices = entry["devices"]
-    indices = () if devices == "all" else read_indices(report, key(path, "devices"), devices)
+    indices = () if devices == "all" else _indices(report, key(path, "devices"), devices)
     enabled = boolean(report, key(path, "mig-enabled"), entry["mig-enabled"])
-    products = (
-        _filters(report, key(path, "device-filter"), entry["device-filter"], catalog)
+    filters = (
+        _filters(report, key(path, "device-filter"), entry["device-filter"])
         if "device-filter" in entry
-        else []
+        else ()
     )
-    if indices is None or enabled is None or products is None:
+    if indices is None or enabled is None or filters is None:
         return []
     mig_path = key(path, "mig-devices") if "mig-devices" in entry else key(path, "mig-enabled")
     instances: dict[str, tuple[int, str]] = {}
@@ -85,20 +85,33 @@ def _entry(report: Report, path: str, value: object, catalog: Catalog) -> list[D
         report.error(
             key(path, "mig-devices"), "required key is missing (mig-enabled is true); use {} for no instances"
         )
-    selectors = [Selector(product=p, indices=indices) for p in products] or [
+    if devices != "all" and not indices:
+        report.warn(key(path, "devices"), "an empty list selects no GPU: the entry does nothing")
+        return []
+    selector = Selector(pci=filters, indices=indices) if filters else (
         Selector(indices=indices) if indices else Selector(all=True)
-    ]
-    return [
-        DraftRule(
-            path=path,
-            devices_path=path,
-            selector=selector,
-            mig=MigMode.ENABLED if enabled else MigMode.DISABLED,
-            mig_path=mig_path,
-            instances=dict(instances),
-        )
-        for selector in selectors
-    ]
+    )  # fmt: skip
+    rule = DraftRule(
+        path=path,
+        devices_path=path,
+        selector=selector,
+        mig=MigMode.ENABLED if enabled else MigMode.DISABLED,
+        mig_path=mig_path,
+        instances=instances,
+        skip_without_mig=devices == "all",
+    )
+    return [rule]
+
+
+def _indices(report: Report, path: str, value: object) -> tuple[int, ...] | None:
+    """A list of GPU indices (an empty list is allowed, as in mig-parted)."""
+    if not isinstance(value, list):
+        report.error(path, f"expected all or a list of GPU indices, got {describe(value)}")
+        return None
+    indices: list[int] = []
+    for i, entry in enumerate(value):
+        add_gpu_index(report, item(path, i), entry, indices)
+    return tuple(indices) if len(indices) == len(value) else None
 
 
 def _mig_devices(report: Report, path: str, value: object, enabled: bool) -> dict[str, tuple[int, str]]:
@@ -107,8 +120,12 @@ def _mig_devices(report: Report, path: str, value: object, enabled: bool) -> dic
         return {}
     instances: dict[str, tuple[int, str]] = {}
     for profile, count in value.items():
-        if not isinstance(profile, str):
-            report.error(path, f"MIG profile {describe(profile)} is not a string (e.g. 1g.5gb)")
+        if not isinstance(profile, str) or not PROFILE.match(profile):
+            report.error(
+                path,
+                f"MIG profile {describe(profile)} is not of the form <G>g.<GB>gb (e.g. 1g.5gb, 1g.10gb+me, "
+                "1g.24gb-me)",
+            )
             continue
         number = integer(report, key(path, profile), count, low=0)
         if number:
@@ -120,44 +137,35 @@ def _mig_devices(report: Report, path: str, value: object, enabled: bool) -> dic
     return instances
 
 
-def _filters(report: Report, path: str, value: object, catalog: Catalog) -> list[str] | None:
-    """Catalog product names for a device-filter (a PCI id or a list of them), in order, without repeats."""
-    ids = (
-        [(path, value)]
-        if isinstance(value, str)
-        else [(item(path, i), v) for i, v in enumerate(value)]
-        if (isinstance(value, list) and value)
-        else None
-    )
-    if ids is None:
+def _number(text: str) -> int | None:
+    return int(text, 0) if _NUMBER.match(text) and int(text, 0) <= 0xFFFFFFFF else None
+
+
+def _filters(report: Report, path: str, value: object) -> tuple[PciFilter, ...] | None:
+    """The PCI ids of a device-filter (a string or a list of them; empty: no filter, as mig-parted)."""
+    if value in ("", []):
+        return ()
+    given = [(path, value)] if isinstance(value, str) else (
+        [(item(path, i), v) for i, v in enumerate(value)] if isinstance(value, list) else None
+    )  # fmt: skip
+    if given is None:
         report.error(path, f"expected a PCI id like 0x20B010DE or a list of them, got {describe(value)}")
         return None
-    products: list[str] = []
+    filters: list[PciFilter] = []
     ok = True
-    for where, text in ids:
-        match = _PCI.match(text) if isinstance(text, str) else None
-        if match is None:
+    for where, text in given:
+        parts = text.split(":") if isinstance(text, str) else []
+        numbers = [_number(p) for p in parts]
+        device = numbers[0] if numbers else None
+        if not 1 <= len(parts) <= 2 or device is None or None in numbers:
             report.error(
                 where, f"expected a PCI id like 0x20B010DE (device, vendor[:subsystem]), got {describe(text)}"
             )
             ok = False
             continue
-        device, vendor = int(match["device"], 16), int(match["vendor"], 16)
-        product = catalog.by_pci_device_id(device) if vendor == NVIDIA_VENDOR else None
-        if product is None:
-            why = (
-                "not an NVIDIA vendor id"
-                if vendor != NVIDIA_VENDOR
-                else "no product in the hardware catalog has it"
-            )
-            report.error(where, f"unknown PCI device id 0x{device:04X} in {text}: {why}")
-            ok = False
-            continue
-        if match["subsystem"]:
-            report.warn(
-                where,
-                f"subsystem id 0x{match['subsystem']} is ignored: the entry applies to every {product.name}",
-            )
-        if product.name not in products:
-            products.append(product.name)
-    return products if ok else None
+        subsystem = numbers[1] if len(numbers) == 2 else None
+        if device & 0xFFFF != NVIDIA_VENDOR:
+            report.warn(where, f"0x{device:08X} does not have NVIDIA's vendor id (10DE): it matches no GPU")
+        if PciFilter(device, subsystem) not in filters:
+            filters.append(PciFilter(device, subsystem))
+    return tuple(filters) if ok else None

@@ -1,7 +1,8 @@
 """GPU backends: the one place the agent touches GPUs, through NVML or through simulated NVML.
 
-`backend` declares what a backend does, `nvml` implements it over any pynvml-shaped module (the
-real `pynvml`, or `simnvml` over a state file), and `open_backend` wires the two by name.
+`backend` declares what a backend does, `nvmlapi` the NVML surface it needs, `nvml` implements it
+over anything with that surface (the real `pynvml`, or `simnvml` over a state file), and
+`open_backend` wires the two by name.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from pathlib import Path
 
 from sharing.catalog import Catalog
 from sharing.errors import BackendError
-from sharing.gpu import nvml, simnvml
+from sharing.gpu import nvml, simnvml, simstate
 from sharing.gpu.backend import GpuBackend
 
 BACKENDS = ("nvml", "sim")
@@ -33,7 +34,13 @@ def open_backend(
                 "the simulated backend needs a state file: pass --sim-state PATH "
                 "(create one with `sharing sim init --state PATH --gpus A100-SXM4-40GB:2`)"
             )
+        path = sim_state
+
+        def machine() -> str | None:
+            found = simstate.read(path).get("machine")
+            return found if isinstance(found, str) else None
+
         return nvml.NvmlBackend(
-            simnvml.SimNvml(sim_state, catalog), catalog, event_poll_s=0.5, ignored_xids=ignored_xids
+            simnvml.SimNvml(sim_state), catalog, event_poll_s=0.5, ignored_xids=ignored_xids, machine=machine
         )
     raise BackendError(f"unknown GPU backend {kind!r} (choose one of: {', '.join(BACKENDS)})")

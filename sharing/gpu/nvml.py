@@ -1,12 +1,13 @@
 """The GPU backend over NVML: the only module that imports `pynvml`.
 
-`NvmlBackend` takes a pynvml-shaped module object: the real `pynvml` (see `open_nvml`) or
-`simnvml.SimNvml`, so the code that runs on real GPUs is the code the tests run. Every NVML call
-runs on one dedicated worker thread, never on the event loop. Reading is `nvmlread`'s; this module
-changes MIG (nvmlDeviceSetMigMode reports refusal in its activation status instead of raising;
-GPU instances are created at explicit placements; compute instances are destroyed before their
-GPU instance), polls XID events, and turns NVML errors into BackendError subclasses that name the
-GPU and say what to do.
+`NvmlBackend` takes anything that satisfies the typed `nvmlapi.Nvml` surface: the real `pynvml`
+module (see `open_nvml`) or `simnvml.SimNvml`, so the code that runs on real GPUs is the code the
+tests run. Every NVML call runs on one dedicated worker thread, never on the event loop. Reading is
+`nvmlread`'s; this module changes MIG (nvmlDeviceSetMigMode reports refusal in its activation
+status instead of raising; GPU instances are created at explicit placements from the driver's own
+profile table; compute instances are destroyed before their GPU instance), polls XID events, logs
+once per GPU where the driver disagrees with the hardware catalog, and turns NVML errors into
+BackendError subclasses that name the GPU and say what to do.
 """
 
 from __future__ import annotations
@@ -15,27 +16,37 @@ import asyncio
 import ctypes
 from collections.abc import AsyncIterator, Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from dataclasses import replace
+from pathlib import Path
+from typing import TypeVar
 
-from sharing.catalog import Catalog
+import structlog
+
+from sharing.catalog import Catalog, Product, differences
 from sharing.errors import BackendError
-from sharing.gpu.backend import (
-    GpuBusyError,
-    GpuNotFoundError,
-    InsufficientResourcesError,
-    NotSupportedError,
-    NvmlUnavailableError,
-)
+from sharing.gpu.backend import NvmlUnavailableError
 from sharing.gpu.naming import CI_ENUM_FOR_SLICES
-from sharing.gpu.nvmlread import NvmlProfile, NvmlReader
+from sharing.gpu.nvmlapi import Handle, Nvml, code, optional_int
+from sharing.gpu.nvmlerrors import backend_error
+from sharing.gpu.nvmlread import NvmlReader
 from sharing.model import GpuInstance, GpuUuid, HealthEvent, NodeState
 
 T = TypeVar("T")
+log = structlog.get_logger(__name__)
 
 _NOT_ATTRIBUTED = 0xFFFFFFFF
 # Application errors (bad kernel, page fault in user code) say nothing about the GPU's health;
 # NVIDIA's device plugin skips the same list.
 APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+DMI_PRODUCT_NAME = Path("/sys/class/dmi/id/product_name")
+
+
+def read_machine(path: Path = DMI_PRODUCT_NAME) -> str | None:
+    """The machine's product name (what GPU feature discovery labels gpu.machine); None when unreadable."""
+    try:
+        return path.read_text("utf-8", "replace").strip() or None
+    except OSError:
+        return None
 
 
 def open_nvml(catalog: Catalog, *, ignored_xids: Collection[int] = APPLICATION_XIDS) -> NvmlBackend:
@@ -47,27 +58,33 @@ def open_nvml(catalog: Catalog, *, ignored_xids: Collection[int] = APPLICATION_X
             "the NVML Python binding is not installed (pip install nvidia-ml-py); "
             "without NVIDIA GPUs use --backend sim"
         ) from err
-    return NvmlBackend(pynvml, catalog, ignored_xids=ignored_xids)
+    return NvmlBackend(pynvml, catalog, ignored_xids=ignored_xids, machine=read_machine)
 
 
 class NvmlBackend:
-    """GpuBackend over a pynvml-shaped module."""
+    """GpuBackend over the NVML surface."""
 
     def __init__(
         self,
-        nvml: Any,
+        nvml: Nvml,
         catalog: Catalog,
         *,
         event_poll_s: float = 0.5,
         ignored_xids: Collection[int] = APPLICATION_XIDS,
+        machine: Callable[[], str | None] | None = None,
     ) -> None:
         self._nvml = nvml
+        self._catalog = catalog
         self._ignored_xids = frozenset(ignored_xids)
         self._event_poll_s = event_poll_s
+        self._machine = machine
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nvml")
         self._initialised = False
         self._closed = False
-        self._read = NvmlReader(nvml, catalog)
+        self._read = NvmlReader(nvml)
+        self._checked: set[str] = set()
+        self.catalog_differences: dict[str, tuple[str, ...]] = {}
+        """Per GPU UUID: where its driver disagrees with the catalog (also logged once)."""
 
     # ---- the worker thread -------------------------------------------------------------------
 
@@ -88,55 +105,45 @@ class NvmlBackend:
             self._initialised = True
         return work()
 
-    def _error(self, err: Exception, doing: str, where: str) -> BackendError:
-        code = getattr(err, "value", None)
-        n = self._nvml
-        text = f"{doing} on {where}"
-        if code == n.NVML_ERROR_IN_USE:
-            return GpuBusyError(f"{text}: in use (processes run on it); stop them, then apply again")
-        if code == n.NVML_ERROR_INSUFFICIENT_RESOURCES:
-            return InsufficientResourcesError(
-                f"{text}: insufficient resources (the slices are taken or the profile's maximum is "
-                "reached); compare `sharing export` with `sharing profiles`"
-            )
-        if code == n.NVML_ERROR_NOT_SUPPORTED:
-            return NotSupportedError(f"{text}: not supported (the GPU has no MIG, or MIG mode is off)")
-        if code == n.NVML_ERROR_NO_PERMISSION:
-            return BackendError(
-                f"{text}: permission denied; run as root or give access to "
-                "/proc/driver/nvidia/capabilities/mig/config"
-            )
-        if code == n.NVML_ERROR_NOT_FOUND:
-            return GpuNotFoundError(f"{text}: not found (it may have just been removed); observe again")
-        if code == n.NVML_ERROR_GPU_IS_LOST:
-            return BackendError(f"{text}: the GPU is lost; it needs a reset or a reboot")
-        if code == n.NVML_ERROR_RESET_REQUIRED:
-            return BackendError(f"{text}: the GPU needs a reset first")
-        return BackendError(f"{text}: NVML error {code}: {err}")
-
-    @property
-    def profile_mismatches(self) -> set[str]:
-        """Profiles whose NVIDIA-derived name differs from the catalog's (the catalog's name is used)."""
-        return self._read.profile_mismatches
-
     async def observe(self) -> NodeState:
-        """Every GPU: identity, MIG mode, instances with placements, MIG UUIDs, busy."""
+        """Every GPU, each read on its own: a GPU whose reads fail is listed in `unreadable`."""
         try:
-            return await self._call(self._read.observe)
-        except BackendError:
-            raise
+            state = await self._call(self._read.observe)
         except self._nvml.NVMLError as err:
-            raise self._error(err, "observing the GPUs", "this node") from err
+            raise backend_error(self._nvml, err, "counting the GPUs", "this node") from err
+        for gpu in state.gpus:
+            if gpu.profiles is not None and gpu.uuid not in self._checked:
+                self._check(gpu.uuid, gpu.index, gpu.product, gpu.pci_device_id, gpu.profiles)
+        machine = self._machine() if self._machine is not None else None
+        return replace(state, machine=machine)
 
-    async def profiles(self, gpu: GpuUuid) -> tuple[NvmlProfile, ...]:
-        """The GPU-instance profiles the driver reports for a GPU, with their valid placements."""
+    def _check(self, uuid: str, index: int, name: str, pci: int | None, table: Product) -> None:
+        """Log once per GPU where its driver and the catalog disagree."""
+        self._checked.add(uuid)
+        known = self._catalog.for_gpu(name, pci)
+        if not isinstance(known, Product):
+            log.info("gpu_not_in_catalog", gpu=index, product=name, profiles=[p.name for p in table.profiles])
+            return
+        found = differences(table, known)
+        if found:
+            self.catalog_differences[uuid] = found
+            log.warning(
+                "catalog_disagrees_with_driver", gpu=index, product=known.name, differences=list(found)
+            )
 
-        def work() -> tuple[NvmlProfile, ...]:
+    async def profiles(self, gpu: GpuUuid) -> Product | None:
+        """The MIG profile table the driver reports for a GPU (None: no MIG, or none listed now)."""
+        n = self._nvml
+
+        def work() -> Product | None:
             handle, where = self._read.find(gpu)
             try:
-                return self._read.gi_profiles(handle, gpu)
-            except self._nvml.NVMLError as err:
-                raise self._error(err, "reading MIG profiles", where) from err
+                n.nvmlDeviceGetMigMode(handle)
+                return self._read.table(handle, gpu)
+            except n.NVMLError as err:
+                if code(err) == n.NVML_ERROR_NOT_SUPPORTED:
+                    return None
+                raise backend_error(n, err, "reading MIG profiles", where) from err
 
         return await self._call(work)
 
@@ -154,7 +161,7 @@ class NvmlBackend:
                 status = n.nvmlDeviceSetMigMode(handle, mode)
                 current, _ = n.nvmlDeviceGetMigMode(handle)
             except n.NVMLError as err:
-                raise self._error(err, doing, where) from err
+                raise backend_error(n, err, doing, where) from err
             # The activation status is returned, not raised: IN_USE / RESET_REQUIRED leave it pending.
             if status not in (n.NVML_SUCCESS, n.NVML_ERROR_IN_USE, n.NVML_ERROR_RESET_REQUIRED):
                 raise BackendError(f"{doing} on {where}: NVML activation status {status}")
@@ -171,13 +178,13 @@ class NvmlBackend:
             try:
                 gi = n.nvmlDeviceGetGpuInstanceById(handle, gi_id)
             except n.NVMLError as err:
-                raise self._error(err, f"finding GPU instance {gi_id}", where) from err
+                raise backend_error(n, err, f"finding GPU instance {gi_id}", where) from err
             try:
                 for ci in self._read.compute_instances(gi):
                     n.nvmlComputeInstanceDestroy(ci)
                 n.nvmlGpuInstanceDestroy(gi)
             except n.NVMLError as err:
-                raise self._error(err, f"destroying GPU instance {gi_id}", where) from err
+                raise backend_error(n, err, f"destroying GPU instance {gi_id}", where) from err
 
         await self._call(work)
 
@@ -189,18 +196,18 @@ class NvmlBackend:
             handle, where = self._read.find(gpu)
             doing = f"creating {profile}@{start}"
             try:
-                known = self._read.gi_profiles(handle, gpu)
+                table = self._read.table(handle, gpu)
+                known = table.profiles if table is not None else ()
                 chosen = next((p for p in known if p.name == profile), None)
                 if chosen is None:
-                    raise BackendError(
-                        f"{doing} on {where}: no such MIG profile (valid: {', '.join(p.name for p in known)})"
-                    )
+                    valid = ", ".join(p.name for p in known) or "the driver lists none"
+                    raise BackendError(f"{doing} on {where}: no such MIG profile (valid: {valid})")
                 if start not in chosen.placements:
                     raise BackendError(
-                        f"{doing} on {where}: {profile} cannot start at slice {start} "
+                        f"{doing} on {where}: {profile} cannot start at slot {start} "
                         f"(valid: {', '.join(map(str, chosen.placements))})"
                     )
-                gi, created = self._gi_at(handle, chosen, start, doing, where), False
+                gi, created = self._gi_at(handle, (chosen.id, chosen.max_count), start, doing, where), False
                 if gi is None:
                     placement = n.c_nvmlGpuInstancePlacement_t()
                     placement.start, placement.size = start, chosen.size
@@ -219,16 +226,18 @@ class NvmlBackend:
                     if created:  # leave no GPU instance without its compute instance behind
                         n.nvmlGpuInstanceDestroy(gi)
                     raise
-                return self._read.instance(gi, chosen, self._read.mig_devices(handle))
+                return self._read.instance(gi, chosen.name, self._read.mig_devices(handle))
             except n.NVMLError as err:
-                raise self._error(err, doing, where) from err
+                raise backend_error(n, err, doing, where) from err
 
         return await self._call(work)
 
-    def _gi_at(self, handle: Any, profile: NvmlProfile, start: int, doing: str, where: str) -> Any:
-        """The existing GPU instance of `profile` at `start` if it has no compute instance yet."""
+    def _gi_at(
+        self, handle: Handle, profile: tuple[int, int], start: int, doing: str, where: str
+    ) -> Handle | None:
+        """The GPU instance of the profile (id, max count) at `start` if it has no compute instance yet."""
         n = self._nvml
-        for gi in self._read.gpu_instances(handle, profile):
+        for gi in self._read.gpu_instances(handle, *profile):
             if n.nvmlGpuInstanceGetInfo(gi).placement.start == start:
                 if self._read.compute_instances(gi):
                     raise BackendError(f"{doing} on {where}: that instance already exists")
@@ -240,28 +249,30 @@ class NvmlBackend:
     async def health_events(self) -> AsyncIterator[HealthEvent]:
         """Critical XIDs (ignored_xids skipped) and recoveries as HealthEvents, until closed."""
         n = self._nvml
+        recovery = optional_int(n, "nvmlEventTypeGpuRecoveryAction", 0)
 
-        def register() -> Any:
+        def register() -> Handle:
             event_set = n.nvmlEventSetCreate()
-            recovery = getattr(n, "nvmlEventTypeGpuRecoveryAction", 0)
             for index in range(n.nvmlDeviceGetCount()):
                 handle = n.nvmlDeviceGetHandleByIndex(index)
                 # Recovery-action events (R575+ drivers) say when a GPU needs no action any more:
                 # that is how a GPU marked unhealthy by an XID becomes healthy again. Older drivers
-                # refuse the mask; XIDs alone are registered then.
+                # refuse the mask; XIDs alone are registered then. A lost GPU is skipped.
                 for mask in (n.nvmlEventTypeXidCriticalError | recovery, n.nvmlEventTypeXidCriticalError):
                     try:
                         n.nvmlDeviceRegisterEvents(handle, mask, event_set)
                         break
                     except n.NVMLError as err:
-                        if err.value != n.NVML_ERROR_NOT_SUPPORTED:
+                        if code(err) not in (n.NVML_ERROR_NOT_SUPPORTED, n.NVML_ERROR_GPU_IS_LOST):
                             raise
+                        if code(err) == n.NVML_ERROR_GPU_IS_LOST:
+                            break
             return event_set
 
         event_set = await self._call(register)
         try:
             while not self._closed:
-                events = await self._call(lambda: self._drain(event_set))
+                events = await self._call(lambda: self._drain(event_set, recovery))
                 for event in events:
                     yield event
                 if not events:
@@ -270,7 +281,7 @@ class NvmlBackend:
             if not self._closed:
                 await self._call(lambda: n.nvmlEventSetFree(event_set))
 
-    def _drain(self, event_set: Any) -> list[HealthEvent]:
+    def _drain(self, event_set: Handle, recovery: int) -> list[HealthEvent]:
         """Every event waiting in the set, without blocking the worker."""
         n = self._nvml
         events: list[HealthEvent] = []
@@ -278,11 +289,11 @@ class NvmlBackend:
             try:
                 data = n.nvmlEventSetWait(event_set, 0)
             except n.NVMLError as err:
-                if err.value == n.NVML_ERROR_TIMEOUT:
+                if code(err) == n.NVML_ERROR_TIMEOUT:
                     return events
                 raise
             gpu_uuid = GpuUuid(n.nvmlDeviceGetUUID(data.device))
-            if data.eventType == getattr(n, "nvmlEventTypeGpuRecoveryAction", None):
+            if recovery and data.eventType == recovery:
                 # NONE: nothing left to do, the GPU is healthy; any other action: it needs one.
                 healthy = data.eventData == n.NVML_GPU_RECOVERY_ACTION_NONE
                 events.append(HealthEvent(gpu_uuid=gpu_uuid, healthy=healthy))
@@ -294,12 +305,7 @@ class NvmlBackend:
                 found = self._read.mig_devices(data.device).get((data.gpuInstanceId, data.computeInstanceId))
                 mig_uuid = None if found is None else found[0]
             events.append(
-                HealthEvent(
-                    gpu_uuid=gpu_uuid,
-                    healthy=False,
-                    xid=int(data.eventData),
-                    mig_uuid=mig_uuid,
-                )
+                HealthEvent(gpu_uuid=gpu_uuid, healthy=False, xid=int(data.eventData), mig_uuid=mig_uuid)
             )
 
     async def close(self) -> None:

@@ -1,126 +1,86 @@
 """The read side of NVML: the node's GPUs, MIG instances and devices, observed without changing anything.
 
-Synchronous, over a pynvml-shaped module object (the real `pynvml` or the simulated one), called by
-`NvmlBackend` on its worker thread. It copes with NVML's read quirks: the caller allocates the arrays
-GetGpuInstances, the placement query and GetComputeInstances fill (and NVML under-reports some
-counts), nvmlDeviceIsMigDeviceHandle returns a ctypes value, MIG device indices have holes, and
-GPUs without MIG answer NOT_SUPPORTED. Profile names are derived from NVML's numbers the way
-NVIDIA's tools derive them, and checked against the hardware catalog. NVML errors propagate.
+Synchronous, over the typed NVML surface (the real `pynvml` or the simulated one), called by
+`NvmlBackend` on its worker thread. It copes with NVML's read quirks: the caller allocates the
+arrays GetGpuInstances and GetComputeInstances fill (and NVML under-reports some counts),
+nvmlDeviceIsMigDeviceHandle returns a ctypes value, MIG device indices have holes, GPUs without MIG
+answer NOT_SUPPORTED, old drivers lack nvmlDeviceGetPciInfoExt. Each GPU is read on its own: one
+whose reads fail (lost, fallen off the bus) is reported as unreadable and the others as usual.
 """
 
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import replace
 
-from sharing.catalog import MIB, Catalog
+from sharing.catalog import MIB, Product
 from sharing.gpu.backend import GpuNotFoundError
-from sharing.gpu.naming import gi_profile_name
-from sharing.model import ComputeInstance, Gpu, GpuInstance, GpuUuid, MigUuid, NodeState
+from sharing.gpu.nvmlapi import Handle, Nvml, code
+from sharing.gpu.nvmlprofiles import read_table, with_identity
+from sharing.model import (
+    ComputeInstance,
+    DriverInfo,
+    Gpu,
+    GpuInstance,
+    GpuUuid,
+    MigUuid,
+    NodeState,
+    UnreadableGpu,
+    bounded,
+)
 
-
-@dataclass(frozen=True, slots=True)
-class NvmlProfile:
-    """A GPU-instance profile as the driver reports it on one GPU."""
-
-    name: str
-    """The name used everywhere: the catalog's for this profile id when the catalog knows the GPU."""
-    derived_name: str
-    """The name derived from NVML's numbers the way NVIDIA's tools do."""
-    id: int
-    enum: int
-    compute_slices: int
-    max_count: int
-    memory_mib: int
-    size: int
-    placements: tuple[int, ...]
+MigDevices = dict[tuple[int, int], tuple[MigUuid, bool]]
 
 
 class NvmlReader:
-    """Observes GPUs through NVML; caches each GPU's profiles (they never change)."""
+    """Observes GPUs through NVML; caches each GPU's profile table (it never changes)."""
 
-    def __init__(self, nvml: Any, catalog: Catalog) -> None:
+    def __init__(self, nvml: Nvml) -> None:
         self._nvml = nvml
-        self._catalog = catalog
-        self._profiles: dict[str, tuple[NvmlProfile, ...]] = {}
-        self.profile_mismatches: set[str] = set()
-        """Profiles whose NVIDIA-derived name differs from the catalog's (the catalog name is used)."""
+        self._tables: dict[str, Product | None] = {}
+        self._uuids: dict[int, GpuUuid] = {}
 
-    def find(self, uuid: str) -> tuple[Any, str]:
+    def find(self, uuid: str) -> tuple[Handle, str]:
+        """(handle, description) of the GPU with this UUID; GpuNotFoundError when there is none."""
         n = self._nvml
         for index in range(n.nvmlDeviceGetCount()):
             handle = n.nvmlDeviceGetHandleByIndex(index)
-            if n.nvmlDeviceGetUUID(handle) == uuid:
-                return handle, f"GPU {index} ({uuid})"
-        raise GpuNotFoundError(f"no GPU with UUID {uuid} on this node (see `sharing export`)")
-
-    def gi_profiles(self, handle: Any, uuid: str) -> tuple[NvmlProfile, ...]:
-        cached = self._profiles.get(uuid)
-        if cached is not None:
-            return cached
-        n = self._nvml
-        name = n.nvmlDeviceGetName(handle)
-        total_mib = n.nvmlDeviceGetMemoryInfo(handle).total // MIB
-        product = self._catalog.find(name)
-        found = []
-        for enum in range(n.NVML_GPU_INSTANCE_PROFILE_COUNT):
             try:
-                info = n.nvmlDeviceGetGpuInstanceProfileInfo(handle, enum)
-            except n.NVMLError as err:
-                if err.value in (n.NVML_ERROR_NOT_SUPPORTED, n.NVML_ERROR_INVALID_ARGUMENT):
-                    continue
-                raise
-            derived = gi_profile_name(enum, info.sliceCount, info.memorySizeMB, total_mib)
-            known = None if product is None else next((p for p in product.profiles if p.id == info.id), None)
-            if known is not None and known.name != derived:
-                self.profile_mismatches.add(
-                    f"{product.name if product else name} profile id {info.id}: "
-                    f"NVML gives {derived}, the catalog says {known.name}"
-                )
-            placements = self.placements(handle, info.id)
-            found.append(
-                NvmlProfile(
-                    name=derived if known is None else known.name,
-                    derived_name=derived,
-                    id=info.id,
-                    enum=enum,
-                    compute_slices=info.sliceCount,
-                    max_count=info.instanceCount,
-                    memory_mib=info.memorySizeMB,
-                    size=placements[0][1] if placements else 0,
-                    placements=tuple(s for s, _ in placements),
-                )
-            )
-        self._profiles[uuid] = tuple(found)
-        return self._profiles[uuid]
+                if n.nvmlDeviceGetUUID(handle) == uuid:
+                    return handle, f"GPU {index} ({uuid})"
+            except n.NVMLError:
+                continue  # an unreadable GPU is not the one asked for
+        raise GpuNotFoundError(f"no readable GPU with UUID {uuid} on this node (see `sharing export`)")
 
-    def placements(self, handle: Any, profile_id: int) -> list[tuple[int, int]]:
-        n = self._nvml
-        count = ctypes.c_uint(0)
-        n.nvmlDeviceGetGpuInstancePossiblePlacements(handle, profile_id, None, ctypes.byref(count))
-        array = (n.c_nvmlGpuInstancePlacement_t * count.value)()
-        n.nvmlDeviceGetGpuInstancePossiblePlacements(handle, profile_id, array, ctypes.byref(count))
-        return [(p.start, p.size) for p in array[: count.value]]
+    def table(self, handle: Handle, uuid: str) -> Product | None:
+        """The GPU's MIG profiles as its driver reports them (cached); None when the driver lists none."""
+        if uuid not in self._tables:
+            n = self._nvml
+            table = read_table(n, handle, n.nvmlDeviceGetName(handle))
+            pci = n.nvmlDeviceGetPciInfo(handle).pciDeviceId
+            capability = n.nvmlDeviceGetCudaComputeCapability(handle)
+            # Old drivers list no profiles while MIG is off: then the catalog fills in (model.geometry).
+            self._tables[uuid] = with_identity(table, pci, capability) if table.profiles else None
+        return self._tables[uuid]
 
-    def gpu_instances(self, handle: Any, profile: NvmlProfile) -> list[Any]:
+    def gpu_instances(self, handle: Handle, profile_id: int, max_count: int) -> list[Handle]:
         n = self._nvml
         # Over-allocate: NVML under-reports instanceCount on some products (A30).
-        array = (n.c_nvmlGpuInstance_t * max(profile.max_count, 8))()
+        array = (n.c_nvmlGpuInstance_t * max(max_count, 8))()
         count = ctypes.c_uint(0)
-        n.nvmlDeviceGetGpuInstances(handle, profile.id, array, ctypes.byref(count))
+        n.nvmlDeviceGetGpuInstances(handle, profile_id, array, ctypes.byref(count))
         return list(array[: count.value])
 
-    def compute_instances(self, gi: Any) -> list[Any]:
+    def compute_instances(self, gi: Handle) -> list[Handle]:
         n = self._nvml
-        found = []
+        found: list[Handle] = []
         for enum in range(n.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
             try:
                 info = n.nvmlGpuInstanceGetComputeInstanceProfileInfo(
                     gi, enum, n.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
                 )
             except n.NVMLError as err:
-                if err.value in (n.NVML_ERROR_NOT_SUPPORTED, n.NVML_ERROR_INVALID_ARGUMENT):
+                if code(err) in (n.NVML_ERROR_NOT_SUPPORTED, n.NVML_ERROR_INVALID_ARGUMENT):
                     continue
                 raise
             array = (n.c_nvmlComputeInstance_t * max(info.instanceCount, 8))()
@@ -129,15 +89,15 @@ class NvmlReader:
             found.extend(array[: count.value])
         return found
 
-    def mig_devices(self, handle: Any) -> dict[tuple[int, int], tuple[MigUuid, bool]]:
+    def mig_devices(self, handle: Handle) -> MigDevices:
         """(GI id, CI id) -> (MIG UUID, busy) for every MIG device; indices may have holes."""
         n = self._nvml
-        devices = {}
+        devices: MigDevices = {}
         for index in range(n.nvmlDeviceGetMaxMigDeviceCount(handle)):
             try:
                 mig = n.nvmlDeviceGetMigDeviceHandleByIndex(handle, index)
             except n.NVMLError as err:
-                if err.value in (n.NVML_ERROR_NOT_FOUND, n.NVML_ERROR_INVALID_ARGUMENT):
+                if code(err) in (n.NVML_ERROR_NOT_FOUND, n.NVML_ERROR_INVALID_ARGUMENT):
                     continue
                 raise
             if not _truthy(n.nvmlDeviceIsMigDeviceHandle(mig)):
@@ -149,9 +109,7 @@ class NvmlReader:
             )
         return devices
 
-    def instance(
-        self, gi: Any, profile: NvmlProfile, migs: dict[tuple[int, int], tuple[MigUuid, bool]]
-    ) -> GpuInstance:
+    def instance(self, gi: Handle, profile: str, migs: MigDevices) -> GpuInstance:
         n = self._nvml
         info = n.nvmlGpuInstanceGetInfo(gi)
         cis = []
@@ -167,7 +125,7 @@ class NvmlReader:
             cis.append(ComputeInstance(id=ci_info.id, uuid=uuid_busy[0], busy=uuid_busy[1]))
         return GpuInstance(
             id=info.id,
-            profile=profile.name,
+            profile=profile,
             start=info.placement.start,
             size=info.placement.size,
             compute_instances=tuple(sorted(cis, key=lambda c: c.id)),
@@ -176,75 +134,119 @@ class NvmlReader:
     # ---- observe -----------------------------------------------------------------------------
 
     def observe(self) -> NodeState:
+        """Every GPU; only a failure to count the GPUs fails the whole observation."""
         n = self._nvml
-        return NodeState(tuple(self.observe_gpu(i) for i in range(n.nvmlDeviceGetCount())))
+        gpus: list[Gpu] = []
+        unreadable: list[UnreadableGpu] = []
+        virtual = False
+        for index in range(n.nvmlDeviceGetCount()):
+            try:
+                gpu, vgpu = self.observe_gpu(index)
+            except n.NVMLError as err:
+                unreadable.append(
+                    UnreadableGpu(index, self._uuids.get(index), bounded(f"NVML error {code(err)}: {err}"))
+                )
+                continue
+            self._uuids[index] = gpu.uuid
+            gpus.append(gpu)
+            virtual = virtual or vgpu
+        return NodeState(tuple(gpus), tuple(unreadable), self.driver(), virtual=virtual)
 
-    def observe_gpu(self, index: int) -> Gpu:
+    def driver(self) -> DriverInfo | None:
+        """The driver and CUDA versions; None when NVML does not say."""
+        n = self._nvml
+        try:
+            version = n.nvmlSystemGetDriverVersion()
+        except n.NVMLError:
+            return None
+        try:
+            cuda: int | None = n.nvmlSystemGetCudaDriverVersion()
+        except n.NVMLError:
+            cuda = None
+        return DriverInfo(version, cuda)
+
+    def observe_gpu(self, index: int) -> tuple[Gpu, bool]:
+        """One GPU, and whether it is a vGPU (inside a VM)."""
         n = self._nvml
         handle = n.nvmlDeviceGetHandleByIndex(index)
         uuid = GpuUuid(n.nvmlDeviceGetUUID(handle))
-        name = n.nvmlDeviceGetName(handle)
-        memory_mib = n.nvmlDeviceGetMemoryInfo(handle).total // MIB
+        self._uuids[index] = uuid
+        pci = n.nvmlDeviceGetPciInfo(handle)
+        base = Gpu(
+            index,
+            uuid,
+            n.nvmlDeviceGetName(handle),
+            n.nvmlDeviceGetMemoryInfo(handle).total // MIB,
+            mig_capable=False,
+            mig_enabled=False,
+            mig_pending=False,
+            pci_device_id=pci.pciDeviceId,
+            pci_subsystem_id=pci.pciSubSystemId,
+            pci_class=self.pci_class(handle),
+            compute_capability=_capability(n.nvmlDeviceGetCudaComputeCapability(handle)),
+        )
+        vgpu = self.virtual(handle)
         try:
             current, pending = n.nvmlDeviceGetMigMode(handle)
         except n.NVMLError as err:
-            if err.value != n.NVML_ERROR_NOT_SUPPORTED:
+            if code(err) != n.NVML_ERROR_NOT_SUPPORTED:
                 raise
-            busy = self.has_processes(handle)
-            return Gpu(
-                index,
-                uuid,
-                name,
-                memory_mib,
-                mig_capable=False,
-                mig_enabled=False,
-                mig_pending=False,
-                busy=busy,
-            )
+            return replace(base, busy=self.has_processes(handle)), vgpu
+        table = self.table(handle, uuid)
         enabled = current == n.NVML_DEVICE_MIG_ENABLE
-        pending_enabled = pending == n.NVML_DEVICE_MIG_ENABLE
         busy = self.has_processes(handle)
-        if not enabled:
-            return Gpu(
-                index,
-                uuid,
-                name,
-                memory_mib,
-                mig_capable=True,
-                mig_enabled=False,
-                mig_pending=pending_enabled,
-                busy=busy,
-            )
+        gpu = replace(base, mig_capable=True, mig_enabled=enabled,
+                      mig_pending=pending == n.NVML_DEVICE_MIG_ENABLE, busy=busy, profiles=table)  # fmt: skip
+        if not enabled or table is None:
+            return gpu, vgpu
         migs = self.mig_devices(handle)
         instances = [
-            self.instance(gi, profile, migs)
-            for profile in self.gi_profiles(handle, uuid)
-            for gi in self.gpu_instances(handle, profile)
+            self.instance(gi, profile.name, migs)
+            for profile in table.profiles
+            for gi in self.gpu_instances(handle, profile.id, profile.max_count)
         ]
         instances.sort(key=lambda g: (g.start, g.id))
-        return Gpu(
-            index,
-            uuid,
-            name,
-            memory_mib,
-            mig_capable=True,
-            mig_enabled=True,
-            mig_pending=pending_enabled,
-            instances=tuple(instances),
-            busy=busy or any(gi.busy for gi in instances),
-        )
+        return replace(gpu, instances=tuple(instances), busy=busy or any(gi.busy for gi in instances)), vgpu
 
-    def has_processes(self, handle: Any) -> bool:
+    def pci_class(self, handle: Handle) -> int | None:
+        """The PCI class code (0x030200), from nvmlDeviceGetPciInfoExt; None on drivers without it."""
+        n = self._nvml
+        info = n.nvmlPciInfoExt_v1_t()
+        info.version = n.nvmlPciInfoExt_v1
+        try:
+            n.nvmlDeviceGetPciInfoExt(handle, ctypes.byref(info))
+        except n.NVMLError as err:
+            if code(err) in (n.NVML_ERROR_FUNCTION_NOT_FOUND, n.NVML_ERROR_NOT_SUPPORTED,
+                             n.NVML_ERROR_INVALID_ARGUMENT):  # fmt: skip
+                return None
+            raise
+        return info.baseClass << 16 | info.subClass << 8
+
+    def virtual(self, handle: Handle) -> bool:
+        """True when the GPU is a vGPU inside a virtual machine."""
+        n = self._nvml
+        try:
+            mode = n.nvmlDeviceGetVirtualizationMode(handle)
+        except n.NVMLError:
+            return False
+        return mode == n.NVML_GPU_VIRTUALIZATION_MODE_VGPU
+
+    def has_processes(self, handle: Handle) -> bool:
         n = self._nvml
         try:
             return bool(n.nvmlDeviceGetComputeRunningProcesses(handle))
         except n.NVMLError as err:
             # In MIG mode the parent's aggregate list needs privileges; the MIG devices are asked too.
-            if err.value in (n.NVML_ERROR_NO_PERMISSION, n.NVML_ERROR_NOT_SUPPORTED):
+            if code(err) in (n.NVML_ERROR_NO_PERMISSION, n.NVML_ERROR_NOT_SUPPORTED):
                 return False
             raise
 
 
-def _truthy(value: Any) -> bool:
+def _capability(value: tuple[int, int]) -> tuple[int, int] | None:
+    major, minor = value
+    return None if major == 0 else (major, minor)
+
+
+def _truthy(value: object) -> bool:
     """NVML booleans arrive as ints or as ctypes values (nvmlDeviceIsMigDeviceHandle)."""
     return bool(getattr(value, "value", value))

@@ -3,7 +3,7 @@
 The state is one JSON document, written atomically and locked around every access, so separate
 processes (the agent, `sharing sim busy`, a test) and restarts see the same GPUs. `simnvml` reads
 and changes it through the pynvml functions; the hooks here do what no NVML call can: create the
-GPUs, start and stop work on a device, raise an XID, reset a GPU.
+GPUs, start and stop work on a device, raise an XID, reset a GPU, lose a GPU and find it again.
 """
 
 from __future__ import annotations
@@ -17,45 +17,21 @@ import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from sharing.catalog import Catalog, product_key
 from sharing.errors import BackendError
+from sharing.gpu.simspec import (
+    CUDA_VERSION,
+    DRIVER_VERSION,
+    SimGpuSpec,
+    State,
+    gpu_state,
+    resolve_product,
+    spec_of,
+)
 
-State = dict[str, Any]
+__all__ = ["SimGpuSpec", "State", "resolve_product", "spec_of"]
 
-NON_MIG_PRODUCTS: dict[str, tuple[str, int]] = {
-    # key: (NVML name, memory MiB). GPUs without MIG: time-slicing only.
-    "T4": ("Tesla T4", 15360),
-    "L4": ("NVIDIA L4", 23034),
-    "A10": ("NVIDIA A10", 23028),
-    "L40S": ("NVIDIA L40S", 46068),
-}
 _MAX_EVENTS = 256
-
-
-@dataclass(frozen=True, slots=True)
-class SimGpuSpec:
-    """What `init_state` creates for one simulated GPU."""
-
-    product: str
-    """Catalog name of a MIG product, or a key of NON_MIG_PRODUCTS."""
-    name: str
-    memory_mib: int
-    mig_capable: bool
-
-
-def resolve_product(catalog: Catalog, name: str) -> SimGpuSpec:
-    """A product the simulator can play, by catalog or NVML name (`A100-SXM4-40GB`, `Tesla T4`)."""
-    product = catalog.find(name)
-    if product is not None:
-        return SimGpuSpec(product.name, product.nvml_names[0], product.memory_mib, True)
-    key = product_key(name).removeprefix("tesla-")
-    for short, (nvml_name, memory) in NON_MIG_PRODUCTS.items():
-        if key in {product_key(short), product_key(nvml_name).removeprefix("tesla-")}:
-            return SimGpuSpec(short, nvml_name, memory, False)
-    known = [p.name for p in catalog.products] + list(NON_MIG_PRODUCTS)
-    raise BackendError(f"the simulator cannot play GPU product {name!r} (known: {', '.join(known)})")
 
 
 def init_state(
@@ -71,19 +47,13 @@ def init_state(
         "uuidCounter": 0,
         "eventSeq": 0,
         "events": [],
+        "driverVersion": DRIVER_VERSION,
+        "cudaVersion": CUDA_VERSION,
+        "machine": "gpu-sharing simulator",
         "gpus": [
-            {
-                "index": i,
-                "uuid": "GPU-" + str(uuid.uuid5(uuid.NAMESPACE_URL, f"gpu-sharing-sim/{seed}/gpu/{i}")),
-                "product": spec.product,
-                "name": spec.name,
-                "memoryMiB": spec.memory_mib,
-                "migCapable": spec.mig_capable,
-                "migCurrent": 0,
-                "migPending": 0,
-                "busy": False,
-                "gpuInstances": [],
-            }
+            gpu_state(
+                i, "GPU-" + str(uuid.uuid5(uuid.NAMESPACE_URL, f"gpu-sharing-sim/{seed}/gpu/{i}")), spec
+            )
             for i, spec in enumerate(gpus)
         ],
     }
@@ -204,6 +174,16 @@ def reset(path: Path, gpu_uuid: str | None = None) -> list[str]:
             state["events"].append({"seq": state["eventSeq"], "gpu": gpu["index"], "recovered": True})
         del state["events"][:-_MAX_EVENTS]
         return [gpu["uuid"] for gpu in gpus]
+
+
+def set_lost(path: Path, index: int, lost: bool) -> str:
+    """Make GPU `index` fail every NVML read as a lost GPU does (GPU_IS_LOST), or recover; its UUID."""
+    with editing(path) as state:
+        if not 0 <= index < len(state["gpus"]):
+            raise BackendError(f"no simulated GPU {index} (the state has {len(state['gpus'])} GPUs)")
+        gpu = state["gpus"][index]
+        gpu["lost"] = lost
+        return str(gpu["uuid"])
 
 
 def gpu_busy(gpu: State) -> bool:

@@ -52,7 +52,9 @@ def test_label_change_carves_the_gpus_and_relabels_the_node(gpu_node: GpuNode) -
     )
     labels = gpu_node.wait_labels(lambda labels: labels.get("nvidia.com/mig-1g.10gb.count") == "14")
     assert "nvidia.com/mig-3g.20gb.count" not in labels
-    assert "nvidia.com/gpu.product" not in labels
+    # Every GPU has MIG on: as GFD does, gpu.* describes the physical GPUs (the first model), unshared.
+    gpu = [labels[f"nvidia.com/gpu.{key}"] for key in ("product", "count", "replicas")]
+    assert ["NVIDIA-A100-SXM4-40GB", "2", "0"] == gpu
     assert "success" == labels["nvidia.com/mig.config.state"]
     assert DEMO != labels["nvidia.com/device-plugin.config"]  # the user's label is never touched
 

@@ -1,4 +1,4 @@
-"""The NVML backend on a real GPU, reading only: GPUs, MIG mode, profiles and placements vs the catalog.
+"""The NVML backend on a real GPU, reading only: GPUs, MIG mode, the driver's profiles vs the catalog, labels.
 
 The backend gets pynvml behind a guard that fails the test on any call that could change the
 GPU, so these tests cannot change MIG mode, create or destroy instances, or reset anything.
@@ -6,14 +6,16 @@ GPU, so these tests cannot change MIG mode, create or destroy instances, or rese
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
-from sharing.catalog import default_catalog
-from sharing.errors import BackendError
+from sharing.catalog import Product, default_catalog, differences
 from sharing.gpu.nvml import NvmlBackend
+from sharing.inventory import build_inventory
+from sharing.labels import node_labels, owned
 
 CATALOG = default_catalog()
 _CHANGES = ("Set", "Create", "Destroy", "Reset", "Clear", "Register")
@@ -67,28 +69,38 @@ async def test_observe_matches_nvml(backend: NvmlBackend, nvml: Any) -> None:
             assert all(ci.uuid.startswith("MIG-") for ci in gi.compute_instances)
 
 
-async def test_profiles_and_placements_match_the_catalog(backend: NvmlBackend, nvml: Any) -> None:
+async def test_the_drivers_profiles_agree_with_the_catalog(backend: NvmlBackend) -> None:
+    """Where this GPU is in the catalog, the catalog must say what its driver says.
+
+    Compared: profiles, memory and placements.
+    """
     gpus = [g for g in (await backend.observe()).gpus if g.mig_capable]
     if not gpus:
         pytest.skip("no MIG-capable GPU here")
     compared = 0
     for gpu in gpus:
-        product = CATALOG.find(gpu.product)
-        if product is None:
+        table = await backend.profiles(gpu.uuid)
+        if table is None:  # older drivers refuse profile queries while MIG is off
+            pytest.skip(f"the driver does not list MIG profiles on GPU {gpu.index} now")
+        product = CATALOG.for_gpu(gpu.product, gpu.pci_device_id)
+        if not isinstance(product, Product):
             continue
-        try:
-            profiles = await backend.profiles(gpu.uuid)
-        except BackendError as err:  # older drivers refuse profile queries while MIG is off
-            pytest.skip(f"the driver does not list MIG profiles on GPU {gpu.index} now: {err}")
-        got = {p.id: (p.derived_name, p.size, p.placements) for p in profiles}
-        want = {p.id: (p.name, p.size, p.placements) for p in product.profiles}
-        shared = sorted(set(got) & set(want))
-        assert shared, f"no profile id in common between NVML {sorted(got)} and the catalog {sorted(want)}"
-        assert {i: got[i] for i in shared} == {i: want[i] for i in shared}
+        assert () == differences(table, product), f"GPU {gpu.index} {gpu.product} ({gpu.pci_device_id:#010x})"
         for gi in gpu.instances:
-            known = product.profile(gi.profile)
+            known = table.profile(gi.profile)
             assert known is not None
             assert gi.start in known.placements
         compared += 1
     if compared == 0:
         pytest.skip("no MIG GPU here is in the catalog")
+
+
+async def test_labels_from_a_real_gpu_are_valid_label_values(backend: NvmlBackend) -> None:
+    node = await backend.observe()
+    labels = node_labels(node, None, build_inventory(node, None), None)
+    assert labels["nvidia.com/gpu.present"] == "true"
+    assert node.driver is not None
+    assert labels["nvidia.com/cuda.driver-version.full"] == node.driver.version
+    for key, value in labels.items():
+        assert owned(key), key
+        assert re.fullmatch(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?", value), (key, value)

@@ -148,3 +148,56 @@ def test_sim_hooks(state: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["sim", "reset", "--state", str(state), "--uuid", gpu]) == 0
     assert capsys.readouterr().out == f"reset {gpu}\n"
     assert main(["sim", "idle", "--state", str(state), "--uuid", "GPU-nope"]) == 1
+
+
+def test_a_lost_gpu_is_left_out_of_export_and_found_again(
+    state: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sim = ["--backend", "sim", "--sim-state", str(state)]
+    capsys.readouterr()
+    assert main(["sim", "lost", "--state", str(state), "--gpu", "1"]) == 0
+    assert capsys.readouterr().out.startswith("GPU 1 (GPU-")
+    assert main(["export", *sim, "--json"]) == 0
+    assert ["NVIDIA A100-SXM4-40GB"] == [g["product"] for g in json.loads(capsys.readouterr().out)["gpus"]]
+    assert main(["sim", "found", "--state", str(state), "--gpu", "1"]) == 0
+    assert main(["sim", "lost", "--state", str(state), "--gpu", "7"]) == 1
+    assert "no simulated GPU 7" in capsys.readouterr().err
+    assert main(["export", *sim, "--json"]) == 0
+    assert 2 == len(json.loads(capsys.readouterr().out)["gpus"])
+
+
+MIG_PARTED_LAYOUT = """\
+version: v1
+migStrategy: mixed
+gpus:
+  - devices: [0]
+    mig: {3g.20gb: 1, 2g.10gb: 1, 1g.5gb+me: 1, 1g.5gb: 1}
+  - devices: [1]
+    mig: {1g.10gb: 7}
+"""
+
+
+def test_export_as_mig_parted_applies_back_to_the_same_layout(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What `export --format mig-parted` writes, `apply` (and mig-parted) take back to the same layout."""
+    state = tmp_path / "gpus.json"
+    assert main(["sim", "init", "--state", str(state), "--gpus", "A100-SXM4-40GB,H100-80GB-HBM3,T4"]) == 0
+    sim = ["--backend", "sim", "--sim-state", str(state)]
+    layout = tmp_path / "layout.yaml"
+    layout.write_text(MIG_PARTED_LAYOUT)
+    assert main(["apply", "--config", str(layout), "--name", "layout", *sim, "--no-kubelet"]) == 0
+    capsys.readouterr()
+    assert main(["export", *sim, "--format", "mig-parted", "--name", "snapshot"]) == 0
+    exported = capsys.readouterr().out
+    assert exported.startswith("version: v1\nmig-configs:\n  snapshot:\n  - device-filter: '0x20B010DE'\n")
+    assert "      1g.5gb+me: 1\n" in exported
+    snapshot = tmp_path / "snapshot.yaml"
+    snapshot.write_text(exported)
+    before = simstate.counters(state)
+    args = ["apply", "--config", str(snapshot), "--name", "snapshot", *sim, "--no-kubelet", "--json"]
+    assert main(args) == 0
+    assert ["unchanged", "unchanged", "unchanged"] == [
+        g["outcome"] for g in json.loads(capsys.readouterr().out)["gpus"]
+    ]
+    assert before == simstate.counters(state)

@@ -84,7 +84,7 @@ def test_picture_shows_the_slices_and_steps() -> None:
     done = sharing("plan", "--gpu", "A100-SXM4-40GB", "--want", "3g.20gb=1,1g.5gb=1", "--have", "3g.20gb@0")
     assert 0 == done.returncode, done.stderr
     lines = done.stdout.splitlines()
-    assert "slice   0  1  2  3  4  5  6  7" in lines
+    assert "slot    0  1  2  3  4  5  6  7" in lines
     assert "now     A  A  A  A  .  .  .  ." in lines
     assert "target  A  A  A  A  B  .  .  ." in lines
     assert "  1. create  1g.5gb@4" in lines
@@ -93,7 +93,8 @@ def test_picture_shows_the_slices_and_steps() -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--gpu", "Tesla T4", "--want", "1g.5gb=1"], "unknown GPU product 'Tesla T4'"),
+        (["--gpu", "Tesla T4", "--want", "1g.5gb=1"], "T4 has no MIG: it can only be time-sliced"),
+        (["--gpu", "Z100", "--want", "1g.5gb=1"], "unknown GPU 'Z100': give a catalog name, an NVML name"),
         (
             ["--gpu", "A100-SXM4-40GB", "--want", "1g.10gbx=1"],
             "--want: unknown MIG profile '1g.10gbx' on A100-SXM4-40GB",
@@ -110,7 +111,16 @@ def test_picture_shows_the_slices_and_steps() -> None:
         ),
         (["--want", "1g.5gb=1"], "the following arguments are required: --gpu"),
     ],
-    ids=["product", "profile", "want-syntax", "bad-start", "overlap", "have-syntax", "missing-flag"],
+    ids=[
+        "no-mig",
+        "unknown-gpu",
+        "profile",
+        "want-syntax",
+        "bad-start",
+        "overlap",
+        "have-syntax",
+        "missing-flag",
+    ],
 )
 def test_bad_arguments_exit_2_with_one_line(args: list[str], message: str) -> None:
     done = sharing("plan", *args)
@@ -130,14 +140,33 @@ def test_profiles_json() -> None:
         "name": "2g.12gb",
         "id": 5,
         "enum": 1,
-        "memorySlices": 2,
         "computeSlices": 2,
         "maxCount": 2,
-        "memoryMiB": 11940,
+        "memoryMiB": 11968,
+        "memorySource": "issue 12 of this project (values it reports from posted "
+        "nvidia-smi mig -lgip output; the posting itself was not found again) (11.69 GiB)",
+        "multiprocessors": 28,
         "placements": [0, 2],
         "placementSize": 2,
+        "placementSlots": 4,
         "placementsVerified": True,
     } == profiles[2]
+
+
+@pytest.mark.parametrize(
+    ("gpu", "expected"),
+    [
+        pytest.param("L4", "L4 has no MIG: it cannot be partitioned, but it can be time-sliced", id="l4"),
+        pytest.param("0x2335", "H200: 8 placement slots, 7 compute slices, 143771 MiB", id="pci-id"),
+        pytest.param(
+            "NVIDIA RTX PRO 6000 Blackwell Server Edition", "RTX-PRO-6000: 12 placement slots", id="nvml-name"
+        ),
+    ],
+)
+def test_profiles_of_any_gpu_by_any_name(gpu: str, expected: str) -> None:
+    done = sharing("profiles", "--gpu", gpu)
+    assert (0, "") == (done.returncode, done.stderr)
+    assert expected in done.stdout
 
 
 def test_profiles_table_marks_inferred_placements() -> None:

@@ -96,7 +96,7 @@ def test_a_configmap_with_a_bad_key(tmp_path: Path) -> None:
     ("args", "message"),
     [
         pytest.param(["/nonexistent/x.yaml"], "cannot read /nonexistent/x.yaml", id="missing-file"),
-        pytest.param([str(PRESETS), "--gpu", "Tesla T4"], "unknown GPU product 'Tesla T4'", id="unknown-gpu"),
+        pytest.param([str(PRESETS), "--gpu", "Tesla Z4"], "unknown GPU 'Tesla Z4'", id="unknown-gpu"),
         pytest.param([], "the following arguments are required: FILE", id="no-file"),
     ],
 )
@@ -123,3 +123,28 @@ def test_never_a_traceback(data: bytes) -> None:
     assert result.returncode == 1, result.stderr
     assert "Traceback" not in result.stderr
     assert "internal error" not in result.stderr
+
+
+def test_a_gpu_without_mig_can_be_given_and_is_checked_as_such(tmp_path: Path) -> None:
+    path = tmp_path / "t4.yaml"
+    path.write_text("version: v1\ngpus:\n- {devices: all, replicas: 4}\n")
+    result = validate(str(path), "--gpu", "T4")
+    assert (result.returncode, result.stdout) == (0, "t4: [none] T4: MIG off, 4 replicas each\n")
+    presets = validate(str(PRESETS), "--gpu", "Tesla T4")
+    assert 1 == presets.returncode
+    assert "all-enabled: gpus[0].mig: T4 has no MIG (not a MIG product)" in presets.stdout.splitlines()
+
+
+def test_a_mig_parted_file_on_a_given_node_skips_entries_for_other_gpus() -> None:
+    migparted = (
+        b"version: v1\nmig-configs:\n  balanced:\n"
+        b"  - {device-filter: '0x299910DE', devices: all, mig-enabled: true, mig-devices: {9g.9gb: 1}}\n"
+        b"  - {device-filter: ['0x233510DE'], devices: all, mig-enabled: true,"
+        b" mig-devices: {1g.18gb: 2, 2g.35gb: 1, 3g.71gb: 1}}\n"
+    )
+    result = validate("-", "--gpu", "0x2335", stdin=migparted)
+    assert (result.returncode, result.stdout) == (
+        0,
+        "balanced: [mixed] H200: MIG 2x 1g.18gb + 1x 2g.35gb + 1x 3g.71gb\n",
+    )
+    assert "matches none of the node's GPUs (H200): skipped, as mig-parted skips it" in result.stderr

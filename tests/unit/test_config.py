@@ -52,7 +52,7 @@ gpus:
                 ),
                 Rule(Selector(product="A100-SXM4-40GB", indices=(2,)), MigMode.ENABLED),
                 Rule(
-                    Selector(product="Tesla-T4"),
+                    Selector(product="T4"),
                     MigMode.DISABLED,
                     replicas=Replicas(1, (("gpu", 3),)),
                     rename=(("nvidia.com/gpu", "nvidia.com/gpu-t4"),),
@@ -257,7 +257,7 @@ INVALID: list[tuple[str, str | bytes, str, str, str, list[str] | None]] = [
         rule(f"devices: {{product: {A100}}}\nmig: {{4g.20gb: 1, 7g.40gb: 1}}"),
         "c",
         "gpus[0].mig",
-        f"need 12 memory and 11 compute slices; {A100} has 8 and 7",
+        f"need 12 placement slots and 11 compute slices; {A100} has 8 and 7",
         None,
     ),
     (
@@ -297,7 +297,7 @@ INVALID: list[tuple[str, str | bytes, str, str, str, list[str] | None]] = [
         rule("devices: all\nmig: enabled"),
         "c",
         "gpus[0].mig",
-        "Tesla T4 has no MIG",
+        "T4 has no MIG",
         ["Tesla T4"],
     ),
     (
@@ -305,7 +305,7 @@ INVALID: list[tuple[str, str | bytes, str, str, str, list[str] | None]] = [
         rule("devices: {product: Tesla-T4}\nmig: {1g.5gb: 1}"),
         "c",
         "gpus[0].mig",
-        "Tesla-T4 has no MIG",
+        "T4 has no MIG",
         None,
     ),
     (
@@ -497,39 +497,31 @@ INVALID: list[tuple[str, str | bytes, str, str, str, list[str] | None]] = [
         nvidia("- {name: nvidia.com/gpu}"),
         "c",
         "sharing.timeSlicing.resources[0].replicas",
-        "required key is missing",
+        "no replicas specified",
         None,
     ),
     (
-        "nvidia-unknown-resource",
-        nvidia("- {name: nvidia.com/tpu, replicas: 2}"),
-        "c",
-        "sharing.timeSlicing.resources[0].name",
-        "the agent advertises no resource nvidia.com/tpu",
-        None,
-    ),
-    (
-        "nvidia-mig-without-mixed",
-        nvidia("- {name: nvidia.com/mig-1g.5gb, replicas: 2}", "single"),
-        "c",
-        "sharing.timeSlicing.resources[0].name",
-        "only advertised with migStrategy mixed",
-        None,
-    ),
-    (
-        "nvidia-unknown-profile",
-        nvidia("- {name: nvidia.com/mig-9g.99gb, replicas: 2}"),
+        "nvidia-one-replica",
+        nvidia("- {name: nvidia.com/gpu, replicas: 1}"),
         "c",
         "sharing.timeSlicing.resources[0].replicas",
-        "unknown MIG profile '9g.99gb'",
+        "number of replicas must be >= 2",
         None,
     ),
     (
-        "nvidia-uuid",
+        "nvidia-other-domain",
+        nvidia("- {name: example.com/gpu, replicas: 2}"),
+        "c",
+        "sharing.timeSlicing.resources[0].name",
+        "NVIDIA's plugin serves only nvidia.com/ resources",
+        None,
+    ),
+    (
+        "nvidia-bad-uuid",
         nvidia("- {name: nvidia.com/gpu, replicas: 2, devices: [GPU-8a3c]}"),
         "c",
         "sharing.timeSlicing.resources[0].devices[0]",
-        "selecting devices by UUID or MIG index is not supported",
+        "unsupported device",
         None,
     ),
     (
@@ -566,22 +558,11 @@ INVALID: list[tuple[str, str | bytes, str, str, str, list[str] | None]] = [
     ),
     # mig-parted files
     (
-        "migparted-unknown-pci",
-        migparted(
-            "- {devices: all, mig-enabled: true, mig-devices: {}, "
-            "device-filter: ['0x20B010DE', '0x232910DE']}"
-        ),
+        "migparted-bad-profile-name",
+        migparted("- {devices: all, mig-enabled: true, mig-devices: {1g.5gb+xyz: 1}}"),
         "x",
-        "mig-configs.x[0].device-filter[1]",
-        "unknown PCI device id 0x2329",
-        None,
-    ),
-    (
-        "migparted-not-nvidia",
-        migparted("- {devices: all, mig-enabled: false, device-filter: '0x20B01002'}"),
-        "x",
-        "mig-configs.x[0].device-filter",
-        "not an NVIDIA vendor id",
+        "mig-configs.x[0].mig-devices",
+        "is not of the form <G>g.<GB>gb",
         None,
     ),
     (
@@ -625,25 +606,22 @@ INVALID: list[tuple[str, str | bytes, str, str, str, list[str] | None]] = [
         None,
     ),
     (
-        "migparted-last-wins",
-        migparted(
-            "- {devices: all, mig-enabled: false}\n- {devices: all, mig-enabled: true, "
-            "mig-devices: {}, device-filter: '0x20B010DE'}"
-        ),
+        "migparted-bad-devices",
+        migparted("- {devices: some, mig-enabled: false}"),
         "x",
-        "mig-configs.x[1]",
-        "mig-parted applies every matching entry in turn",
+        "mig-configs.x[0].devices",
+        "expected all or a list of GPU indices",
         None,
     ),
     (
-        "migparted-over-max",
+        "migparted-over-max-on-the-node",
         migparted(
             "- {devices: all, mig-enabled: true, mig-devices: {1g.6gb: 5}, device-filter: '0x20B710DE'}"
         ),
         "x",
         "mig-configs.x[0].mig-devices.1g.6gb",
         "5 instances exceed the maximum of 4 on A30",
-        None,
+        ["A30"],
     ),
     (
         "migparted-no-version",
@@ -685,22 +663,22 @@ def test_no_placement_is_found_by_the_planner() -> None:
         """
 layouts:
   odd:
-    memorySlices: 4
+    slots: 4
     computeSlices: 4
+    placementsSource: "inferred: a test"
     profiles:
-      - {kind: a, enum: 0, id: 1, memorySlices: 2, computeSlices: 1, maxCount: 1, placements: [1]}
-      - {kind: b, enum: 1, id: 2, memorySlices: 2, computeSlices: 1, maxCount: 2, placements: [0, 2]}
+      - {kind: a, enum: 0, id: 1, slices: 1, size: 2, maxCount: 1, placements: [1]}
+      - {kind: b, enum: 1, id: 2, slices: 1, size: 2, maxCount: 2, placements: [0, 2]}
 products:
   ODD-GPU:
     layout: odd
     nvmlNames: [NVIDIA ODD]
     pciDeviceIds: ["0x1234"]
+    idsSource: "inferred: a test"
     memoryMiB: 4096
-    placementsVerified: false
-    memoryVerified: false
     profiles:
-      a: {name: 2g.2gb, memoryMiB: 2048}
-      b: {name: 1g.2gb, memoryMiB: 2048}
+      a: {name: 2g.2gb, memoryMiB: 2048, source: "inferred: a test"}
+      b: {name: 1g.2gb, memoryMiB: 2048, source: "inferred: a test"}
 """
     )
     text = rule("devices: {product: ODD-GPU}\nmig: {2g.2gb: 1, 1g.2gb: 1}")
@@ -713,14 +691,14 @@ products:
 def test_warnings_are_data() -> None:
     text = (
         V1
-        + "sharing: {renameByDefault: true}\ngpus:\n- {devices: {product: A30}}\n- {devices: {product: T4}}\n"
+        + "sharing: {renameByDefault: true}\ngpus:\n- {devices: {product: A30}}\n- {devices: {product: Z9}}\n"
     )
     result = parse_configmap({"c": text}, products=["A100-SXM4-40GB"])
     assert result.valid
     assert [(p.path, p.message.split(":")[0]) for p in result.warnings] == [
-        ("gpus[0].devices", "matches none of the given GPUs (A100-SXM4-40GB)"),
-        ("gpus[1].devices", "'T4' is not in the hardware catalog"),
-        ("gpus[1].devices", "matches none of the given GPUs (A100-SXM4-40GB)"),
+        ("gpus[1].devices", "'Z9' is not in the hardware catalog"),
+        ("gpus[0].devices", "matches none of the node's GPUs (A100-SXM4-40GB)"),
+        ("gpus[1].devices", "matches none of the node's GPUs (A100-SXM4-40GB)"),
         ("sharing.renameByDefault", "has no effect"),
     ]
 

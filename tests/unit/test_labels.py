@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+import pytest
+
+from sharing.catalog import Engines, Product, Profile
 from sharing.inventory import build_inventory
 from sharing.labels import ConfigState, label_patch, node_labels, owned, sanitise
-from sharing.model import ComputeInstance, Gpu, GpuInstance, GpuUuid, MigUuid, NodeState
+from sharing.labels.gfd import family
+from sharing.model import ComputeInstance, DriverInfo, Gpu, GpuInstance, GpuUuid, MigUuid, NodeState
 from sharing.spec import MigMode, MigStrategy, Replicas, Rule, Selector, SharingConfig
 
 
@@ -60,8 +66,11 @@ def test_mig_slices_and_time_sliced_gpus_on_one_node() -> None:
     assert {
         "nvidia.com/gpu.present": "true",
         "nvidia.com/mig.capable": "true",
+        "nvidia.com/mps.capable": "false",
         "nvidia.com/mig.strategy": "mixed",
         "nvidia.com/mig.config.state": "success",
+        "nvidia.com/gpu.mode": "unknown",
+        "nvidia.com/gpu.machine": "unknown",
         "nvidia.com/gpu.count": "2",
         "nvidia.com/gpu.replicas": "4",
         "nvidia.com/gpu.memory": "81559",
@@ -70,25 +79,138 @@ def test_mig_slices_and_time_sliced_gpus_on_one_node() -> None:
         "nvidia.com/mig-1g.5gb.count": "4",
         "nvidia.com/mig-1g.5gb.replicas": "1",
         "nvidia.com/mig-1g.5gb.memory": "4864",
+        "nvidia.com/mig-1g.5gb.multiprocessors": "14",
         "nvidia.com/mig-1g.5gb.product": "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb",
         "nvidia.com/mig-1g.5gb.sharing-strategy": "none",
         "nvidia.com/mig-1g.5gb.slices.gi": "1",
         "nvidia.com/mig-1g.5gb.slices.ci": "1",
+        "nvidia.com/mig-1g.5gb.engines.copy": "1",
+        "nvidia.com/mig-1g.5gb.engines.decoder": "0",
+        "nvidia.com/mig-1g.5gb.engines.encoder": "0",
+        "nvidia.com/mig-1g.5gb.engines.jpeg": "0",
+        "nvidia.com/mig-1g.5gb.engines.ofa": "0",
         "nvidia.com/mig-2g.10gb.count": "2",
         "nvidia.com/mig-2g.10gb.replicas": "1",
         "nvidia.com/mig-2g.10gb.memory": "9856",
+        "nvidia.com/mig-2g.10gb.multiprocessors": "28",
         "nvidia.com/mig-2g.10gb.product": "NVIDIA-A100-SXM4-40GB-MIG-2g.10gb",
         "nvidia.com/mig-2g.10gb.sharing-strategy": "none",
         "nvidia.com/mig-2g.10gb.slices.gi": "2",
         "nvidia.com/mig-2g.10gb.slices.ci": "2",
+        "nvidia.com/mig-2g.10gb.engines.copy": "2",
+        "nvidia.com/mig-2g.10gb.engines.decoder": "1",
+        "nvidia.com/mig-2g.10gb.engines.encoder": "0",
+        "nvidia.com/mig-2g.10gb.engines.jpeg": "0",
+        "nvidia.com/mig-2g.10gb.engines.ofa": "0",
         "nvidia.com/mig-3g.20gb.count": "2",
         "nvidia.com/mig-3g.20gb.replicas": "1",
         "nvidia.com/mig-3g.20gb.memory": "19968",
+        "nvidia.com/mig-3g.20gb.multiprocessors": "42",
         "nvidia.com/mig-3g.20gb.product": "NVIDIA-A100-SXM4-40GB-MIG-3g.20gb",
         "nvidia.com/mig-3g.20gb.sharing-strategy": "none",
         "nvidia.com/mig-3g.20gb.slices.gi": "3",
         "nvidia.com/mig-3g.20gb.slices.ci": "3",
+        "nvidia.com/mig-3g.20gb.engines.copy": "3",
+        "nvidia.com/mig-3g.20gb.engines.decoder": "2",
+        "nvidia.com/mig-3g.20gb.engines.encoder": "0",
+        "nvidia.com/mig-3g.20gb.engines.jpeg": "0",
+        "nvidia.com/mig-3g.20gb.engines.ofa": "0",
     } == labels_for(MIXED_NODE, DEMO, ConfigState.SUCCESS)
+
+
+def test_a_node_with_mig_on_every_gpu_still_names_and_counts_its_gpus() -> None:
+    """GFD labels the physical GPUs (unshared: replicas 0) even when only MIG devices are advertised."""
+    node = NodeState(tuple(a100(i, ("7g.40gb", 0, 8)) for i in range(2)))
+    config = SharingConfig("x", MigStrategy.MIXED, rules=(Rule(Selector(all=True), MigMode.ENABLED),))
+    labels = labels_for(node, config)
+    assert {
+        "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB",
+        "nvidia.com/gpu.count": "2",
+        "nvidia.com/gpu.replicas": "0",
+        "nvidia.com/gpu.sharing-strategy": "none",
+        "nvidia.com/gpu.memory": "40960",
+    } == {k: v for k, v in labels.items() if k.startswith("nvidia.com/gpu.") and k != "nvidia.com/gpu.present"
+          and k not in ("nvidia.com/gpu.mode", "nvidia.com/gpu.machine")}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("strategy", "expected"),
+    [(MigStrategy.MIXED, "mixed"), (MigStrategy.SINGLE, "single"), (MigStrategy.NONE, None)],
+    ids=["mixed", "single", "none"],
+)
+def test_the_strategy_is_labelled_even_without_mig_gpus(strategy: MigStrategy, expected: str | None) -> None:
+    labels = labels_for(NodeState((h100(0),)), SharingConfig("x", strategy))
+    assert expected == labels.get("nvidia.com/mig.strategy")
+
+
+def test_media_extension_profiles_are_written_with_a_dot_like_gfd() -> None:
+    node = NodeState((a100(0, ("1g.5gb+me", 0, 1)),))
+    labels = labels_for(node, None)
+    assert "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb.me" == labels["nvidia.com/mig-1g.5gb.me.product"]
+    assert "1" == labels["nvidia.com/mig-1g.5gb.me.engines.ofa"]
+    assert owned("nvidia.com/mig-1g.5gb.me.engines.ofa")
+
+
+def test_versions_architecture_machine_and_mode_come_from_the_driver() -> None:
+    gpu = dataclasses.replace(h100(0), compute_capability=(9, 0), pci_class=0x030200)
+    node = NodeState((gpu,), driver=DriverInfo("550.107.02", 12050), machine="DGX H100 (rev 2)", virtual=True)
+    labels = labels_for(node, None)
+    assert {
+        "nvidia.com/cuda.driver.major": "550",
+        "nvidia.com/cuda.driver.minor": "107",
+        "nvidia.com/cuda.driver.rev": "02",
+        "nvidia.com/cuda.driver-version.major": "550",
+        "nvidia.com/cuda.driver-version.minor": "107",
+        "nvidia.com/cuda.driver-version.revision": "02",
+        "nvidia.com/cuda.driver-version.full": "550.107.02",
+        "nvidia.com/cuda.runtime.major": "12",
+        "nvidia.com/cuda.runtime.minor": "5",
+        "nvidia.com/cuda.runtime-version.major": "12",
+        "nvidia.com/cuda.runtime-version.minor": "5",
+        "nvidia.com/cuda.runtime-version.full": "12.5",
+        "nvidia.com/gpu.family": "hopper",
+        "nvidia.com/gpu.compute.major": "9",
+        "nvidia.com/gpu.compute.minor": "0",
+        "nvidia.com/gpu.machine": "DGX-H100-rev-2",
+        "nvidia.com/gpu.mode": "compute",
+        "nvidia.com/vgpu.present": "true",
+    }.items() <= labels.items()
+    assert all(owned(k) for k in labels)
+
+
+@pytest.mark.parametrize(
+    ("capability", "expected"),
+    [((7, 0), "volta"), ((7, 5), "turing"), ((8, 0), "ampere"), ((8, 6), "ampere"), ((8, 9), "ada-lovelace"),
+     ((9, 0), "hopper"), ((10, 0), "blackwell"), ((12, 0), "blackwell"), ((13, 0), "rubin"),
+     ((4, 0), "undefined")],
+    ids=str,
+)  # fmt: skip
+def test_architecture_family_as_gfd_names_it(capability: tuple[int, int], expected: str) -> None:
+    assert expected == family(*capability)
+
+
+def test_single_strategy_that_cannot_be_advertised_says_invalid_like_gfd() -> None:
+    node = NodeState((a100(0, ("1g.5gb", 0, 1), ("2g.10gb", 2, 2)),))
+    config = SharingConfig("s", MigStrategy.SINGLE, rules=(Rule(Selector(all=True), MigMode.UNCHANGED),))
+    labels = labels_for(node, config)
+    assert ("NVIDIA-A100-SXM4-40GB-MIG-INVALID", "0", "0", "0") == tuple(
+        labels[f"nvidia.com/gpu.{k}"] for k in ("product", "count", "replicas", "memory")
+    )
+
+
+def test_a_gpu_the_catalog_does_not_know_is_labelled_from_its_driver() -> None:
+    table = Product("NVIDIA Z100", ("NVIDIA Z100",), (), 65536, 4, 4, (
+        Profile("1g.16gb", 0, 1, 1, 1, 4, 16000, (0, 1, 2, 3), 30, Engines(1, 2, 3, 4, 0)),
+    ), origin="driver")  # fmt: skip
+    gi = GpuInstance(1, "1g.16gb", 2, 1, (ComputeInstance(0, MigUuid("MIG-z")),))
+    gpu = Gpu(0, GpuUuid("GPU-z"), "NVIDIA Z100", 65536, True, True, True, (gi,), profiles=table)
+    labels = labels_for(NodeState((gpu,)), None)
+    assert {
+        "nvidia.com/mig-1g.16gb.product": "NVIDIA-Z100-MIG-1g.16gb",
+        "nvidia.com/mig-1g.16gb.memory": "16000",
+        "nvidia.com/mig-1g.16gb.multiprocessors": "30",
+        "nvidia.com/mig-1g.16gb.engines.jpeg": "4",
+    }.items() <= labels.items()
 
 
 def test_renamed_shared_resources_keep_gpu_labels_without_suffix() -> None:
@@ -99,7 +221,7 @@ def test_renamed_shared_resources_keep_gpu_labels_without_suffix() -> None:
     assert "NVIDIA-H100-80GB-HBM3" == labels["nvidia.com/gpu.product"]
     assert "8" == labels["nvidia.com/gpu.replicas"]
     assert "1" == labels["nvidia.com/gpu.count"]
-    assert "nvidia.com/mig.strategy" not in labels
+    assert "time-slicing" == labels["nvidia.com/gpu.sharing-strategy"]
 
 
 def test_single_strategy_labels_the_mig_device_as_the_gpu() -> None:
@@ -150,5 +272,5 @@ def test_ownership_is_exact() -> None:
 
 
 def test_sanitise_like_gfd() -> None:
-    assert "NVIDIA-A100-SXM4-40GB-MIG-1g.5gbme" == sanitise("NVIDIA A100-SXM4-40GB", "MIG", "1g.5gb+me")
+    assert "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb.me" == sanitise("NVIDIA A100-SXM4-40GB", "MIG", "1g.5gb.me")
     assert "Tesla-T4" == sanitise("Tesla  T4")

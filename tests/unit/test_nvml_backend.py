@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from sharing.catalog import Catalog, default_catalog
+from sharing.catalog import Catalog, default_catalog, differences
 from sharing.errors import BackendError
-from sharing.gpu import open_backend, simstate
+from sharing.gpu import open_backend, simspec, simstate
 from sharing.gpu.backend import (
     GpuBusyError,
     GpuNotFoundError,
@@ -23,7 +23,7 @@ from sharing.gpu.backend import (
 )
 from sharing.gpu.nvml import NvmlBackend
 from sharing.gpu.simnvml import SimNvml
-from sharing.model import GpuUuid, HealthEvent
+from sharing.model import DriverInfo, GpuUuid, HealthEvent
 
 CATALOG = default_catalog()
 
@@ -123,13 +123,13 @@ async def test_error_mapping_names_the_gpu(backend: NvmlBackend) -> None:
     await backend.create_instance(h100, "4g.40gb", 0)
     with pytest.raises(InsufficientResourcesError, match=r"creating 3g.40gb@0 on GPU 1"):
         await backend.create_instance(h100, "3g.40gb", 0)
-    with pytest.raises(BackendError, match=r"cannot start at slice 2 \(valid: 0, 4\)"):
+    with pytest.raises(BackendError, match=r"cannot start at slot 2 \(valid: 0, 4\)"):
         await backend.create_instance(h100, "3g.40gb", 2)
     with pytest.raises(BackendError, match=r"no such MIG profile .*valid: .*1g.10gb"):
         await backend.create_instance(h100, "1g.5gb", 0)
     with pytest.raises(GpuNotFoundError, match="GPU instance 9"):
         await backend.destroy_instance(h100, 9)
-    with pytest.raises(GpuNotFoundError, match="no GPU with UUID GPU-nope"):
+    with pytest.raises(GpuNotFoundError, match="no readable GPU with UUID GPU-nope"):
         await backend.destroy_instance(GpuUuid("GPU-nope"), 0)
 
 
@@ -151,34 +151,92 @@ async def test_a_half_built_instance_is_completed_not_duplicated(backend: NvmlBa
         await backend.create_instance(a100, "3g.20gb", 4)
 
 
-async def test_profiles_match_the_catalog(backend: NvmlBackend) -> None:
+async def test_the_driver_reports_the_catalogs_profiles(backend: NvmlBackend) -> None:
     for gpu in (await backend.observe()).gpus[:2]:
-        product = CATALOG.product(gpu.product)
-        got = {
-            p.name: (p.id, p.size, p.max_count, p.placements, p.derived_name)
-            for p in await backend.profiles(gpu.uuid)
-        }
-        assert got == {p.name: (p.id, p.size, p.max_count, p.placements, p.name) for p in product.profiles}
-    assert backend.profile_mismatches == set()
+        table = await backend.profiles(gpu.uuid)
+        assert table is not None
+        assert table == gpu.profiles
+        assert (table.origin, table.compute_capability) == (
+            "driver",
+            CATALOG.product(gpu.product).compute_capability,
+        )
+        assert () == differences(table, CATALOG.product(gpu.product))
+    assert await backend.profiles((await uuids(backend))[2]) is None  # T4: no MIG
+    assert {} == backend.catalog_differences
 
 
-async def test_catalog_name_wins_and_the_mismatch_is_recorded(state: Path) -> None:
+async def test_the_drivers_names_win_and_the_disagreement_is_recorded(state: Path) -> None:
+    """The agent uses what the driver reports; where the catalog says otherwise it is logged, not used."""
     a100 = CATALOG.product("A100-SXM4-40GB")
     renamed = tuple(
         dataclasses.replace(p, name="3g.19gb") if p.name == "3g.20gb" else p for p in a100.profiles
     )
     catalog = Catalog(
-        tuple(dataclasses.replace(p, profiles=renamed) if p is a100 else p for p in CATALOG.products)
+        tuple(dataclasses.replace(p, profiles=renamed) if p is a100 else p for p in CATALOG.products),
+        CATALOG.plain,
     )
-    backend = NvmlBackend(SimNvml(state, catalog), catalog)
+    backend = NvmlBackend(SimNvml(state), catalog)
     try:
         gpu = (await backend.observe()).gpus[0]
+        assert gpu.profiles is not None
+        assert gpu.profiles.profile("3g.20gb") is not None
         await backend.set_mig_mode(gpu.uuid, True)
-        made = await backend.create_instance(gpu.uuid, "3g.19gb", 0)
-        assert made.profile == "3g.19gb"
-        assert backend.profile_mismatches == {
-            "A100-SXM4-40GB profile id 9: NVML gives 3g.20gb, the catalog says 3g.19gb"
+        made = await backend.create_instance(gpu.uuid, "3g.20gb", 0)
+        assert made.profile == "3g.20gb"
+        with pytest.raises(BackendError, match="no such MIG profile"):
+            await backend.create_instance(gpu.uuid, "3g.19gb", 4)
+        assert backend.catalog_differences == {
+            gpu.uuid: ("3g.20gb (id 9): name is 3g.20gb on the driver, 3g.19gb here",)
         }
+    finally:
+        await backend.close()
+
+
+async def test_identity_versions_and_architecture_are_observed(backend: NvmlBackend) -> None:
+    node = await backend.observe()
+    a100, h100, t4 = node.gpus
+    assert (a100.pci_device_id, a100.compute_capability, a100.pci_class) == (0x20B010DE, (8, 0), 0x030200)
+    assert (h100.pci_device_id, h100.compute_capability) == (0x233010DE, (9, 0))
+    assert (t4.compute_capability, t4.profiles, t4.mig_capable) == ((7, 5), None, False)
+    assert node.driver == DriverInfo(simspec.DRIVER_VERSION, simspec.CUDA_VERSION)
+    assert not node.virtual
+
+
+async def test_a_lost_gpu_does_not_hide_the_others(backend: NvmlBackend, state: Path) -> None:
+    a100, h100, t4 = await uuids(backend)
+    simstate.set_lost(state, 1, True)
+    node = await backend.observe()
+    assert [g.uuid for g in node.gpus] == [a100, t4]
+    (lost,) = node.unreadable
+    assert (lost.index, lost.uuid) == (1, h100)
+    assert "NVML error 15" in lost.error
+    assert len(lost.error) <= 300
+    with pytest.raises(GpuNotFoundError):
+        await backend.set_mig_mode(h100, True)
+    simstate.set_lost(state, 1, False)
+    assert [g.uuid for g in (await backend.observe()).gpus] == [a100, h100, t4]
+
+
+async def test_a_gpu_lost_before_it_was_ever_read_has_no_uuid(state: Path) -> None:
+    simstate.set_lost(state, 0, True)
+    backend = NvmlBackend(SimNvml(state), CATALOG)
+    try:
+        node = await backend.observe()
+    finally:
+        await backend.close()
+    assert [(u.index, u.uuid) for u in node.unreadable] == [(0, None)]
+    assert 2 == len(node.gpus)
+
+
+async def test_failing_to_count_the_gpus_fails_the_observation(state: Path) -> None:
+    class NoCount(SimNvml):
+        def nvmlDeviceGetCount(self) -> int:
+            raise self.NVMLError(999)
+
+    backend = NvmlBackend(NoCount(state), CATALOG)
+    try:
+        with pytest.raises(BackendError, match="counting the GPUs on this node"):
+            await backend.observe()
     finally:
         await backend.close()
 

@@ -16,7 +16,7 @@ import pytest
 from sharing.catalog import Product, default_catalog
 from sharing.plan import Existing, Infeasibility, Infeasible, Plan, plan_gpu
 
-PRODUCTS = default_catalog().products
+PRODUCTS = [p for p in default_catalog().products if p.profiles]
 Layout = tuple[tuple[str, int], ...]
 
 
@@ -137,7 +137,7 @@ A100 = default_catalog().product("A100-SXM4-40GB")
             [],
             {"3g.20gb": 1, "4g.20gb": 1, "1g.5gb": 1},
             Infeasibility.OVER_CAPACITY,
-            "need 9 memory and 8 compute",
+            "need 9 placement slots and 8 compute",
         ),
         (
             [],
@@ -193,3 +193,39 @@ def test_layouts_leave_room_to_grow() -> None:
     )
     assert isinstance(grown, Plan)
     assert 1 == grown.changes
+
+
+RTX = default_catalog().product("RTX-PRO-6000")
+
+
+@pytest.mark.parametrize(
+    ("have", "want", "expected"),
+    [
+        pytest.param(
+            [], {"2g.48gb": 1, "1g.24gb": 2}, ["2g.48gb@0", "1g.24gb@6", "1g.24gb@9"], id="half-and-quarters"
+        ),
+        pytest.param(
+            [Existing("1g.24gb", 3, busy=True)],
+            {"1g.24gb": 2, "2g.48gb": 1},
+            ["1g.24gb@0", "1g.24gb@3", "2g.48gb@6"],
+            id="around-a-busy-quarter",
+        ),
+        pytest.param([], {"4g.96gb+gfx": 1}, ["4g.96gb+gfx@0"], id="whole-card-with-graphics"),
+    ],
+)
+def test_the_twelve_slot_grid_of_the_rtx_pro_6000(
+    have: list[Existing], want: dict[str, int], expected: list[str]
+) -> None:
+    result = plan_gpu(RTX, have, want)
+    assert isinstance(result, Plan)
+    assert expected == [str(p) for p in result.layout]
+
+
+def test_the_twelve_slot_grid_refuses_what_does_not_fit() -> None:
+    busy = [Existing("1g.24gb", 3, busy=True), Existing("1g.24gb", 6, busy=True)]
+    result = plan_gpu(RTX, busy, {"1g.24gb": 2, "2g.48gb": 1})
+    assert isinstance(result, Infeasible)
+    assert Infeasibility.FRAGMENTED_BY_BUSY == result.kind
+    over = plan_gpu(RTX, [], {"2g.48gb": 2, "1g.24gb": 1})
+    assert isinstance(over, Infeasible)
+    assert "need 15 placement slots and 5 compute slices; RTX-PRO-6000 has 12 and 4" in over.reason

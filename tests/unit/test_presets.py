@@ -64,7 +64,12 @@ def test_all_balanced_matches_mig_manager() -> None:
     layouts = {r.devices.product: dict(r.instances) for r in config.rules}
     assert layouts["A100-SXM4-40GB"] == {"1g.5gb": 2, "2g.10gb": 1, "3g.20gb": 1}
     assert layouts["A30"] == {"1g.6gb": 2, "2g.12gb": 1}
-    assert set(layouts) == {p.name for p in default_catalog().products}
+    assert layouts["RTX-PRO-6000"] == {"1g.24gb": 2, "2g.48gb": 1}
+    assert layouts["H200"] == {"1g.18gb": 2, "2g.35gb": 1, "3g.71gb": 1}
+    with_1g_and_2g = {
+        p.name for p in default_catalog().products if {1, 2} <= {q.compute_slices for q in p.profiles}
+    }
+    assert set(layouts) == with_1g_and_2g
 
 
 def test_all_1g_uses_the_maximum_count_of_the_smallest_profile() -> None:

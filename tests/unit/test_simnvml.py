@@ -290,3 +290,41 @@ def test_unknown_devices_and_products_are_clear_errors(tmp_path: Path) -> None:
         simstate.resolve_product(CATALOG, "GeForce 256")
     with pytest.raises(BackendError, match="sharing sim init"):
         simstate.read(tmp_path / "missing.json")
+
+
+def test_a_lost_gpu_answers_gpu_is_lost_and_the_others_still_answer(tmp_path: Path) -> None:
+    nvml, path = make(tmp_path, "A100-SXM4-40GB", "A30")
+    simstate.set_lost(path, 0, True)
+    lost, fine = nvml.nvmlDeviceGetHandleByIndex(0), nvml.nvmlDeviceGetHandleByIndex(1)
+    with pytest.raises(nvml.NVMLError) as caught:
+        nvml.nvmlDeviceGetUUID(lost)
+    assert nvml.NVML_ERROR_GPU_IS_LOST == caught.value.value
+    assert "NVIDIA A30" == nvml.nvmlDeviceGetName(fine)
+    assert 2 == nvml.nvmlDeviceGetCount()
+
+
+def test_the_simulated_driver_reports_identity_and_the_twelve_slot_grid(tmp_path: Path) -> None:
+    nvml, _ = make(tmp_path, "RTX-PRO-6000")
+    dev = nvml.nvmlDeviceGetHandleByIndex(0)
+    assert (0x2BB510DE, (12, 0)) == (
+        nvml.nvmlDeviceGetPciInfo(dev).pciDeviceId,
+        nvml.nvmlDeviceGetCudaComputeCapability(dev),
+    )
+    info = nvml.nvmlPciInfoExt_v1_t()
+    info.version = nvml.nvmlPciInfoExt_v1
+    nvml.nvmlDeviceGetPciInfoExt(dev, ctypes.byref(info))
+    assert (3, 2) == (info.baseClass, info.subClass)
+    profile = nvml.nvmlDeviceGetGpuInstanceProfileInfo(dev, 0xF)  # 1_SLICE_ALL_ME: 1g.24gb+me.all
+    assert (65, 1, 24192, 46, 4) == (
+        profile.id,
+        profile.instanceCount,
+        profile.memorySizeMB,
+        profile.multiprocessorCount,
+        profile.decoderCount,
+    )
+    count = ctypes.c_uint(0)
+    nvml.nvmlDeviceGetGpuInstancePossiblePlacements(dev, 5, None, ctypes.byref(count))
+    array = (nvml.c_nvmlGpuInstancePlacement_t * count.value)()
+    nvml.nvmlDeviceGetGpuInstancePossiblePlacements(dev, 5, array, ctypes.byref(count))
+    assert [(0, 6), (6, 6)] == [(p.start, p.size) for p in array]
+    assert ("580.65.06", 13000) == (nvml.nvmlSystemGetDriverVersion(), nvml.nvmlSystemGetCudaDriverVersion())

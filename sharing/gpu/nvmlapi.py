@@ -1,0 +1,261 @@
+"""Exactly the NVML the backend uses, as one typed Protocol: what `pynvml` and the simulator both provide.
+
+`Nvml` lists every function, constant, error class and struct the NVML backend touches, with the
+types pynvml (nvidia-ml-py) gives them, so `mypy --strict` checks the backend and the simulator
+against one surface. The ctypes structs are defined here once (pynvml's field names and layouts);
+the simulator builds them, the real module has its own. Handles are opaque objects.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from typing import Protocol
+
+Handle = object
+"""A device, GPU-instance, compute-instance or event-set handle: opaque (pynvml: ctypes pointers)."""
+
+
+class c_nvmlGpuInstancePlacement_t(ctypes.Structure):
+    _fields_ = (("start", ctypes.c_uint), ("size", ctypes.c_uint))
+    start: int
+    size: int
+
+
+class c_nvmlComputeInstancePlacement_t(ctypes.Structure):
+    _fields_ = (("start", ctypes.c_uint), ("size", ctypes.c_uint))
+    start: int
+    size: int
+
+
+class c_nvmlGpuInstanceProfileInfo_v2_t(ctypes.Structure):
+    _fields_ = (
+        ("version", ctypes.c_uint),
+        ("id", ctypes.c_uint),
+        ("isP2pSupported", ctypes.c_uint),
+        ("sliceCount", ctypes.c_uint),
+        ("instanceCount", ctypes.c_uint),
+        ("multiprocessorCount", ctypes.c_uint),
+        ("copyEngineCount", ctypes.c_uint),
+        ("decoderCount", ctypes.c_uint),
+        ("encoderCount", ctypes.c_uint),
+        ("jpegCount", ctypes.c_uint),
+        ("ofaCount", ctypes.c_uint),
+        ("memorySizeMB", ctypes.c_ulonglong),
+        ("name", ctypes.c_char * 96),
+    )
+    id: int
+    sliceCount: int
+    instanceCount: int
+    multiprocessorCount: int
+    copyEngineCount: int
+    decoderCount: int
+    encoderCount: int
+    jpegCount: int
+    ofaCount: int
+    memorySizeMB: int
+
+
+class c_nvmlGpuInstanceInfo_t(ctypes.Structure):
+    _fields_ = (
+        ("device", ctypes.c_uint64),
+        ("id", ctypes.c_uint),
+        ("profileId", ctypes.c_uint),
+        ("placement", c_nvmlGpuInstancePlacement_t),
+    )
+    id: int
+    profileId: int
+    placement: c_nvmlGpuInstancePlacement_t
+
+
+class c_nvmlComputeInstanceProfileInfo_v2_t(ctypes.Structure):
+    _fields_ = (
+        ("version", ctypes.c_uint),
+        ("id", ctypes.c_uint),
+        ("sliceCount", ctypes.c_uint),
+        ("instanceCount", ctypes.c_uint),
+        ("multiprocessorCount", ctypes.c_uint),
+        ("sharedCopyEngineCount", ctypes.c_uint),
+        ("sharedDecoderCount", ctypes.c_uint),
+        ("sharedEncoderCount", ctypes.c_uint),
+        ("sharedJpegCount", ctypes.c_uint),
+        ("sharedOfaCount", ctypes.c_uint),
+        ("name", ctypes.c_char * 96),
+    )
+    id: int
+    sliceCount: int
+    instanceCount: int
+
+
+class c_nvmlComputeInstanceInfo_t(ctypes.Structure):
+    _fields_ = (
+        ("device", ctypes.c_uint64),
+        ("gpuInstance", ctypes.c_uint64),
+        ("id", ctypes.c_uint),
+        ("profileId", ctypes.c_uint),
+        ("placement", c_nvmlComputeInstancePlacement_t),
+    )
+    device: int
+    id: int
+
+
+class c_nvmlEventData_t(ctypes.Structure):
+    _fields_ = (
+        ("device", ctypes.c_uint64),
+        ("eventType", ctypes.c_ulonglong),
+        ("eventData", ctypes.c_ulonglong),
+        ("gpuInstanceId", ctypes.c_uint),
+        ("computeInstanceId", ctypes.c_uint),
+    )
+    device: int
+    eventType: int
+    eventData: int
+    gpuInstanceId: int
+    computeInstanceId: int
+
+
+class c_nvmlMemory_t(ctypes.Structure):
+    _fields_ = (("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong))
+    total: int
+
+
+class nvmlPciInfo_t(ctypes.Structure):
+    _fields_ = (
+        ("busIdLegacy", ctypes.c_char * 16),
+        ("domain", ctypes.c_uint),
+        ("bus", ctypes.c_uint),
+        ("device", ctypes.c_uint),
+        ("pciDeviceId", ctypes.c_uint),
+        ("pciSubSystemId", ctypes.c_uint),
+        ("busId", ctypes.c_char * 32),
+    )
+    pciDeviceId: int
+    pciSubSystemId: int
+
+
+class nvmlPciInfoExt_v1_t(ctypes.Structure):
+    _fields_ = (
+        ("version", ctypes.c_uint),
+        ("domain", ctypes.c_uint),
+        ("bus", ctypes.c_uint),
+        ("device", ctypes.c_uint),
+        ("pciDeviceId", ctypes.c_uint),
+        ("pciSubSystemId", ctypes.c_uint),
+        ("baseClass", ctypes.c_uint),
+        ("subClass", ctypes.c_uint),
+        ("busId", ctypes.c_char * 32),
+    )
+    version: int
+    baseClass: int
+    subClass: int
+
+
+class RunningProcess(Protocol):
+    """An entry of nvmlDeviceGetComputeRunningProcesses."""
+
+    @property
+    def pid(self) -> int: ...
+
+
+class Nvml(Protocol):
+    """The NVML surface the backend uses (pynvml's names, arguments and results)."""
+
+    NVML_SUCCESS: int
+    NVML_ERROR_INVALID_ARGUMENT: int
+    NVML_ERROR_NOT_SUPPORTED: int
+    NVML_ERROR_NO_PERMISSION: int
+    NVML_ERROR_NOT_FOUND: int
+    NVML_ERROR_TIMEOUT: int
+    NVML_ERROR_FUNCTION_NOT_FOUND: int
+    NVML_ERROR_GPU_IS_LOST: int
+    NVML_ERROR_RESET_REQUIRED: int
+    NVML_ERROR_IN_USE: int
+    NVML_ERROR_INSUFFICIENT_RESOURCES: int
+    NVML_DEVICE_MIG_DISABLE: int
+    NVML_DEVICE_MIG_ENABLE: int
+    NVML_GPU_INSTANCE_PROFILE_COUNT: int
+    NVML_COMPUTE_INSTANCE_PROFILE_COUNT: int
+    NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED: int
+    NVML_GPU_RECOVERY_ACTION_NONE: int
+    NVML_GPU_VIRTUALIZATION_MODE_VGPU: int
+    nvmlEventTypeXidCriticalError: int
+    nvmlPciInfoExt_v1: int
+
+    @property
+    def NVMLError(self) -> type[Exception]: ...
+
+    c_nvmlGpuInstancePlacement_t: type[c_nvmlGpuInstancePlacement_t]
+    c_nvmlGpuInstance_t: type[ctypes.c_uint64]
+    c_nvmlComputeInstance_t: type[ctypes.c_uint64]
+    nvmlPciInfoExt_v1_t: type[nvmlPciInfoExt_v1_t]
+
+    def nvmlInit(self) -> None: ...
+    def nvmlShutdown(self) -> None: ...
+    def nvmlSystemGetDriverVersion(self) -> str: ...
+    def nvmlSystemGetCudaDriverVersion(self) -> int: ...
+
+    def nvmlDeviceGetCount(self) -> int: ...
+    def nvmlDeviceGetHandleByIndex(self, index: int, /) -> Handle: ...
+    def nvmlDeviceGetUUID(self, handle: Handle, /) -> str: ...
+    def nvmlDeviceGetName(self, handle: Handle, /) -> str: ...
+    def nvmlDeviceGetMemoryInfo(self, handle: Handle, /) -> c_nvmlMemory_t: ...
+    def nvmlDeviceGetPciInfo(self, handle: Handle, /) -> nvmlPciInfo_t: ...
+    def nvmlDeviceGetPciInfoExt(self, handle: Handle, c_info: object, /) -> None: ...
+    def nvmlDeviceGetCudaComputeCapability(self, handle: Handle, /) -> tuple[int, int]: ...
+    def nvmlDeviceGetVirtualizationMode(self, handle: Handle, /) -> int: ...
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: Handle, /) -> Sequence[RunningProcess]: ...
+    def nvmlDeviceGetMigMode(self, device: Handle, /) -> list[int]: ...
+    def nvmlDeviceSetMigMode(self, device: Handle, mode: int, /) -> int: ...
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(
+        self, device: Handle, profile: int, version: int = 2, /
+    ) -> c_nvmlGpuInstanceProfileInfo_v2_t: ...
+    def nvmlDeviceGetGpuInstancePossiblePlacements(
+        self, device: Handle, profileId: int, placementsRef: object, countRef: object, /
+    ) -> int: ...
+    def nvmlDeviceCreateGpuInstanceWithPlacement(
+        self, device: Handle, profileId: int, placement: object, /
+    ) -> Handle: ...
+    def nvmlDeviceGetGpuInstances(
+        self, device: Handle, profileId: int, gpuInstancesRef: object, countRef: object, /
+    ) -> int: ...
+    def nvmlDeviceGetGpuInstanceById(self, device: Handle, gpuInstanceId: int, /) -> Handle: ...
+    def nvmlGpuInstanceGetInfo(self, gpuInstance: Handle, /) -> c_nvmlGpuInstanceInfo_t: ...
+    def nvmlGpuInstanceDestroy(self, gpuInstance: Handle, /) -> int: ...
+
+    def nvmlGpuInstanceGetComputeInstanceProfileInfo(
+        self, gpuInstance: Handle, profile: int, engProfile: int, version: int = 2, /
+    ) -> c_nvmlComputeInstanceProfileInfo_v2_t: ...
+    def nvmlGpuInstanceCreateComputeInstance(self, gpuInstance: Handle, profileId: int, /) -> Handle: ...
+    def nvmlGpuInstanceGetComputeInstances(
+        self, gpuInstance: Handle, profileId: int, computeInstancesRef: object, countRef: object, /
+    ) -> int: ...
+    def nvmlComputeInstanceGetInfo(self, computeInstance: Handle, /) -> c_nvmlComputeInstanceInfo_t: ...
+    def nvmlComputeInstanceDestroy(self, computeInstance: Handle, /) -> int: ...
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, device: Handle, /) -> int: ...
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, device: Handle, index: int, /) -> Handle: ...
+    def nvmlDeviceIsMigDeviceHandle(self, device: Handle, /) -> object: ...
+    def nvmlDeviceGetGpuInstanceId(self, device: Handle, /) -> int: ...
+    def nvmlDeviceGetComputeInstanceId(self, device: Handle, /) -> int: ...
+
+    def nvmlEventSetCreate(self) -> Handle: ...
+    def nvmlDeviceRegisterEvents(self, handle: Handle, eventTypes: int, eventSet: Handle, /) -> None: ...
+    def nvmlEventSetWait(self, eventSet: Handle, timeoutms: int, /) -> c_nvmlEventData_t: ...
+    def nvmlEventSetFree(self, eventSet: Handle, /) -> None: ...
+
+
+OPTIONAL = ("nvmlEventTypeGpuRecoveryAction",)
+"""Names read with a fallback: older pynvml releases lack them."""
+
+
+def code(err: BaseException) -> int | None:
+    """The NVML return code of a pynvml error (`.value`), or None."""
+    value = getattr(err, "value", None)
+    return value if isinstance(value, int) else None
+
+
+def optional_int(nvml: object, name: str, default: int) -> int:
+    """An NVML constant that older pynvml releases lack, or `default`."""
+    value = getattr(nvml, name, default)
+    return value if isinstance(value, int) else default

@@ -1,0 +1,196 @@
+"""GPU feature discovery's labels, with GFD's names and value formats, from the observed node.
+
+Pure. Mirrors k8s-device-plugin's internal/lm: full-GPU labels per model (MIG-enabled GPUs count as
+that model, unshared: replicas 0), MIG labels per profile (`mixed`) or in place of the GPU labels
+(`single`, with GFD's `-MIG-INVALID` when the node cannot be advertised that way), the driver and
+CUDA versions, architecture family and compute capability, machine type, GPU mode, MPS and vGPU.
+Where GFD picks one of several models at random (its map order), the most common model wins here.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+from sharing.catalog import Catalog, Profile
+from sharing.inventory import GPU_RESOURCE, Device, Inventory
+from sharing.model import DriverInfo, Gpu, GpuInstance, NodeState, geometry
+
+PREFIX = "nvidia.com/"
+ENGINES = ("copy", "decoder", "encoder", "jpeg", "ofa")
+_LABEL_VALUE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def sanitise(*parts: str) -> str:
+    """GFD's product naming: drop characters outside [A-Za-z0-9-_. ], whitespace runs become '-'."""
+    cleaned = (re.sub(r"\s+", "-", re.sub(r"[^A-Za-z0-9\-_. ]", "", part).strip()) for part in parts)
+    return "-".join(c for c in cleaned if c)
+
+
+def label_value(text: str) -> str:
+    """A valid Kubernetes label value: at most 63 of [A-Za-z0-9._-], alphanumeric at both ends."""
+    value = _LABEL_VALUE.sub("", text.replace(" ", "-"))[:63]
+    return re.sub(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$", "", value)
+
+
+def family(major: int, minor: int) -> str:
+    """GFD's architecture family of a CUDA compute capability."""
+    names = {1: "tesla", 2: "fermi", 3: "kepler", 5: "maxwell", 6: "pascal", 9: "hopper", 10: "blackwell",
+             12: "blackwell", 13: "rubin"}  # fmt: skip
+    if major == 7:
+        return "volta" if minor < 5 else "turing"
+    if major == 8:
+        return "ampere" if minor < 9 else "ada-lovelace"
+    return names.get(major, "undefined")
+
+
+def node_wide_labels(node: NodeState) -> dict[str, str]:
+    """present, mig.capable, mps.capable, gpu.mode, gpu.machine and (inside a vGPU guest) vgpu.present."""
+    first_class = node.gpus[0].pci_class
+    mode = {0x030000: "graphics", 0x030200: "compute"}.get(first_class or 0, "unknown")
+    labels = {
+        PREFIX + "gpu.present": "true",
+        PREFIX + "mig.capable": _bool(any(g.mig_capable for g in node.gpus)),
+        PREFIX + "mps.capable": "false",  # the agent does not run MPS
+        PREFIX + "gpu.mode": mode,
+        PREFIX + "gpu.machine": label_value(node.machine or "") or "unknown",
+    }
+    if node.virtual:
+        labels[PREFIX + "vgpu.present"] = "true"
+    return labels
+
+
+def driver_labels(driver: DriverInfo | None) -> dict[str, str]:
+    """The driver and CUDA versions under GFD's new and deprecated keys (cuda.driver*, cuda.runtime*)."""
+    labels: dict[str, str] = {}
+    if driver is None:
+        return labels
+    parts = driver.version.split(".")
+    if 2 <= len(parts) <= 3 and all(label_value(p) == p for p in parts):
+        major, minor, rev = parts[0], parts[1], parts[2] if len(parts) == 3 else ""
+        labels |= {
+            "cuda.driver.major": major, "cuda.driver.minor": minor, "cuda.driver.rev": rev,
+            "cuda.driver-version.major": major, "cuda.driver-version.minor": minor,
+            "cuda.driver-version.revision": rev, "cuda.driver-version.full": driver.version,
+        }  # fmt: skip
+    if driver.cuda_version is not None:
+        major_n, minor_n = driver.cuda_version // 1000, driver.cuda_version % 1000 // 10
+        labels |= {
+            "cuda.runtime.major": str(major_n), "cuda.runtime.minor": str(minor_n),
+            "cuda.runtime-version.major": str(major_n), "cuda.runtime-version.minor": str(minor_n),
+            "cuda.runtime-version.full": f"{major_n}.{minor_n}",
+        }  # fmt: skip
+    return {PREFIX + k: v for k, v in labels.items()}
+
+
+def _advertised(inventory: Inventory) -> list[tuple[str, Device]]:
+    return [(name, d) for name, devices in inventory.resources for d in devices]
+
+
+def full_gpu_labels(node: NodeState, inventory: Inventory) -> dict[str, str]:
+    """`gpu.*` for one model: GPUs with MIG off win over MIG-enabled ones (which count, unshared)."""
+    off = [g for g in node.gpus if not g.mig_enabled]
+    pool = off or list(node.gpus)
+    counts = Counter(g.product for g in pool)
+    model = min(counts, key=lambda name: (-counts[name], name))
+    gpus = [g for g in pool if g.product == model]
+    count = sum(g.product == model for g in node.gpus)
+    first = gpus[0]
+    labels = {"product": sanitise(model), "count": str(count), "replicas": "0", "sharing-strategy": "none"}
+    if off:
+        uuids = {g.uuid for g in gpus}
+        advertised = [
+            (name, d) for name, d in _advertised(inventory) if d.mig_uuid is None and d.gpu_uuid in uuids
+        ]
+        replicas = max(Counter(d.uuid for _, d in advertised).values(), default=1)
+        renamed = any(name != GPU_RESOURCE for name, d in advertised if d.replica is not None)
+        shared = replicas > 1
+        labels |= {
+            "product": sanitise(model) + ("-SHARED" if shared and not renamed else ""),
+            "replicas": str(replicas),
+            "sharing-strategy": "time-slicing" if shared else "none",
+        }
+    if first.memory_mib:
+        labels["memory"] = str(first.memory_mib)
+    if first.compute_capability is not None and first.compute_capability[0] != 0:
+        major, minor = first.compute_capability
+        labels |= {"family": family(major, minor), "compute.major": str(major), "compute.minor": str(minor)}
+    return {f"{PREFIX}gpu.{k}": v for k, v in labels.items()}
+
+
+def _profile(gpu: Gpu, gi: GpuInstance, catalog: Catalog) -> Profile | None:
+    table = geometry(gpu, catalog)
+    return None if table is None else table.profile(gi.profile)
+
+
+def _mig_labels(
+    key: str, where: tuple[Gpu, GpuInstance], devices: list[tuple[str, Device]], base: str, catalog: Catalog
+) -> dict[str, str]:  # fmt: skip
+    """The labels of one MIG profile under `key` (`gpu`, `mig-1g.5gb`); `where`: a GPU and instance of it."""
+    gpu, gi = where
+    physical = {d.uuid for _, d in devices}
+    replicas = max(Counter(d.uuid for _, d in devices).values(), default=1)
+    renamed = any(name != base for name, d in devices if d.replica is not None)
+    shared = replicas > 1
+    name = gi.profile.replace("+", ".")
+    labels = {
+        "product": sanitise(gpu.product, "MIG", name) + ("-SHARED" if shared and not renamed else ""),
+        "count": str(len(physical)),
+        "replicas": str(replicas),
+        "sharing-strategy": "time-slicing" if shared else "none",
+        "slices.gi": str(gi.profile.split("g.")[0].split(".")[-1]),
+        "slices.ci": str(gi.profile.split("g.")[0].split(".")[-1]),
+    }
+    profile = _profile(gpu, gi, catalog)
+    if profile is not None:
+        labels |= {"memory": str(profile.memory_mib), "slices.gi": str(profile.compute_slices),
+                   "slices.ci": str(profile.compute_slices)}  # fmt: skip
+        if profile.multiprocessors is not None:
+            labels["multiprocessors"] = str(profile.multiprocessors)
+        if profile.engines is not None:
+            e = profile.engines
+            counts = (e.copy, e.decoder, e.encoder, e.jpeg, e.ofa)
+            labels |= {f"engines.{n}": str(c) for n, c in zip(ENGINES, counts, strict=True)}
+    return {f"{PREFIX}{key}.{k}": v for k, v in labels.items()}
+
+
+def _mig_devices(node: NodeState) -> dict[str, tuple[Gpu, GpuInstance]]:
+    return {ci.uuid: (gpu, gi) for gpu in node.gpus if gpu.mig_enabled for gi, ci in gpu.mig_devices}
+
+
+def mixed_labels(node: NodeState, inventory: Inventory, catalog: Catalog) -> dict[str, str]:
+    """`mig-<profile>.*` for every MIG profile present (`+` written `.`, as GFD does)."""
+    migs = _mig_devices(node)
+    by_profile: dict[str, list[tuple[str, Device]]] = {}
+    for name, device in _advertised(inventory):
+        if device.mig_uuid in migs:
+            by_profile.setdefault(migs[device.mig_uuid][1].profile, []).append((name, device))
+    labels: dict[str, str] = {}
+    for profile, devices in sorted(by_profile.items()):
+        gpu, gi = migs[devices[0][1].mig_uuid or ""]
+        base = PREFIX + "mig-" + profile.replace("+", ".")
+        labels |= _mig_labels(base.removeprefix(PREFIX), (gpu, gi), devices, base, catalog)
+    return labels
+
+
+def single_labels(node: NodeState, inventory: Inventory, catalog: Catalog) -> dict[str, str]:
+    """`gpu.*` from the MIG devices (one profile on every GPU), or GFD's `-MIG-INVALID` labels."""
+    enabled = [g for g in node.gpus if g.mig_enabled]
+    if not enabled:
+        return {}
+    profiles = {gi.profile for g in enabled for gi, _ in g.mig_devices}
+    valid = len(enabled) == len(node.gpus) and all(g.mig_devices for g in enabled) and len(profiles) == 1
+    if not valid:
+        invalid = {"product": sanitise(enabled[0].product, "MIG", "INVALID"), "count": "0", "replicas": "0",
+                   "memory": "0"}  # fmt: skip
+        return {f"{PREFIX}gpu.{k}": v for k, v in invalid.items()}
+    migs = _mig_devices(node)
+    devices = [(name, d) for name, d in _advertised(inventory) if d.mig_uuid in migs]
+    if not devices:
+        return {}
+    gpu, gi = migs[devices[0][1].mig_uuid or ""]
+    return _mig_labels("gpu", (gpu, gi), devices, GPU_RESOURCE, catalog)
+
+
+def _bool(value: bool) -> str:
+    return "true" if value else "false"
