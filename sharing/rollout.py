@@ -162,6 +162,9 @@ class Rollout:
         for gpu in report.gpus:
             if gpu.outcome in (Outcome.APPLIED, Outcome.UNCHANGED):
                 self.effective[gpu.uuid] = config
+            if gpu.steps and after.gpu(gpu.uuid) is None:
+                # Changed, then unreadable: what it had before is no longer known to exist.
+                self._seen.pop(gpu.uuid, None)
         return _verdict(config, report, holders, after), after
 
     def advertise(self, observed: NodeState, config: SharingConfig | None) -> Inventory:

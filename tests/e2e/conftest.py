@@ -43,16 +43,34 @@ def poll(what: str, read: Callable[[], Any], ok: Callable[[Any], bool], timeout:
 
 
 @pytest.fixture(scope="session")
-def agent_kubeconfig(control_plane: cluster.ControlPlane) -> Path:
-    """deploy/ applied to the API server; a kubeconfig with the agent ServiceAccount's own token."""
+def deployed(control_plane: cluster.ControlPlane) -> cluster.ControlPlane:
+    """deploy/ applied to the API server (RBAC, the own-node admission policy, the presets)."""
     control_plane.kubectl("apply", "-f", str(REPO / "deploy"), check=True)
     # The user's ConfigMap is theirs: deploy/ never ships it. Tests add their configs to it.
     if control_plane.kubectl("get", "configmap", CONFIGMAP, "-n", NAMESPACE).returncode != 0:
         control_plane.kubectl("create", "configmap", CONFIGMAP, "-n", NAMESPACE, check=True)
-    token = control_plane.kubectl(
-        "create", "token", "gpu-sharing", "-n", NAMESPACE, "--duration=2h", check=True
-    ).stdout.strip()
-    return control_plane.token_kubeconfig(token, "gpu-sharing-agent")
+    return control_plane
+
+
+def agent_token(control_plane: cluster.ControlPlane, node: str) -> str:
+    """The agent ServiceAccount's token as its DaemonSet pod on `node` gets it: bound to a pod
+    scheduled there, so it carries the node claim the admission policy checks."""
+    pod = f"agent-{node}"
+    manifest = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": pod, "namespace": NAMESPACE},
+        "spec": {
+            "nodeName": node,
+            "serviceAccountName": "gpu-sharing",
+            "containers": [{"name": "agent", "image": "gpu-sharing:placeholder"}],
+        },
+    }
+    control_plane.kubectl("apply", "-f", "-", input=json.dumps(manifest), check=True)
+    return control_plane.kubectl(
+        "create", "token", "gpu-sharing", "-n", NAMESPACE, "--duration=2h",
+        "--bound-object-kind=Pod", f"--bound-object-name={pod}", check=True,
+    ).stdout.strip()  # fmt: skip
 
 
 @dataclass
@@ -199,14 +217,15 @@ class GpuNode:
 def gpu_node(
     control_plane: cluster.ControlPlane,
     make_kubelet: Callable[..., cluster.KubeletHarness],
-    agent_kubeconfig: Path,
+    deployed: cluster.ControlPlane,
     tmp_path: Path,
 ) -> Iterator[GpuNode]:
     """2x A100-SXM4-40GB + 2x H100 80GB HBM3 (simulated), the kubelet harness and the agent."""
     name = f"gpu-{uuid.uuid4().hex[:8]}"
     kubelet = make_kubelet(node_name=name)
     sim = tmp_path / "gpus.json"
-    node = GpuNode(name, control_plane, kubelet, agent_kubeconfig, sim, tmp_path)
+    kubeconfig = control_plane.token_kubeconfig(agent_token(control_plane, name), f"agent-{name}")
+    node = GpuNode(name, control_plane, kubelet, kubeconfig, sim, tmp_path)
     node.sharing("sim", "init", "--state", str(sim), "--gpus", GPUS)
     node.start_agent()
     yield node

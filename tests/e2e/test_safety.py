@@ -173,3 +173,26 @@ def _no_leftover_pods(gpu_node: GpuNode) -> Iterator[None]:
     yield
     for pod in gpu_node.kubelet.pods():
         gpu_node.kubelet.delete_pod(pod["uid"])
+
+
+def test_a_lost_gpu_does_not_block_the_others(gpu_node: GpuNode) -> None:
+    """All GPUs used to be read in one call: one GPU's error failed every reconcile for all of them."""
+    gpu_node.label(DEMO)
+    gpu_node.kubelet.wait_resources(mig_and_shared, timeout=60)
+    lost = gpu_node.export()["gpus"][3]["uuid"]  # an H100, time-sliced 4 ways
+    gpu_node.sharing("sim", "lost", "--state", str(gpu_node.sim), "--gpu", "3")
+    gpu_node.label("all-1g")
+    resources = gpu_node.kubelet.wait_resources(
+        lambda r: capacity("nvidia.com/mig-1g.5gb", 14)(r) and capacity("nvidia.com/mig-1g.10gb", 7)(r),
+        timeout=60,
+    )["resources"]
+    # The lost GPU's replicas stay listed, unhealthy: nothing can be handed out on it.
+    assert 4 == resources["nvidia.com/gpu"]["capacity"]
+    assert 0 == resources["nvidia.com/gpu"]["allocatable"]
+    event = gpu_node.wait_event("ConfigApplyFailed")
+    assert "GPU 3: cannot be read" in event["message"]
+    gpu_node.wait_labels(state_is("failed"))
+    gpu_node.sharing("sim", "found", "--state", str(gpu_node.sim), "--gpu", "3")
+    gpu_node.kubelet.wait_resources(capacity("nvidia.com/mig-1g.10gb", 14), timeout=90)
+    gpu_node.wait_labels(state_is("success"))
+    assert lost == gpu_node.export()["gpus"][3]["uuid"]
