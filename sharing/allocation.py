@@ -1,6 +1,11 @@
 """Allocation policy: which devices to prefer for a container, and what Allocate hands it.
 
-The kubelet asks GetPreferredAllocation for a hint and then Allocate for the container's env.
+The kubelet asks GetPreferredAllocation for a hint and then Allocate for what the container gets:
+by NVIDIA's device-list strategies (one or several) `envvar` (NVIDIA_VISIBLE_DEVICES), `volume-mounts`
+(/dev/null mounted at /var/run/nvidia-container-devices/<id>, the variable naming that directory),
+`cdi-annotations` (CDI device names in a pod annotation) and `cdi-cri` (CDI device names in the CRI
+field); devices named by UUID or by index (`0`, or `0:1` for MIG device 1 of GPU 0). When every
+chosen strategy is CDI, no variable and no mount are added, as NVIDIA's plugin does.
 Replicas and MIG devices are spread over distinct physical GPUs by default (least-loaded GPU first;
 the NVIDIA plugin groups MIG devices by their own UUID and so cannot), or packed onto the busiest
 GPU; full GPUs are kept on one NUMA node when the node knows it. Pure: devices in, IDs out.
@@ -18,7 +23,49 @@ from sharing.inventory import Device, DeviceId
 from sharing.text import listed
 
 VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
-CDI_KIND = "nvidia.com/gpu"
+DEVICE_LIST_DIR = "/var/run/nvidia-container-devices"
+CDI_KIND = "k8s.gpu-sharing.io/gpu"
+"""The CDI kind (vendor/class) of the spec the agent writes; its own, so it never collides with the
+specs NVIDIA's tools generate (`nvidia.com/gpu`, `k8s.device-plugin.nvidia.com/gpu`)."""
+CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
+
+
+class DeviceListStrategy(enum.Enum):
+    """How Allocate hands devices to a container (NVIDIA's names and meanings)."""
+
+    ENVVAR = "envvar"
+    VOLUME_MOUNTS = "volume-mounts"
+    CDI_ANNOTATIONS = "cdi-annotations"
+    CDI_CRI = "cdi-cri"
+
+
+class DeviceIdStrategy(enum.Enum):
+    """How devices are named to the container runtime."""
+
+    UUID = "uuid"
+    INDEX = "index"
+
+
+@dataclass(frozen=True, slots=True)
+class Injection:
+    """The device-list strategies (at least one) and the device ID strategy."""
+
+    strategies: frozenset[DeviceListStrategy] = frozenset({DeviceListStrategy.ENVVAR})
+    ids: DeviceIdStrategy = DeviceIdStrategy.UUID
+
+    @property
+    def cdi(self) -> bool:
+        """True when a CDI strategy is chosen: the agent writes its CDI spec."""
+        return bool(self.strategies & {DeviceListStrategy.CDI_ANNOTATIONS, DeviceListStrategy.CDI_CRI})
+
+
+ENVVAR_BY_UUID = Injection()
+"""The default: NVIDIA_VISIBLE_DEVICES with UUIDs."""
+
+
+def device_name(device: Device, ids: DeviceIdStrategy) -> str:
+    """What the container runtime is told: the UUID, or the index (`0`, `0:1`)."""
+    return device.index if ids is DeviceIdStrategy.INDEX and device.index else device.uuid
 
 
 class AllocationPolicy(enum.Enum):
@@ -35,11 +82,22 @@ class AllocationError(PluginError):
 
 
 @dataclass(frozen=True, slots=True)
+class Mount:
+    """A bind mount into the container."""
+
+    container_path: str
+    host_path: str
+    read_only: bool = True
+
+
+@dataclass(frozen=True, slots=True)
 class ContainerAllocation:
-    """What one container gets: environment variables and, optionally, CDI device names."""
+    """What one container gets: variables, mounts, annotations and CDI device names."""
 
     envs: tuple[tuple[str, str], ...]
     cdi_devices: tuple[str, ...] = ()
+    mounts: tuple[Mount, ...] = ()
+    annotations: tuple[tuple[str, str], ...] = ()
 
 
 def preferred_allocation(
@@ -96,9 +154,9 @@ def allocate(
     requested: Sequence[str],
     *,
     fail_requests_greater_than_one: bool = False,
-    cdi: bool = False,
+    injection: Injection = ENVVAR_BY_UUID,
 ) -> ContainerAllocation:
-    """The env (and CDI names) for one container; AllocationError for a request to refuse."""
+    """What one container gets, per the injection strategies; AllocationError for a request to refuse."""
     if not requested:
         raise AllocationError(f"{resource}: the request names no devices")
     duplicates = [i for i, n in Counter(requested).items() if n > 1]
@@ -117,10 +175,27 @@ def allocate(
             f"{resource}: {len(chosen)} shared devices requested, but failRequestsGreaterThanOne allows"
             " at most 1 per container; request 1, or set sharing.failRequestsGreaterThanOne: false"
         )
-    uuids = tuple(dict.fromkeys(d.uuid for d in chosen))
+    # Replicas of one device are one device to the container.
+    names = tuple(dict.fromkeys(device_name(d, injection.ids) for d in chosen))
+    cdi_names = tuple(f"{CDI_KIND}={n}" for n in names)
+    chosen_strategies = injection.strategies
+    envs: tuple[tuple[str, str], ...] = ()
+    mounts: tuple[Mount, ...] = ()
+    if DeviceListStrategy.VOLUME_MOUNTS in chosen_strategies:
+        envs = ((VISIBLE_DEVICES_ENV, DEVICE_LIST_DIR),)
+        mounts = tuple(Mount(f"{DEVICE_LIST_DIR}/{n}", "/dev/null") for n in names)
+    elif DeviceListStrategy.ENVVAR in chosen_strategies:
+        envs = ((VISIBLE_DEVICES_ENV, ",".join(names)),)
+    annotations: tuple[tuple[str, str], ...] = ()
+    if DeviceListStrategy.CDI_ANNOTATIONS in chosen_strategies:
+        # One key per resource: a container asking for two resources gets both annotations.
+        key = f"{CDI_ANNOTATION_PREFIX}gpu-sharing_{resource.rpartition('/')[2]}"
+        annotations = ((key, ",".join(cdi_names)),)
     return ContainerAllocation(
-        envs=((VISIBLE_DEVICES_ENV, ",".join(uuids)),),
-        cdi_devices=tuple(f"{CDI_KIND}={u}" for u in uuids) if cdi else (),
+        envs=envs,
+        cdi_devices=cdi_names if DeviceListStrategy.CDI_CRI in chosen_strategies else (),
+        mounts=mounts,
+        annotations=annotations,
     )
 
 

@@ -46,6 +46,8 @@ class GpuReport:
     reason: str = ""
     blockers: tuple[str, ...] = ()
     """Devices in use that stand in the way, when BLOCKED."""
+    failed_step: Step | None = None
+    """The step that failed, when a step failed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,7 +220,9 @@ async def _execute(backend: GpuBackend, journal: Journal, change: GpuChange) -> 
             await asyncio.to_thread(journal.done, n)
             reason = f"{step}: {bounded(str(err))}"
             log.error("gpu_failed", gpu=gpu.index, uuid=gpu.uuid, step=str(step), error=bounded(str(err)))
-            return GpuReport(gpu.index, gpu.uuid, gpu.product, Outcome.FAILED, tuple(done), reason)
+            return GpuReport(
+                gpu.index, gpu.uuid, gpu.product, Outcome.FAILED, tuple(done), reason, failed_step=step
+            )
         await asyncio.to_thread(journal.done, n)
         done.append(step)
         log.info("step_done", gpu=gpu.index, step=str(step))

@@ -53,6 +53,9 @@ class Device:
     mig_uuid: MigUuid | None = None
     replica: int | None = None
     """Replica index when the device is time-sliced, else None."""
+    index: str = ""
+    """The device as the driver numbers it: `0` for GPU 0, `0:1` for MIG device 1 of GPU 0
+    (deviceIDStrategy `index`)."""
 
     @property
     def uuid(self) -> str:
@@ -228,7 +231,7 @@ def _devices_of(
         return
     if not gpu.mig_enabled:
         replicas = rule.replicas.for_kind("gpu") if rule else 1
-        yield from _replicate(GPU_RESOURCE, gpu, None, replicas, rename)
+        yield from _replicate(GPU_RESOURCE, gpu, None, replicas, rename, index=str(gpu.index))
         return
     if not gpu.mig_devices:
         warnings.append(
@@ -236,10 +239,11 @@ def _devices_of(
         )
     if not single_ok:
         return
-    for gi, ci in gpu.mig_devices:
+    for position, (gi, ci) in enumerate(gpu.mig_devices):
         resource = GPU_RESOURCE if strategy is MigStrategy.SINGLE else mig_resource(gi.profile)
         replicas = rule.replicas.for_kind(gi.profile) if rule else 1
-        yield from _replicate(resource, gpu, ci.uuid, replicas, rename)
+        index = f"{gpu.index}:{position if ci.mig_index is None else ci.mig_index}"
+        yield from _replicate(resource, gpu, ci.uuid, replicas, rename, index=index)
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,15 +260,18 @@ class _Rename:
 
 
 def _replicate(
-    resource: ResourceName, gpu: Gpu, mig_uuid: MigUuid | None, replicas: int, rename: _Rename
+    resource: ResourceName, gpu: Gpu, mig_uuid: MigUuid | None, replicas: int, rename: _Rename, *, index: str
 ) -> Iterable[tuple[ResourceName, Device]]:
     uuid = mig_uuid if mig_uuid is not None else gpu.uuid
     if replicas <= 1:
-        yield resource, Device(device_id(uuid), Health.HEALTHY, gpu.numa_node, gpu.uuid, mig_uuid)
+        yield (
+            resource,
+            Device(device_id(uuid), Health.HEALTHY, gpu.numa_node, gpu.uuid, mig_uuid, index=index),
+        )
         return
     shared = rename(resource)
     for n in range(replicas):
-        yield shared, Device(device_id(uuid, n), Health.HEALTHY, gpu.numa_node, gpu.uuid, mig_uuid, n)
+        yield shared, Device(device_id(uuid, n), Health.HEALTHY, gpu.numa_node, gpu.uuid, mig_uuid, n, index)
 
 
 def _single_is_uniform(node: NodeState, warnings: list[str]) -> bool:

@@ -30,6 +30,9 @@ class ComputeInstance:
     id: int
     uuid: MigUuid
     busy: bool = False
+    mig_index: int | None = None
+    """Its index among its GPU's MIG devices (nvmlDeviceGetMigDeviceHandleByIndex): `<gpu>:<this>`
+    names it in NVIDIA_VISIBLE_DEVICES."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +76,8 @@ class Gpu:
     pci_class: int | None = None
     """The 24-bit PCI class code (0x030200 a 3D controller, 0x030000 a VGA controller)."""
     compute_capability: tuple[int, int] | None = None
+    minor: int | None = None
+    """The minor number of its device file, /dev/nvidia<minor> (nvmlDeviceGetMinorNumber)."""
     profiles: Product | None = None
     """The MIG profiles and placements the driver reports (None: no MIG, or not read)."""
 

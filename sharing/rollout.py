@@ -20,19 +20,24 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import structlog
 
+from sharing.allocation import ENVVAR_BY_UUID, Injection
 from sharing.apply import ApplyReport, GpuReport, NodePlan, execute, plan_node
 from sharing.catalog import Catalog
+from sharing.cdi import build_spec, write_spec
 from sharing.change import Outcome
 from sharing.gpu.backend import GpuBackend
 from sharing.holders import Holders, read_holders
 from sharing.inventory import Health, Inventory, build_inventory, withdraw
 from sharing.journal import Journal, JournalCorruptError
 from sharing.labels import ConfigState
+from sharing.metrics import Metrics
 from sharing.model import Gpu, GpuUuid, NodeState
 from sharing.serve.fleet import Fleet
 from sharing.serve.podresources import PodResourcesClient
@@ -87,8 +92,14 @@ class Rollout:
         catalog: Catalog,
         journal: Journal,
         pod_resources: PodResourcesClient | None,
+        injection: Injection = ENVVAR_BY_UUID,
+        cdi_spec_dir: Path | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
+        self.metrics = metrics
         self.backend = backend
+        self.injection = injection
+        self.cdi_spec_dir = cdi_spec_dir
         self.fleet = fleet
         self.catalog = catalog
         self.journal = journal
@@ -98,6 +109,8 @@ class Rollout:
         self.advertised = Inventory()
         """What the fleet was last told to advertise (health aside)."""
         self._seen: dict[GpuUuid, Gpu] = {}
+        self.node = NodeState(())
+        """The node the advertised inventory was built from (for the CDI spec)."""
 
     async def holders(self) -> Holders:
         """Who holds which device right now."""
@@ -133,6 +146,7 @@ class Rollout:
                 unfinished=unfinished,
             )
             withdrawn: frozenset[str] = frozenset()
+            started = time.monotonic()
             for _ in range(WITHDRAW_ROUNDS):
                 removed = plan.removed()
                 if removed <= withdrawn:
@@ -156,6 +170,7 @@ class Rollout:
             if plan.runnable:
                 await on_pending()
                 report = await execute(self.backend, self.journal, plan, config=config.name)
+                self._count(report, time.monotonic() - started)
             else:
                 report = ApplyReport(plan.reports(), resumed=unfinished is not None)
         after = report.after or observed
@@ -167,7 +182,7 @@ class Rollout:
                 self._seen.pop(gpu.uuid, None)
         return _verdict(config, report, holders, after), after
 
-    def advertise(self, observed: NodeState, config: SharingConfig | None) -> Inventory:
+    async def advertise(self, observed: NodeState, config: SharingConfig | None) -> Inventory:
         """Tell the fleet what the hardware has, each GPU under the config in effect on it.
 
         `config` names the node's config (allocation rules); GPUs it was not applied to keep theirs.
@@ -188,8 +203,40 @@ class Rollout:
         for warning in inventory.warnings:
             log.warning("inventory_warning", warning=bounded(warning))
         self.advertised = inventory
-        self.fleet.update(inventory)
+        self.node = replace(observed, gpus=gpus)
+        await self._publish(inventory)
         return inventory
+
+    async def _publish(self, inventory: Inventory) -> None:
+        """The CDI spec first (every name Allocate can hand out resolves), then the plugins."""
+        if self.cdi_spec_dir is not None:
+            spec = (
+                build_spec(inventory, self.node, self.backend.device_files, self.injection.ids)
+                if self.injection.cdi
+                else None
+            )
+            try:
+                if await asyncio.to_thread(write_spec, self.cdi_spec_dir, spec):
+                    log.info(
+                        "cdi_spec_written",
+                        dir=str(self.cdi_spec_dir),
+                        devices=len(spec["devices"]) if spec else 0,
+                    )
+            except OSError as err:
+                # The plugins still advertise: a container using CDI names would fail to start,
+                # and the kubelet says so on the pod; the log says why here.
+                log.error("cdi_spec_not_written", dir=str(self.cdi_spec_dir), error=bounded(str(err)))
+        self.fleet.update(inventory)
+
+    def _count(self, report: ApplyReport, seconds: float) -> None:
+        if self.metrics is None:
+            return
+        self.metrics.apply_seconds.observe(seconds)
+        for gpu in report.gpus:
+            for step in gpu.steps:
+                self.metrics.steps.labels(kind=step.kind.value, result="done").inc()
+            if gpu.failed_step is not None:
+                self.metrics.steps.labels(kind=gpu.failed_step.kind.value, result="failed").inc()
 
     def forget(self) -> None:
         """No config manages the GPUs any more: advertise each as it is."""
@@ -198,7 +245,7 @@ class Rollout:
     async def _withdraw(self, uuids: frozenset[str]) -> str:
         """Stop advertising these devices and wait until the kubelet stops offering them; why not, or ""."""
         ids = {d.id for _, devices in self.advertised.resources for d in devices if d.uuid in uuids}
-        self.fleet.update(withdraw(self.advertised, uuids))
+        await self._publish(withdraw(self.advertised, uuids))
         await self.fleet.sync()
         if not ids or self.pod_resources is None:
             return ""

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from sharing.allocation import DeviceIdStrategy, DeviceListStrategy, Injection
 from sharing.journal import DEFAULT_PATH as DEFAULT_JOURNAL
 
 DEFAULT_POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
@@ -43,8 +44,29 @@ class Settings:
     watch_timeout_seconds: int = 300
     ignored_xids: tuple[int, ...] = (13, 31, 43, 45, 68, 109)
     allocation_policy: str = "distributed"
-    cdi: bool = False
+    device_list_strategy: str = "envvar"
+    """Comma list of envvar, volume-mounts, cdi-annotations, cdi-cri (NVIDIA's names)."""
+    device_id_strategy: str = "uuid"
+    cdi_spec_dir: Path = Path("/var/run/cdi")
+    http_port: int = 9402
+    """/healthz, /readyz, /metrics and /status; 0: no HTTP server."""
     log_format: str = "auto"
+
+    def injection(self) -> Injection:
+        """The device-list and device-ID strategies; ValueError names a bad one."""
+        names = [n.strip() for n in self.device_list_strategy.split(",") if n.strip()]
+        valid = ", ".join(s.value for s in DeviceListStrategy)
+        try:
+            strategies = frozenset(DeviceListStrategy(n) for n in names)
+            ids = DeviceIdStrategy(self.device_id_strategy)
+        except ValueError:
+            raise ValueError(
+                f"{self.device_list_strategy!r} / {self.device_id_strategy!r}: the strategies are {valid}, "
+                "and the ID strategy uuid or index"
+            ) from None
+        if not strategies:
+            raise ValueError(f"no device-list strategy given (choose from {valid})")
+        return Injection(strategies, ids)
 
     def describe(self) -> dict[str, str]:
         """The settings as strings, for the start-up log line."""
@@ -102,7 +124,15 @@ _OPTIONS: tuple[tuple[str, str, str, str], ...] = (
         "SHARING_ALLOCATION_POLICY",
         "replicas: distributed or packed",
     ),
-    ("cdi", "--cdi", "SHARING_CDI", "also return CDI device names from Allocate (true/false)"),
+    (
+        "device_list_strategy",
+        "--device-list-strategy",
+        "SHARING_DEVICE_LIST_STRATEGY",
+        "how containers get devices: envvar, volume-mounts, cdi-annotations, cdi-cri (comma list)",
+    ),
+    ("device_id_strategy", "--device-id-strategy", "SHARING_DEVICE_ID_STRATEGY", "uuid or index"),
+    ("cdi_spec_dir", "--cdi-spec-dir", "SHARING_CDI_SPEC_DIR", "where the CDI spec is written"),
+    ("http_port", "--http-port", "SHARING_HTTP_PORT", "port of /healthz, /readyz, /metrics (0: none)"),
     ("log_format", "--log-format", "SHARING_LOG_FORMAT", "auto, json or console"),
 )
 
@@ -146,6 +176,12 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] = os.environ)
             f"--default-mig-strategy / SHARING_DEFAULT_MIG_STRATEGY: {settings.default_mig_strategy!r} "
             "is not none, single or mixed"
         )
+    try:
+        settings.injection()
+    except ValueError as err:
+        raise ValueError(f"--device-list-strategy / --device-id-strategy: {err}") from err
+    if not 0 <= settings.http_port < 65536:
+        raise ValueError(f"--http-port / SHARING_HTTP_PORT: {settings.http_port} is not a port")
     if settings.log_format not in ("auto", "json", "console"):
         raise ValueError(f"log format {settings.log_format!r} is not auto, json or console")
     return settings

@@ -1,14 +1,30 @@
-"""Where the node's configs come from: the user's ConfigMap, over the shipped presets.
+"""Where the node's configs come from: the user's ConfigMap over the shipped presets, and the last good.
 
 Presets live in their own ConfigMap (`gpu-sharing-presets`, replaced on every upgrade); users own
-theirs (`gpu-sharing-config`, never overwritten). Each is parsed on its own, so a broken key in one
+theirs (`gpu-sharing-config`, never overwritten). Both are watched; each is parsed on its own (in a
+thread: a large ConfigMap takes seconds, and the loop serves gRPC meanwhile), so a broken key in one
 spoils nothing in the other, and a name the user defines (valid or not) wins over a preset of the
-same name. Pure.
+same name. The config last applied is kept on disk (`sharing.memory`) for a start without the API.
 """
 
 from __future__ import annotations
 
-from sharing.config import CONFIGMAP, ConfigSet
+import asyncio
+from collections.abc import Callable
+
+import structlog
+
+from sharing.catalog import Catalog
+from sharing.config import CONFIGMAP, ConfigSet, parse_configmap
+from sharing.kube import ConfigMapObject, KubeClient
+from sharing.memory import LastGood, LastGoodError, Remembered
+from sharing.model import Gpu, NodeState
+from sharing.settings import Settings
+from sharing.spec import MigStrategy, SharingConfig
+from sharing.text import bounded
+from sharing.watch import Watched, watch_configmap
+
+log = structlog.get_logger(__name__)
 
 
 def merge(user: ConfigSet, presets: ConfigSet) -> ConfigSet:
@@ -27,3 +43,75 @@ def merge(user: ConfigSet, presets: ConfigSet) -> ConfigSet:
         warnings=user.warnings + tuple(p for p in presets.warnings if p.config not in owned),
         invalid=user.invalid + kept_invalid,
     )
+
+
+class ConfigSources:
+    """The watched ConfigMaps (the user's first), their parsed configs, and the last good config."""
+
+    def __init__(self, kube: KubeClient, settings: Settings, catalog: Catalog) -> None:
+        names = (settings.configmap, settings.presets_configmap)
+        self.watches: list[Watched[ConfigMapObject]] = [
+            watch_configmap(kube, settings.namespace, name, settings.watch_timeout_seconds)
+            for name in names
+            if name
+        ]
+        self.memory = LastGood(settings.journal.with_name("last-good.json"))
+        self._catalog = catalog
+        self._strategy = MigStrategy(settings.default_mig_strategy)
+        self._parsed: tuple[object, ConfigSet] | None = None
+
+    def start(self, on_change: Callable[[], None]) -> None:
+        """Start watching (from the event loop)."""
+        for watched in self.watches:
+            watched.start(on_change)
+
+    def stop(self) -> None:
+        """Stop watching."""
+        for watched in self.watches:
+            watched.stop()
+
+    @property
+    def missing(self) -> list[str]:
+        """The ConfigMaps not read yet (a missing ConfigMap reads as empty, not as not read)."""
+        return [w.what for w in self.watches if w.current is None]
+
+    async def configs(self, observed: NodeState) -> ConfigSet:
+        """The configs, parsed again only when a ConfigMap or the node's GPUs changed."""
+        maps = [w.current for w in self.watches]
+        hardware = tuple(
+            (g.index, g.product, g.pci_device_id, g.pci_subsystem_id, g.profiles) for g in observed.gpus
+        )
+        key = (tuple((m.resource_version, m.data is None) if m else None for m in maps), hardware)
+        if self._parsed is None or self._parsed[0] != key:
+            self._parsed = (key, await asyncio.to_thread(self._parse, self._texts(), observed.gpus))
+        return self._parsed[1]
+
+    async def remember(self, name: str | None) -> None:
+        """Keep the config last applied on disk, so a restart without the API server serves it."""
+        texts = [*self._texts(), {}]
+        try:
+            await asyncio.to_thread(self.memory.save, Remembered(name, texts[0], texts[1]))
+        except OSError as err:
+            log.warning("last_good_not_saved", path=str(self.memory.path), error=err.strerror)
+
+    async def remembered(self) -> tuple[str | None, SharingConfig | None]:
+        """The name of the config last applied, and that config when it can still be parsed."""
+        try:
+            memory = await asyncio.to_thread(self.memory.load)
+        except LastGoodError as err:
+            log.warning("last_good_unreadable", error=bounded(str(err)))
+            return None, None
+        if memory is None or memory.config is None:
+            return None, None
+        configs = await asyncio.to_thread(self._parse, [dict(memory.configs), dict(memory.presets)], None)
+        return memory.config, configs.get(memory.config)
+
+    def _texts(self) -> list[dict[str, str]]:
+        return [dict(w.current.data or {}) if w.current else {} for w in self.watches]
+
+    def _parse(self, texts: list[dict[str, str]], gpus: tuple[Gpu, ...] | None) -> ConfigSet:
+        sets = [
+            parse_configmap(t, gpus=gpus, catalog=self._catalog, default_mig_strategy=self._strategy)
+            for t in texts
+        ]
+        return merge(sets[0], sets[1]) if len(sets) > 1 else sets[0]

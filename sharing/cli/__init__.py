@@ -13,11 +13,12 @@ import sys
 import traceback
 from collections.abc import Sequence
 
-from sharing.cli import agent, apply, export, plan, profiles, sim, validate
+from sharing import __version__
+from sharing.cli import agent, apply, export, plan, profiles, sim, status, validate
 from sharing.cli.common import UsageError
 from sharing.errors import SharingError
 
-COMMANDS = (profiles, plan, validate, export, apply, sim, agent)
+COMMANDS = (profiles, plan, validate, export, apply, status, sim, agent)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -28,6 +29,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     """The parser with every command registered."""
     parser = _Parser(prog="sharing", description="Share NVIDIA GPUs in Kubernetes: MIG and time-slicing.")
+    parser.add_argument("--version", action="version", version=f"sharing {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
     for command in COMMANDS:
         command.register(commands)

@@ -56,7 +56,7 @@ async def _serve(config: settings.Settings) -> None:
             FleetSettings(
                 plugin_dir=config.device_plugin_dir,
                 policy=AllocationPolicy(config.allocation_policy),
-                cdi=config.cdi,
+                injection=config.injection(),
                 ignored_xids=frozenset(config.ignored_xids),
             )
         ),

@@ -105,7 +105,14 @@ def _instances(gpu: Gpu) -> list[dict[str, object]]:
     for gi in gpu.instances:
         for ci in gi.compute_instances:
             rows.append(
-                {"profile": gi.profile, "start": gi.start, "size": gi.size, "uuid": ci.uuid, "busy": ci.busy}
+                {
+                    "profile": gi.profile,
+                    "start": gi.start,
+                    "size": gi.size,
+                    "uuid": ci.uuid,
+                    "busy": ci.busy,
+                    "migIndex": ci.mig_index,
+                }
             )
         if not gi.compute_instances:  # half-built: no MIG device yet
             rows.append(

@@ -14,6 +14,7 @@ from sharing.catalog import Catalog
 from sharing.errors import BackendError
 from sharing.gpu import nvml, simnvml, simstate
 from sharing.gpu.backend import GpuBackend
+from sharing.gpu.devfiles import SimFiles
 
 BACKENDS = ("nvml", "sim")
 
@@ -41,6 +42,11 @@ def open_backend(
             return found if isinstance(found, str) else None
 
         return nvml.NvmlBackend(
-            simnvml.SimNvml(sim_state), catalog, event_poll_s=0.5, ignored_xids=ignored_xids, machine=machine
+            simnvml.SimNvml(sim_state),
+            catalog,
+            event_poll_s=0.5,
+            ignored_xids=ignored_xids,
+            machine=machine,
+            device_files=SimFiles(sim_state.parent / "dev"),
         )
     raise BackendError(f"unknown GPU backend {kind!r} (choose one of: {', '.join(BACKENDS)})")

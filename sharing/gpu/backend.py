@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from typing import Protocol
 
 from sharing.errors import BackendError
+from sharing.gpu.devfiles import DeviceFiles
 from sharing.model import GpuInstance, GpuUuid, HealthEvent, NodeState
 
 
@@ -36,6 +37,9 @@ class NotSupportedError(BackendError):
 
 class GpuBackend(Protocol):
     """The GPUs of one node."""
+
+    device_files: DeviceFiles
+    """Where each device's files are, for the CDI spec."""
 
     async def observe(self) -> NodeState:
         """Every GPU: identity, MIG mode (current and pending), instances, MIG UUIDs, busy."""

@@ -25,6 +25,7 @@ import structlog
 from sharing.catalog import Catalog, Product, differences
 from sharing.errors import BackendError
 from sharing.gpu.backend import NvmlUnavailableError
+from sharing.gpu.devfiles import DeviceFiles, DriverFiles
 from sharing.gpu.naming import CI_ENUM_FOR_SLICES
 from sharing.gpu.nvmlapi import Handle, Nvml, code, optional_int
 from sharing.gpu.nvmlerrors import backend_error
@@ -72,8 +73,10 @@ class NvmlBackend:
         event_poll_s: float = 0.5,
         ignored_xids: Collection[int] = APPLICATION_XIDS,
         machine: Callable[[], str | None] | None = None,
+        device_files: DeviceFiles | None = None,
     ) -> None:
         self._nvml = nvml
+        self.device_files: DeviceFiles = device_files or DriverFiles()
         self._catalog = catalog
         self._ignored_xids = frozenset(ignored_xids)
         self._event_poll_s = event_poll_s

@@ -29,7 +29,7 @@ from sharing.model import (
     bounded,
 )
 
-MigDevices = dict[tuple[int, int], tuple[MigUuid, bool]]
+MigDevices = dict[tuple[int, int], tuple[MigUuid, bool, int | None]]
 
 
 class NvmlReader:
@@ -90,7 +90,7 @@ class NvmlReader:
         return found
 
     def mig_devices(self, handle: Handle) -> MigDevices:
-        """(GI id, CI id) -> (MIG UUID, busy) for every MIG device; indices may have holes."""
+        """(GI id, CI id) -> (MIG UUID, busy, MIG device index) per MIG device; indices may have holes."""
         n = self._nvml
         devices: MigDevices = {}
         for index in range(n.nvmlDeviceGetMaxMigDeviceCount(handle)):
@@ -106,6 +106,7 @@ class NvmlReader:
             devices[key] = (
                 MigUuid(n.nvmlDeviceGetUUID(mig)),
                 bool(n.nvmlDeviceGetComputeRunningProcesses(mig)),
+                index,
             )
         return devices
 
@@ -115,14 +116,15 @@ class NvmlReader:
         cis = []
         for ci in self.compute_instances(gi):
             ci_info = n.nvmlComputeInstanceGetInfo(ci)
-            uuid_busy = migs.get((info.id, ci_info.id))
-            if uuid_busy is None:  # not enumerated as a MIG device: ask the CI's own handle
+            found = migs.get((info.id, ci_info.id))
+            if found is None:  # not enumerated as a MIG device: ask the CI's own handle
                 device = ci_info.device
-                uuid_busy = (
+                found = (
                     MigUuid(n.nvmlDeviceGetUUID(device)),
                     bool(n.nvmlDeviceGetComputeRunningProcesses(device)),
+                    None,
                 )
-            cis.append(ComputeInstance(id=ci_info.id, uuid=uuid_busy[0], busy=uuid_busy[1]))
+            cis.append(ComputeInstance(id=ci_info.id, uuid=found[0], busy=found[1], mig_index=found[2]))
         return GpuInstance(
             id=info.id,
             profile=profile,
@@ -184,6 +186,7 @@ class NvmlReader:
             pci_subsystem_id=pci.pciSubSystemId,
             pci_class=self.pci_class(handle),
             compute_capability=_capability(n.nvmlDeviceGetCudaComputeCapability(handle)),
+            minor=n.nvmlDeviceGetMinorNumber(handle),
         )
         vgpu = self.virtual(handle)
         try:

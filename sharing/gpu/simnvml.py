@@ -173,6 +173,10 @@ class SimNvml(SimInstances):
             capability = self._gpu(state, device)["computeCapability"] or [0, 0]
             return int(capability[0]), int(capability[1])
 
+    def nvmlDeviceGetMinorNumber(self, device: object) -> int:
+        with self._reading() as state:
+            return int(self._gpu(state, device)["index"])
+
     def nvmlDeviceGetVirtualizationMode(self, device: object) -> int:
         with self._reading() as state:
             self._gpu(state, device)

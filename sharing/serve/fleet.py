@@ -27,7 +27,7 @@ from pathlib import Path
 
 import structlog
 
-from sharing.allocation import AllocationPolicy
+from sharing.allocation import ENVVAR_BY_UUID, AllocationPolicy, Injection
 from sharing.errors import PluginError
 from sharing.inventory import DEFAULT_IGNORED_XIDS, HealthState, Inventory, with_health
 from sharing.model import HealthEvent
@@ -46,7 +46,7 @@ class FleetSettings:
     plugin_dir: Path = DEFAULT_PLUGIN_DIR
     kubelet_socket_name: str = "kubelet.sock"
     policy: AllocationPolicy = AllocationPolicy.DISTRIBUTED
-    cdi: bool = False
+    injection: Injection = ENVVAR_BY_UUID
     ignored_xids: frozenset[int] = DEFAULT_IGNORED_XIDS
     register_timeout_s: float = 30.0
     poll_interval_s: float = 0.1
@@ -297,7 +297,7 @@ class Fleet:
             resource,
             self.settings.plugin_dir,
             policy=self.settings.policy,
-            cdi=self.settings.cdi,
+            injection=self.settings.injection,
             socket_prefix=self.settings.socket_prefix,
             on_stream_lost=self._stream_lost,
             on_stream_open=lambda _: self._notify_status(),

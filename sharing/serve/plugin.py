@@ -18,7 +18,7 @@ from pathlib import Path
 import grpc
 import structlog
 
-from sharing.allocation import AllocationPolicy
+from sharing.allocation import ENVVAR_BY_UUID, AllocationPolicy, Injection
 from sharing.errors import PluginError
 from sharing.inventory import Device
 from sharing.kubeletapi import deviceplugin_v1beta1_pb2 as api
@@ -39,7 +39,7 @@ class PluginServer:
         plugin_dir: Path,
         *,
         policy: AllocationPolicy = AllocationPolicy.DISTRIBUTED,
-        cdi: bool = False,
+        injection: Injection = ENVVAR_BY_UUID,
         socket_prefix: str = "gpu-sharing",
         on_stream_lost: Callable[[PluginServer], None] = lambda _: None,
         on_stream_open: Callable[[PluginServer], None] = lambda _: None,
@@ -49,7 +49,7 @@ class PluginServer:
         self.feed = DeviceFeed()
         self.fail_requests_greater_than_one = False
         self._policy = policy
-        self._cdi = cdi
+        self._injection = injection
         self._socket_prefix = socket_prefix
         self._on_stream_lost = on_stream_lost
         self._on_stream_open = on_stream_open
@@ -94,7 +94,7 @@ class PluginServer:
             self.resource,
             feed,
             policy=self._policy,
-            cdi=self._cdi,
+            injection=self._injection,
             fail_requests_greater_than_one=lambda: self.fail_requests_greater_than_one,
             on_stream_change=lambda opened: self._stream_changed(service, opened),
         )

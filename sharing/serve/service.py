@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Callable
 import grpc
 import structlog
 
-from sharing.allocation import AllocationError, AllocationPolicy, allocate, preferred_allocation
+from sharing.allocation import AllocationError, AllocationPolicy, Injection, allocate, preferred_allocation
 from sharing.inventory import Device
 from sharing.kubeletapi import deviceplugin_v1beta1_pb2 as api
 from sharing.text import bounded
@@ -83,14 +83,14 @@ class DevicePluginService:
         feed: DeviceFeed,
         *,
         policy: AllocationPolicy,
-        cdi: bool,
+        injection: Injection,
         fail_requests_greater_than_one: Callable[[], bool],
         on_stream_change: Callable[[bool], None],
     ) -> None:
         self.resource = resource
         self.feed = feed
         self.policy = policy
-        self.cdi = cdi
+        self.injection = injection
         self.fail_requests_greater_than_one = fail_requests_greater_than_one
         self.on_stream_change = on_stream_change
         self.streams = 0
@@ -160,7 +160,7 @@ class DevicePluginService:
     async def Allocate(
         self, request: api.AllocateRequest, context: grpc.aio.ServicerContext
     ) -> api.AllocateResponse:
-        """The env (NVIDIA_VISIBLE_DEVICES) and optional CDI devices of each container."""
+        """What each container gets: variables, mounts, annotations, CDI devices (per the strategies)."""
         if not request.container_requests:
             await _invalid(context, f"{self.resource}: Allocate without container requests")
         responses = []
@@ -171,7 +171,7 @@ class DevicePluginService:
                     self.feed.devices,
                     r.devices_ids,
                     fail_requests_greater_than_one=self.fail_requests_greater_than_one(),
-                    cdi=self.cdi,
+                    injection=self.injection,
                 )
             except AllocationError as err:
                 log.warning("allocate_refused", resource=self.resource, reason=bounded(str(err)))
@@ -180,7 +180,15 @@ class DevicePluginService:
             self._allocated.update(dict.fromkeys(r.devices_ids, now))
             responses.append(
                 api.ContainerAllocateResponse(
-                    envs=dict(got.envs), cdi_devices=[api.CDIDevice(name=n) for n in got.cdi_devices]
+                    envs=dict(got.envs),
+                    annotations=dict(got.annotations),
+                    mounts=[
+                        api.Mount(
+                            container_path=m.container_path, host_path=m.host_path, read_only=m.read_only
+                        )
+                        for m in got.mounts
+                    ],
+                    cdi_devices=[api.CDIDevice(name=n) for n in got.cdi_devices],
                 )
             )
         return api.AllocateResponse(container_responses=responses)

@@ -10,9 +10,12 @@ import datetime
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -28,6 +31,12 @@ NAMESPACE = "gpu-sharing"
 CONFIG_LABEL = "nvidia.com/device-plugin.config"
 GPUS = "A100-SXM4-40GB:2,H100-80GB-HBM3:2"
 AGENT_USER = f"system:serviceaccount:{NAMESPACE}:gpu-sharing"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def poll(what: str, read: Callable[[], Any], ok: Callable[[Any], bool], timeout: float) -> Any:
@@ -79,6 +88,18 @@ class AgentProcess:
 
     process: subprocess.Popen[bytes]
     log: Path
+    port: int = 0
+    """Its HTTP port (/healthz, /readyz, /status, /metrics)."""
+
+    def get(self, path: str) -> tuple[int, str]:
+        """GET a path of the agent's HTTP server: (status, body)."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=10) as answer:
+                return answer.status, answer.read().decode()
+        except urllib.error.HTTPError as err:
+            return err.code, err.read().decode()
+        except OSError as err:  # not listening (yet)
+            return 0, str(err)
 
     def wait(self, timeout: float) -> int:
         return self.process.wait(timeout)
@@ -130,6 +151,7 @@ class GpuNode:
         if crash_after is not None:
             env["SHARING_SIM_CRASH_AFTER"] = str(crash_after)
         log = self.tmp / f"agent-{len(self.agents)}.log"
+        port = free_port()
         args = [
             "--node-name", self.name,
             "--namespace", NAMESPACE,
@@ -141,6 +163,8 @@ class GpuNode:
             "--pod-resources-socket", str(self.kubelet.pod_resources_socket),
             "--journal", str(self.tmp / "journal.jsonl"),
             "--log-format", "json",
+            "--http-port", str(port),
+            "--cdi-spec-dir", str(self.tmp / "cdi"),
             *extra,
         ]  # fmt: skip
         with log.open("wb") as out:
@@ -150,7 +174,7 @@ class GpuNode:
                 stderr=subprocess.STDOUT,
                 env=env,
             )
-        self.agent = AgentProcess(process, log)
+        self.agent = AgentProcess(process, log, port)
         self.agents.append(self.agent)
         return self.agent
 

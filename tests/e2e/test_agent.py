@@ -171,7 +171,11 @@ def test_an_xid_marks_a_gpu_and_its_replicas_unhealthy_until_it_is_reset(gpu_nod
     )["resources"]
     assert {f"{h100s[0]}::{n}" for n in range(4)} == set(resources["nvidia.com/gpu"]["healthy"])
     event = gpu_node.wait_event("GpuUnhealthy")
-    assert f"GPU {h100s[1]} reported XID 79" in event["message"]
+    index = next(g["index"] for g in exported["gpus"] if g["uuid"] == h100s[1])
+    assert (
+        f"GPU {index} (NVIDIA H100 80GB HBM3) reported XID 79 (GPU has fallen off the bus)"
+        in event["message"]
+    )
     gpu_node.sharing("sim", "reset", *sim, "--uuid", h100s[1])
     gpu_node.kubelet.wait_resources(lambda r: r["nvidia.com/gpu"]["allocatable"] == 8, timeout=30)
     assert "is healthy again" in gpu_node.wait_event("GpuHealthy")["message"]

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from sharing import agent as agent_module
+from sharing import sources as sources_module
 from sharing.agent import Agent
 from sharing.catalog import default_catalog
 from sharing.errors import BackendError
@@ -115,7 +115,7 @@ async def test_a_dead_health_watch_is_said_and_restarted_and_shutdown_still_clea
 async def test_parsing_a_configmap_never_blocks_the_grpc_servers(
     running: Running, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real: Callable[..., Any] = agent_module.parse_configmap
+    real: Callable[..., Any] = sources_module.parse_configmap
     started, release = threading.Event(), threading.Event()
     released_by_test: list[bool] = []
 
@@ -126,7 +126,7 @@ async def test_parsing_a_configmap_never_blocks_the_grpc_servers(
         released_by_test.append(release.wait(20))  # a 672 KiB ConfigMap took 2.8 s to parse
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(agent_module, "parse_configmap", slow)
+    monkeypatch.setattr(sources_module, "parse_configmap", slow)
     running.kube.set_configmap(NS, "gpu-sharing-config", {"mine": replicas(3)})
     await asyncio.to_thread(started.wait, 10)
     request = api.AllocateRequest(

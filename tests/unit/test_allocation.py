@@ -8,6 +8,10 @@ from sharing.allocation import (
     AllocationError,
     AllocationPolicy,
     ContainerAllocation,
+    DeviceIdStrategy,
+    DeviceListStrategy,
+    Injection,
+    Mount,
     allocate,
     preferred_allocation,
 )
@@ -18,7 +22,7 @@ DISTRIBUTED, PACKED = AllocationPolicy.DISTRIBUTED, AllocationPolicy.PACKED
 
 
 def full(index: int, numa: int | None = None) -> Device:
-    return Device(DeviceId(f"GPU-{index}"), Health.HEALTHY, numa, GpuUuid(f"GPU-{index}"))
+    return Device(DeviceId(f"GPU-{index}"), Health.HEALTHY, numa, GpuUuid(f"GPU-{index}"), index=str(index))
 
 
 def rep(index: int, n: int) -> Device:
@@ -34,6 +38,7 @@ def mig(index: int, name: str, n: int | None = None) -> Device:
         GpuUuid(f"GPU-{index}"),
         MigUuid(uuid),
         n,
+        index=f"{index}:{ord(name) - ord('a')}",
     )
 
 
@@ -218,48 +223,85 @@ def test_preferred_allocation_errors(available: list[str], must: list[str], size
 
 VISIBLE = "NVIDIA_VISIBLE_DEVICES"
 
+ENV = Injection()
+KIND = "k8s.gpu-sharing.io/gpu"
+
+
+def using(*strategies: str, ids: str = "uuid") -> Injection:
+    return Injection(frozenset(DeviceListStrategy(s) for s in strategies), DeviceIdStrategy(ids))
+
+
 ALLOCATE = [
     pytest.param(
-        NUMA_GPUS, ["GPU-2", "GPU-0"], False, ContainerAllocation(((VISIBLE, "GPU-2,GPU-0"),)), id="full"
+        NUMA_GPUS, ["GPU-2", "GPU-0"], ENV, ContainerAllocation(((VISIBLE, "GPU-2,GPU-0"),)), id="full"
     ),
     pytest.param(
         REPLICAS_2x2,
         ["GPU-0::0", "GPU-0::1"],
-        False,
+        ENV,
         ContainerAllocation(((VISIBLE, "GPU-0"),)),
         id="replicas-dedup",
     ),
     pytest.param(
         REPLICAS_2x2,
         ["GPU-1::0", "GPU-0::1"],
-        False,
+        ENV,
         ContainerAllocation(((VISIBLE, "GPU-1,GPU-0"),)),
         id="replicas-two-gpus",
     ),
     pytest.param(
         [mig(0, "a", 0), mig(0, "a", 1)],
         ["MIG-0a::1"],
-        False,
+        ENV,
         ContainerAllocation(((VISIBLE, "MIG-0a"),)),
         id="mig",
     ),
     pytest.param(
         MIGS,
-        ["MIG-0a", "MIG-1a"],
-        True,
+        ["MIG-0b", "MIG-1a"],
+        using("envvar", ids="index"),
+        ContainerAllocation(((VISIBLE, "0:1,1:0"),)),
+        id="index-ids",
+    ),
+    pytest.param(
+        NUMA_GPUS,
+        ["GPU-1"],
+        using("volume-mounts"),
         ContainerAllocation(
-            ((VISIBLE, "MIG-0a,MIG-1a"),), ("nvidia.com/gpu=MIG-0a", "nvidia.com/gpu=MIG-1a")
+            ((VISIBLE, "/var/run/nvidia-container-devices"),),
+            mounts=(Mount("/var/run/nvidia-container-devices/GPU-1", "/dev/null"),),
         ),
-        id="cdi",
+        id="volume-mounts",
+    ),
+    pytest.param(
+        MIGS,
+        ["MIG-0a", "MIG-1a"],
+        using("cdi-cri"),
+        ContainerAllocation((), (f"{KIND}=MIG-0a", f"{KIND}=MIG-1a")),
+        id="cdi-cri-only-no-variable",
+    ),
+    pytest.param(
+        MIGS,
+        ["MIG-0a"],
+        using("cdi-annotations", ids="index"),
+        ContainerAllocation((), annotations=(("cdi.k8s.io/gpu-sharing_gpu", f"{KIND}=0:0"),)),
+        id="cdi-annotations",
+    ),
+    pytest.param(
+        MIGS,
+        ["MIG-1a"],
+        using("envvar", "cdi-cri"),
+        ContainerAllocation(((VISIBLE, "MIG-1a"),), (f"{KIND}=MIG-1a",)),
+        id="envvar-and-cdi",
     ),
 ]
 
 
-@pytest.mark.parametrize(("devices", "requested", "cdi", "expected"), ALLOCATE)
+@pytest.mark.parametrize(("devices", "requested", "injection", "expected"), ALLOCATE)
 def test_allocate(
-    devices: list[Device], requested: list[str], cdi: bool, expected: ContainerAllocation
+    devices: list[Device], requested: list[str], injection: Injection, expected: ContainerAllocation
 ) -> None:
-    assert expected == allocate("nvidia.com/gpu", devices, requested, cdi=cdi)
+    assert expected == allocate("nvidia.com/gpu", devices, requested, injection=injection)
 
 
 @pytest.mark.parametrize(

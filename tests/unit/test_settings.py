@@ -43,10 +43,16 @@ def test_kubeconfig_falls_back_to_KUBECONFIG() -> None:
             {"SHARING_RESYNC_SECONDS": "soon"},
             "SHARING_RESYNC_SECONDS: 'soon' is not a valid",
         ),
-        (["--node-name", "n", "--cdi", "maybe"], {}, "--cdi: 'maybe' is not a valid cdi"),
+        (
+            ["--node-name", "n", "--device-list-strategy", "cdi"],
+            {},
+            "the strategies are envvar, volume-mounts",
+        ),
+        (["--node-name", "n", "--device-id-strategy", "name"], {}, "the ID strategy uuid or index"),
+        (["--node-name", "n", "--http-port", "70000"], {}, "70000 is not a port"),
         (["--node-name", "n", "--allocation-policy", "random"], {}, "'random' is not distributed or packed"),
     ],
-    ids=["no-node", "backend", "sim-state", "env-number", "bool", "policy"],
+    ids=["no-node", "backend", "sim-state", "env-number", "list-strategy", "id-strategy", "port", "policy"],
 )
 def test_bad_settings_name_the_setting(argv: list[str], env: dict[str, str], message: str) -> None:
     with pytest.raises(ValueError, match=message):

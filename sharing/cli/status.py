@@ -1,0 +1,140 @@
+"""`sharing status`: the node's GPUs, every slice, who holds it, and the config selected and in effect.
+
+It asks the agent on this node (its /status on SHARING_HTTP_PORT, 9402 by default: inside the
+agent's pod, `kubectl exec ds/gpu-sharing -- sharing status`); when no agent answers it observes the
+GPUs and the kubelet's PodResources itself and says that the config side is unknown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from sharing.cli.common import Subparsers, print_json
+from sharing.cli.gpuargs import add_backend_arguments, open_from_args
+from sharing.settings import DEFAULT_POD_RESOURCES_SOCKET
+
+DEFAULT_PORT = 9402
+
+
+def register(commands: Subparsers) -> None:
+    """Add the command to the CLI."""
+    parser = commands.add_parser(
+        "status",
+        help="show the GPUs, every slice, the pod holding it, and the config in effect",
+        description="Ask the agent on this node (SHARING_HTTP_PORT, default 9402); without an agent, "
+        "observe the GPUs and the kubelet's PodResources directly.",
+    )
+    parser.add_argument(
+        "--port", type=int, default=None, help=f"the agent's HTTP port [SHARING_HTTP_PORT; {DEFAULT_PORT}]"
+    )
+    add_backend_arguments(parser)
+    parser.add_argument(
+        "--pod-resources-socket",
+        type=Path,
+        default=None,
+        help=f"without an agent: the kubelet's PodResources socket [SHARING_POD_RESOURCES_SOCKET; "
+        f"{DEFAULT_POD_RESOURCES_SOCKET}]",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Fetch (or build) the status and print it."""
+    port = args.port if args.port is not None else int(os.environ.get("SHARING_HTTP_PORT") or DEFAULT_PORT)
+    document = _from_agent(port) if port else None
+    if document is None:
+        document = asyncio.run(_observed(args))
+    if args.json:
+        print_json(document)
+    else:
+        print(describe(document))
+    return 0
+
+
+def _from_agent(port: int) -> dict[str, Any] | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=5) as answer:
+            value = json.loads(answer.read())
+    except (OSError, ValueError, urllib.error.URLError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+async def _observed(args: argparse.Namespace) -> dict[str, Any]:
+    from sharing.holders import read_holders
+    from sharing.inventory import build_inventory
+    from sharing.serve.podresources import PodResourcesClient
+    from sharing.status import ConfigStatus, status_document
+
+    backend = open_from_args(args)
+    try:
+        node = await backend.observe()
+    finally:
+        await backend.close()
+    socket = args.pod_resources_socket or Path(
+        os.environ.get("SHARING_POD_RESOURCES_SOCKET") or DEFAULT_POD_RESOURCES_SOCKET
+    )
+    holders = await read_holders(PodResourcesClient(socket, timeout=3))
+    document = status_document(
+        os.environ.get("SHARING_NODE_NAME", ""),
+        node,
+        build_inventory(node, None),
+        None if holders.unknown else holders.pods,
+        ConfigStatus(
+            source="no agent answered: the GPUs as they are, advertised as they would be without a config"
+        ),
+        holders_error=holders.unknown,
+    )
+    document["agent"] = False
+    return document
+
+
+def describe(status: dict[str, Any]) -> str:
+    """A table per GPU for people, under a header with the config and the last change."""
+    config = status.get("config", {})
+    lines = [
+        f"node {status.get('node') or '(unknown)'}: config {config.get('selected') or '(none)'}"
+        + (f" ({config['source']})" if config.get("source") else ""),
+        f"state {config.get('state') or '(unknown)'}; "
+        f"in effect: {', '.join(config.get('inEffect') or []) or '(none)'}",
+    ]
+    change = status.get("lastChange") or {}
+    if change:
+        lines.append(
+            f"last change {change.get('time', '')} {change.get('reason', '')}: {change.get('message', '')}"
+        )
+    holders = status.get("holders", {})
+    if not holders.get("known", True):
+        lines.append(f"who holds what is unknown: {holders.get('error', '')}")
+    for gpu in status.get("gpus", []):
+        lines.append("")
+        lines.append(
+            f"GPU {gpu['index']}  {gpu['product']}  {gpu['uuid']}  MIG {gpu['mig']}  {gpu['health']}"
+            + (f"  config {gpu['config']}" if gpu.get("config") else "")
+        )
+        rows = [("RESOURCE", "DEVICE", "PROFILE", "HEALTH", "HELD BY")] + [
+            (
+                s["resource"],
+                s["id"],
+                s.get("profile") or "-",
+                s["health"],
+                f"{s['pod']['namespace']}/{s['pod']['pod']}/{s['pod']['container']}" if s["pod"] else "-",
+            )
+            for s in gpu["slices"]
+        ]
+        if len(rows) == 1:
+            lines.append("  (nothing advertised)")
+            continue
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    for lost in status.get("unreadable", []):
+        lines.append(f"\nGPU {lost['index']}  cannot be read: {lost['error']}")
+    return "\n".join(lines)

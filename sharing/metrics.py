@@ -1,0 +1,133 @@
+"""Prometheus metrics of the agent, named as Prometheus asks (`gpu_sharing_…`, base units, `_total`).
+
+Two kinds: events the agent counts as they happen (reconciles and applies timed, hardware steps,
+changes by outcome, XIDs), and the node's state, read at scrape time from the same status document
+`sharing status` prints (slices advertised and allocated per resource, which pod holds which slice,
+GPU health, the config state, the plugins registered), so metrics and status never disagree.
+docs/metrics.md lists every metric.
+"""
+
+from __future__ import annotations
+
+from collections import Counter as Tally
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, Info, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from sharing.labels import ConfigState
+
+PREFIX = "gpu_sharing_"
+_SECONDS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
+class Metrics:
+    """The agent's registry; `render()` gives the text format."""
+
+    def __init__(self, version: str) -> None:
+        self.registry = CollectorRegistry()
+        self.reconcile_seconds = Histogram(
+            PREFIX + "reconcile_duration_seconds",
+            "Time of one reconcile: select, roll out, advertise, label.",
+            buckets=_SECONDS,
+            registry=self.registry,
+        )
+        self.apply_seconds = Histogram(
+            PREFIX + "apply_duration_seconds",
+            "Time of the hardware part of a change: withdraw, steps, re-observe.",
+            buckets=_SECONDS,
+            registry=self.registry,
+        )
+        self.steps = Counter(
+            PREFIX + "hardware_steps",
+            "MIG steps run on the GPUs (enable/disable MIG, create, destroy, complete), by result.",
+            ["kind", "result"],
+            registry=self.registry,
+        )
+        self.changes = Counter(
+            PREFIX + "config_changes",
+            "Outcomes of reconciles that had something to do: applied, failed, blocked, rejected.",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.xids = Counter(
+            PREFIX + "xid_errors", "Critical XID errors the driver reported, by GPU.", ["gpu", "xid"],
+            registry=self.registry,
+        )  # fmt: skip
+        Info(PREFIX + "build", "The agent's version.", registry=self.registry).info({"version": version})
+        self._state = _State()
+        self.registry.register(self._state)
+
+    def snapshot(self, status: Mapping[str, Any], plugins: Iterable[tuple[str, bool]]) -> None:
+        """The node's state for the next scrape (the status document and plugin registrations)."""
+        self._state.status = status
+        self._state.plugins = tuple(plugins)
+
+    def render(self) -> bytes:
+        """The text exposition format (blocking: call it off the event loop)."""
+        return bytes(generate_latest(self.registry))
+
+
+class _State(Collector):
+    """Gauges computed at scrape time from the latest status document."""
+
+    def __init__(self) -> None:
+        self.status: Mapping[str, Any] = {}
+        self.plugins: tuple[tuple[str, bool], ...] = ()
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        status = self.status
+        gpus = status.get("gpus", [])
+        slices = [s for g in gpus for s in g["slices"]]
+        advertised, allocated = (
+            Tally(s["resource"] for s in slices),
+            Tally(s["resource"] for s in slices if s["pod"]),
+        )
+        yield _gauge(
+            "slices_advertised", "Slices (devices and replicas) advertised to the kubelet.", ["resource"],
+            ((([r], n) for r, n in sorted(advertised.items()))),
+        )  # fmt: skip
+        yield _gauge(
+            "slices_allocated", "Slices a pod holds (per the kubelet's PodResources).", ["resource"],
+            (([r], allocated.get(r, 0)) for r in sorted(advertised)),
+        )  # fmt: skip
+        yield _gauge(
+            "slice_owner_info", "Which pod holds which slice (value 1).",
+            ["namespace", "pod", "container", "resource", "device"],
+            (
+                ([s["pod"]["namespace"], s["pod"]["pod"], s["pod"]["container"], s["resource"], s["id"]], 1)
+                for s in slices
+                if s["pod"]
+            ),
+        )  # fmt: skip
+        yield _gauge(
+            "gpu_healthy", "1 when the GPU is healthy, 0 after a critical XID until it recovers.",
+            ["gpu", "uuid", "product"],
+            (([str(g["index"]), g["uuid"], g["product"]], int(g["health"] == "Healthy")) for g in gpus),
+        )  # fmt: skip
+        state = status.get("config", {}).get("state")
+        yield _gauge(
+            "config_state", "The node's reconfiguration state (mig.config.state label), 1 for the current.",
+            ["state"], (([s.value], int(s.value == state)) for s in ConfigState),
+        )  # fmt: skip
+        config = status.get("config", {})
+        yield _gauge(
+            "config_info", "The config the node selects and the configs in effect on its GPUs (value 1).",
+            ["selected", "in_effect"],
+            [([config.get("selected") or "", ",".join(config.get("inEffect", []))], 1)] if status else [],
+        )  # fmt: skip
+        yield _gauge(
+            "plugin_registered", "1 when the resource's device plugin is registered with the kubelet.",
+            ["resource"], (([r], int(ok)) for r, ok in self.plugins),
+        )  # fmt: skip
+
+
+def _gauge(
+    name: str, documentation: str, labels: list[str], samples: Iterable[tuple[list[str], float]]
+) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(PREFIX + name, documentation, labels=labels)
+    for values, value in samples:
+        family.add_metric(values, value)
+    return family
