@@ -1,4 +1,4 @@
-"""Fixtures for integration and e2e tests: a real control plane and the kubelet harness (hack/cluster.py).
+"""Fixtures for integration and e2e tests: a real control plane and the kubelet harness (hack/lab).
 
 The Go binaries are built by hack/build-go.sh on first use (the first kube-apiserver build takes
 ~10 minutes on 2 cores; later runs reuse the cache outside the repository). Without Go, and
@@ -19,7 +19,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hack"))
 
-import cluster
+import lab
 
 _build_error: Exception | None = None
 
@@ -38,27 +38,27 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     uncaptured = capture.global_and_fixture_disabled() if capture else contextlib.nullcontext()
     try:
         with uncaptured:
-            cluster.binaries()
-    except cluster.BinariesUnavailable:
+            lab.binaries()
+    except lab.BinariesUnavailable:
         pass  # the fixture skips
-    except cluster.ClusterError as e:
+    except lab.ClusterError as e:
         _build_error = e
 
 
 @pytest.fixture(scope="session")
-def cluster_binaries() -> cluster.Binaries:
+def cluster_binaries() -> lab.Binaries:
     if _build_error is not None:
         raise _build_error
     try:
-        return cluster.binaries()
-    except cluster.BinariesUnavailable as e:
+        return lab.binaries()
+    except lab.BinariesUnavailable as e:
         pytest.skip(f"no Go-built test binaries: {e}")
 
 
 @pytest.fixture(scope="session")
-def control_plane(cluster_binaries: cluster.Binaries) -> Iterator[cluster.ControlPlane]:
+def control_plane(cluster_binaries: lab.Binaries) -> Iterator[lab.ControlPlane]:
     """etcd + kube-apiserver for the whole session (RBAC on, admin kubeconfig in .kubeconfig)."""
-    with cluster.ControlPlane(bins=cluster_binaries) as cp:
+    with lab.ControlPlane(bins=cluster_binaries) as cp:
         yield cp
 
 
@@ -69,17 +69,17 @@ def _need_root() -> None:
 
 @pytest.fixture
 def make_kubelet(
-    control_plane: cluster.ControlPlane, cluster_binaries: cluster.Binaries
-) -> Iterator[Callable[..., cluster.KubeletHarness]]:
+    control_plane: lab.ControlPlane, cluster_binaries: lab.Binaries
+) -> Iterator[Callable[..., lab.KubeletHarness]]:
     """Factory: ``make_kubelet(node_name=..., **KubeletHarness kwargs)``; all stopped at teardown."""
     _need_root()
-    started: list[cluster.KubeletHarness] = []
+    started: list[lab.KubeletHarness] = []
 
-    def make(**kwargs: Any) -> cluster.KubeletHarness:
+    def make(**kwargs: Any) -> lab.KubeletHarness:
         kwargs.setdefault("kubeconfig", control_plane.kubeconfig)
         kwargs.setdefault("node_name", f"node-{uuid.uuid4().hex[:8]}")
         kwargs.setdefault("binary", cluster_binaries.kubelet_harness)
-        k = cluster.KubeletHarness(**kwargs)
+        k = lab.KubeletHarness(**kwargs)
         started.append(k)
         return k.start()
 
@@ -89,21 +89,21 @@ def make_kubelet(
 
 
 @pytest.fixture
-def kubelet(make_kubelet: Callable[..., cluster.KubeletHarness]) -> cluster.KubeletHarness:
+def kubelet(make_kubelet: Callable[..., lab.KubeletHarness]) -> lab.KubeletHarness:
     """A kubelet harness syncing a fresh Node (``kubelet.node_name``) of the session control plane."""
     return make_kubelet()
 
 
 @pytest.fixture
 def make_stub_plugin(
-    cluster_binaries: cluster.Binaries,
-) -> Iterator[Callable[..., cluster.StubDevicePlugin]]:
+    cluster_binaries: lab.Binaries,
+) -> Iterator[Callable[..., lab.StubDevicePlugin]]:
     """Factory for the Go stub device plugin: ``make_stub_plugin(kubelet.device_plugin_dir, ...)``."""
-    started: list[cluster.StubDevicePlugin] = []
+    started: list[lab.StubDevicePlugin] = []
 
-    def make(plugin_dir: Path, *args: Any, **kwargs: Any) -> cluster.StubDevicePlugin:
+    def make(plugin_dir: Path, *args: Any, **kwargs: Any) -> lab.StubDevicePlugin:
         kwargs.setdefault("binary", cluster_binaries.stub_device_plugin)
-        p = cluster.StubDevicePlugin(plugin_dir, *args, **kwargs)
+        p = lab.StubDevicePlugin(plugin_dir, *args, **kwargs)
         started.append(p)
         return p.start()
 

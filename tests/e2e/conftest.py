@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import cluster
+import lab
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,7 +41,7 @@ def poll(what: str, read: Callable[[], Any], ok: Callable[[Any], bool], timeout:
 
 
 @pytest.fixture(scope="session")
-def agent_kubeconfig(control_plane: cluster.ControlPlane) -> Path:
+def agent_kubeconfig(control_plane: lab.ControlPlane) -> Path:
     """deploy/ applied to the API server; a kubeconfig with the agent ServiceAccount's own token."""
     control_plane.kubectl("apply", "-f", str(REPO / "deploy"), check=True)
     token = control_plane.kubectl(
@@ -75,8 +75,8 @@ class GpuNode:
     """One simulated GPU node and the handles a test needs."""
 
     name: str
-    control_plane: cluster.ControlPlane
-    kubelet: cluster.KubeletHarness
+    control_plane: lab.ControlPlane
+    kubelet: lab.KubeletHarness
     kubeconfig: Path
     sim: Path
     tmp: Path
@@ -166,8 +166,8 @@ class GpuNode:
 
 @pytest.fixture
 def gpu_node(
-    control_plane: cluster.ControlPlane,
-    make_kubelet: Callable[..., cluster.KubeletHarness],
+    control_plane: lab.ControlPlane,
+    make_kubelet: Callable[..., lab.KubeletHarness],
     agent_kubeconfig: Path,
     tmp_path: Path,
 ) -> Iterator[GpuNode]:
