@@ -763,6 +763,17 @@ def running_cluster(tmp: Path) -> Iterator[Cluster]:
                     raise
                 time.sleep(0.1)
         cp.kubectl("apply", "-f", str(REPO / "deploy"), check=True)
+        # deploy/ leaves the user's ConfigMap to the user: make it from the presets, as before.
+        presets = cp.kubectl(
+            "get", "configmap", "gpu-sharing-presets", "-n", NAMESPACE, "-o", "json", check=True
+        )
+        user = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": CONFIGMAP, "namespace": NAMESPACE},
+        }
+        user["data"] = json.loads(presets.stdout)["data"]
+        cp.kubectl("apply", "-f", "-", input=json.dumps(user), check=True)
         token = cp.kubectl(
             "create", "token", "gpu-sharing", "-n", NAMESPACE, "--duration=2h", check=True
         ).stdout.strip()

@@ -42,8 +42,18 @@ def poll(what: str, read: Callable[[], Any], ok: Callable[[Any], bool], timeout:
 
 @pytest.fixture(scope="session")
 def agent_kubeconfig(control_plane: lab.ControlPlane) -> Path:
-    """deploy/ applied to the API server; a kubeconfig with the agent ServiceAccount's own token."""
+    """deploy/ applied to the API server, the user's ConfigMap made from the presets; a kubeconfig
+    with the agent ServiceAccount's own token."""
     control_plane.kubectl("apply", "-f", str(REPO / "deploy"), check=True)
+    # The tests label nodes with preset names and add their own configs to the user's ConfigMap,
+    # which deploy/ leaves to the user: make it, holding the presets (same names, same texts).
+    presets = json.loads(
+        control_plane.kubectl(
+            "get", "configmap", "gpu-sharing-presets", "-n", NAMESPACE, "-o", "json", check=True
+        ).stdout
+    )
+    user = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": CONFIGMAP, "namespace": NAMESPACE}}
+    control_plane.kubectl("apply", "-f", "-", input=json.dumps({**user, "data": presets["data"]}), check=True)
     token = control_plane.kubectl(
         "create", "token", "gpu-sharing", "-n", NAMESPACE, "--duration=2h", check=True
     ).stdout.strip()
