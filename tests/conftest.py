@@ -20,25 +20,29 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hack"))
 
 import lab
+from lab import images
 
 _build_error: Exception | None = None
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Build the Go binaries once, before any test runs, when integration tests are selected.
+    """Build the Go binaries (and, for tests/node, the images) once, before any test runs.
 
-    A cold build (~10 minutes) inside a fixture would count against the per-test timeout
+    A cold build (~25 minutes) inside a fixture would count against the per-test timeout
     (pytest-timeout); here it does not. Errors are kept and reported by the fixture.
     """
     global _build_error  # noqa: PLW0603
-    if not any(item.get_closest_marker("integration") for item in items):
+    node = any(item.get_closest_marker("node") for item in items)
+    if not node and not any(item.get_closest_marker("integration") for item in items):
         return
     capture = items[0].config.pluginmanager.getplugin("capturemanager")
     # Let hack/build-go.sh's progress lines reach the terminal (a cold build takes minutes).
     uncaptured = capture.global_and_fixture_disabled() if capture else contextlib.nullcontext()
     try:
         with uncaptured:
-            lab.binaries()
+            bins = lab.binaries()
+            if node and os.geteuid() == 0:
+                images.all_images(bins)
     except lab.BinariesUnavailable:
         pass  # the fixture skips
     except lab.ClusterError as e:

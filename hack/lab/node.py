@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 import subprocess
 import time
 from collections.abc import Sequence
@@ -25,7 +26,7 @@ from lab.controlplane import ControlPlane, NodeNetwork
 from lab.errors import ClusterError
 from lab.netns import Namespaces
 from lab.paths import KUBECTL, cache_dir
-from lab.process import PidRecord, Process, stop_all, wait_until
+from lab.process import PidRecord, Process, stop_all, tail
 
 READY_TIMEOUT = 120.0
 
@@ -44,7 +45,6 @@ class RealNode:
         self.kubeconfig = self.state / "control-plane" / "admin.kubeconfig"
         self._bins: Binaries | None = None
         self._cp: ControlPlane | None = None
-        self._kubelet: Process | None = None
 
     @property
     def state_file(self) -> Path:
@@ -92,8 +92,9 @@ class RealNode:
         cp.forget()
         self._save()
         runtime = containerd.process(bins, self.ns, self.state, procs)
-        self._start(runtime)
+        self._start(runtime, keep=True)
         containerd.wait_ready(runtime, self.ns, bins)
+        runtime.forget()
         for archive in images:
             containerd.import_image(self.ns, bins, archive)
         self._start_kubelet()
@@ -122,10 +123,12 @@ class RealNode:
             cgroup_procs=self.cgroup.daemon_procs(),
         )
 
-    def _start(self, proc: Process) -> Process:
+    def _start(self, proc: Process, *, keep: bool = False) -> Process:
         proc.start()
         self.records.append(proc.record())
         self._save()
+        if not keep:  # stopped through its record, like every daemon of a detached node
+            proc.forget()
         return proc
 
     def _start_kubelet(self) -> None:
@@ -133,7 +136,7 @@ class RealNode:
         kubeconfig = cp.user_kubeconfig(f"system:node:{self.node_name}", ["system:nodes"])
         config = components.kubelet_config(cp, self.cgroup.name, self.state)
         args = components.kubelet_args(self.bins, self.node_name, self.ns.address, config, kubeconfig)
-        self._kubelet = self._start(self._daemon("kubelet", args))
+        self._start(self._daemon("kubelet", args))
 
     def _control_plane(self) -> ControlPlane:
         if self._cp is None:  # loaded from the state file: only the paths are needed
@@ -167,16 +170,15 @@ class RealNode:
         self._wait(f"node {self.node_name} Ready", ready, timeout)
 
     def _wait(self, what: str, check: Any, timeout: float = READY_TIMEOUT) -> None:
-        kubelet = self._kubelet or Process("kubelet", [], self.state / "logs" / "kubelet.log")
-        if self._kubelet is None:  # not our child: watch the record instead
-            record = next(r for r in self.records if r.name == "kubelet")
-            deadline = time.monotonic() + timeout
-            while not check():
-                if not record.alive() or time.monotonic() > deadline:
-                    raise kubelet.fail(f"{what} not reached within {timeout:.0f}s")
-                time.sleep(0.2)
-            return
-        wait_until(check, kubelet, what, timeout)
+        """Poll ``check`` until true; fail early, with the kubelet's log, when the kubelet died."""
+        record = next(r for r in self.records if r.name == "kubelet")
+        deadline = time.monotonic() + timeout
+        while not check():
+            if not record.alive() or time.monotonic() > deadline:
+                state = "exited" if not record.alive() else f"not reached within {timeout:.0f}s"
+                log = self.state / "logs" / "kubelet.log"
+                raise ClusterError(f"{what}: {state}\n--- last lines of {log} ---\n{tail(log)}")
+            time.sleep(0.2)
 
     def restart_kubelet(self) -> None:
         """Stop the kubelet (SIGTERM) and start a new one on the same state; wait for Ready."""
@@ -184,6 +186,9 @@ class RealNode:
         old.stop()
         self.records.remove(old)
         self._start_kubelet()
+        # The Node still says Ready from before the restart: wait for the new kubelet's own server
+        # (exec, logs) to answer too.
+        self._wait("the kubelet's port 10250", lambda: _listening(self.ns.address, 10250))
         self.wait_ready()
 
     def import_image(self, archive: Path) -> None:
@@ -236,8 +241,21 @@ class RealNode:
             raise ClusterError(f"could not remove cgroups {', '.join(map(str, left))}")
         self.records = []
         self.state_file.unlink(missing_ok=True)
-        # Keep the logs for a post-mortem; the rest (etcd, kubelet, images) is rebuilt by `up`.
+        # Keep the logs for a post-mortem (the daemons', the control plane's, the pods' /var/log);
+        # the rest (etcd, kubelet, images) is rebuilt by `up`.
+        keep = {self.state / "logs", self.state / "log", self.state / "control-plane"}
         for entry in self.state.iterdir() if self.state.exists() else ():
+            if entry not in keep:
+                shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
+        for entry in (self.state / "control-plane").glob("*"):
             if entry.name != "logs":
                 shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
         return stopped
+
+
+def _listening(host: str, port: int) -> bool:
+    try:
+        socket.create_connection((host, port), timeout=1).close()
+    except OSError:
+        return False
+    return True

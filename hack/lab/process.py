@@ -217,7 +217,11 @@ class Process:
         self.proc = None
 
     def forget(self) -> None:
-        """Leave the process running and drop the handle (a detached demo outlives this Python)."""
+        """Leave the process running and drop the handle (a detached demo outlives this Python);
+        it is stopped later through its ``record()``."""
+        if self.proc is not None:
+            # Not waited for here, by design: keep Popen from warning that it still runs.
+            self.proc.returncode = 0
         self.proc = None
 
 
