@@ -116,6 +116,8 @@ echo 1 > /proc/sys/net/ipv4/ip_forward
             "mount --make-rshared /",
             "mount -t tmpfs -o mode=0755 tmpfs /run",
             "mount -t tmpfs -o mode=0755 tmpfs /var/lib",
+            # Where containerd looks for CDI specs and the agent writes them (a hostPath).
+            "mkdir -p /run/cdi",
         ]
         for target, source in mounts.items():
             source.mkdir(parents=True, exist_ok=True)

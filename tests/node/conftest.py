@@ -82,9 +82,12 @@ class NodeUnderTest:
     def get(self, *args: str) -> dict[str, Any]:
         return dict(json.loads(self.kubectl("get", *args, "-o", "json")))
 
+    def allocatable_all(self) -> dict[str, str]:
+        return dict(self.get("node", NODE)["status"].get("allocatable", {}))
+
     def allocatable(self) -> dict[str, str]:
-        status = self.get("node", NODE)["status"]
-        return {k: v for k, v in status.get("allocatable", {}).items() if k.startswith("nvidia.com/")}
+        """The Node's allocatable nvidia.com/ resources."""
+        return {k: v for k, v in self.allocatable_all().items() if k.startswith("nvidia.com/")}
 
     def wait_allocatable(self, expected: dict[str, str] = EXPECTED, timeout: float = 90) -> dict[str, str]:
         return dict(poll("Node allocatable", self.allocatable, lambda a: a == expected, timeout))
