@@ -11,7 +11,8 @@ Two ways to run the agent against real Kubernetes code, sharing one control plan
 Modules, in the order a node comes up: ``binaries`` (hack/build-go.sh), ``packages`` (apt),
 ``images`` (pause, toolbox, the agent), ``cgroups`` and ``netns`` (isolation), ``certs`` and
 ``kubeconfig``, ``controlplane``, ``containerd``, ``components`` (kubelet and the controllers),
-``node`` (putting it together, up and down), ``helm`` (the chart), ``harness`` (the fast path);
+``node`` (putting it together, up and down), ``helm`` (the chart), ``harness`` (the fast path)
+and ``stubplugin`` (a Go device plugin as a test peer);
 ``python -m lab`` is the command line. Only the standard library and ``cryptography`` are used;
 the harness and the real node need root.
 """
@@ -19,8 +20,9 @@ the harness and the real node need root.
 from lab.binaries import Binaries, binaries
 from lab.controlplane import ControlPlane, NodeNetwork
 from lab.errors import AdmissionError, BinariesUnavailable, ClusterError
-from lab.harness import HarnessClient, KubeletHarness, StubDevicePlugin
+from lab.harness import HarnessClient, KubeletHarness
 from lab.node import RealNode
+from lab.stubplugin import StubDevicePlugin
 
 __all__ = [
     "AdmissionError",
