@@ -133,7 +133,9 @@ def main() -> int:
         node.down()
         say("demo stopped")
         return 0
-    # Ctrl-C (or SIGTERM) anywhere below ends in a clean `down`.
+    # Ctrl-C (or SIGTERM) anywhere below ends in a clean `down`, even when started in the
+    # background of a script (which would otherwise leave SIGINT ignored).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         node = up()
