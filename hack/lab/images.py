@@ -84,6 +84,9 @@ def _cached(name: str, key: str, build: Callable[[Path], None]) -> Path:
         tmp.rename(out)
     finally:
         tmp.unlink(missing_ok=True)
+    for stale in out.parent.glob(f"{name}-*.tar"):  # one image per name: the cache does not grow
+        if stale != out:
+            stale.unlink(missing_ok=True)
     print(f"==> built image {name} in {time.monotonic() - start:.0f}s", file=sys.stderr, flush=True)
     return out
 
