@@ -10,7 +10,7 @@ Two ways to run the agent against real Kubernetes code, sharing one control plan
 
 Modules, in the order a node comes up: ``binaries`` (hack/build-go.sh), ``packages`` (apt),
 ``images`` (pause, toolbox, the agent), ``cgroups`` and ``netns`` (isolation), ``certs`` and
-``kubeconfig``, ``controlplane``, ``containerd``, ``components`` (kubelet and the controllers),
+``kubeconfig``, ``etcd`` and ``controlplane``, ``containerd``, ``components`` (kubelet and the controllers),
 ``node`` (putting it together, up and down), ``helm`` (the chart), ``harness`` (the fast path)
 and ``stubplugin`` (a Go device plugin as a test peer);
 ``python -m lab`` is the command line. Only the standard library and ``cryptography`` are used;

@@ -24,6 +24,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from lab import etcd
 from lab import kubeconfig as kc
 from lab.binaries import Binaries, binaries
 from lab.certs import CA, pem_cert, pem_key, write_pair, write_private
@@ -103,7 +104,7 @@ class ControlPlane:
         self.server = f"https://{host}:{port}"
         try:
             self._write_certs(host)
-            self._start_etcd(bins)
+            self._etcd, self.etcd_url = etcd.start(self._process, bins, self.dir / "etcd", self._network)
             self._apiserver = self._process("kube-apiserver", self._apiserver_args(bins, port))
             self._apiserver.start()
             self._wait_apiserver_ready()
@@ -194,40 +195,6 @@ class ControlPlane:
         )
         (d / "sa.pub").write_bytes(public)
         self.kubeconfig = d / "admin.kubeconfig"
-
-    def _start_etcd(self, bins: Binaries) -> None:
-        net = self._network
-        if net:  # a private network namespace: fixed ports; health checked from the host side
-            client, peer, listen = 2379, 2380, f"http://127.0.0.1:2379,http://{net.address}:2379"
-            health = (net.address, client)
-        else:
-            client, peer = free_port(), free_port()
-            listen, health = f"http://127.0.0.1:{client}", ("127.0.0.1", client)
-        self.etcd_url = f"http://127.0.0.1:{client}"
-        args = [
-            str(bins.etcd),
-            "--name=default",
-            f"--data-dir={self.dir / 'etcd'}",
-            f"--listen-client-urls={listen}",
-            f"--advertise-client-urls={self.etcd_url}",
-            f"--listen-peer-urls=http://127.0.0.1:{peer}",
-            f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
-            f"--initial-cluster=default=http://127.0.0.1:{peer}",
-            "--unsafe-no-fsync=true",
-            "--log-level=warn",
-        ]
-        self._etcd = self._process("etcd", args)
-        self._etcd.start()
-
-        def healthy() -> bool:
-            conn = http.client.HTTPConnection(*health, timeout=2)
-            try:
-                conn.request("GET", "/health")
-                return conn.getresponse().status == 200
-            finally:
-                conn.close()
-
-        wait_until(healthy, self._etcd, "etcd /health", START_TIMEOUT)
 
     def _apiserver_args(self, bins: Binaries, port: int) -> list[str]:
         d, net = self.dir, self._network
