@@ -230,9 +230,9 @@ class RealNode:
         daemons = [r for r in self.records if r.name != "namespace-holder"]
         # Nothing on the node is kept, so nothing needs a long graceful shutdown.
         stopped = stop_all(list(reversed(daemons)), timeout=0.5)
+        stopped += stop_all(holder, timeout=0.5)
         # Shims and containers have no record: they are found by cgroup.
         self.cgroup.kill_all()
-        stopped += stop_all(holder, timeout=0.5)
         self.ns.remove_host_interface()
         deadline = time.monotonic() + 10
         while (left := self.cgroup.remove()) and time.monotonic() < deadline:

@@ -44,13 +44,15 @@ def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
 
 
 def start_time(pid: int) -> int | None:
-    """The kernel's start time of ``pid`` (clock ticks since boot), None when it does not exist."""
+    """The kernel's start time of ``pid`` (clock ticks since boot); None when it does not exist or
+    has exited (a zombie waiting for its parent, which may be init, to reap it)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     # The command name (field 2) may hold spaces and parentheses; fields after the last ')' do not.
-    return int(stat.rsplit(")", 1)[1].split()[19])
+    fields = stat.rsplit(")", 1)[1].split()
+    return None if fields[0] in ("Z", "X") else int(fields[19])
 
 
 @dataclass(frozen=True)
