@@ -3,7 +3,7 @@
 
     $(hack/venv.sh)/bin/python hack/bench.py [--json PATH] [--quick]
 
-It builds or reuses the Go binaries (cluster.binaries()), starts its own etcd + kube-apiserver (with
+It builds or reuses the Go binaries (lab.binaries()), starts its own etcd + kube-apiserver (with
 an audit log, so the agent's API requests are counted by the API server) and kubelet harness (the
 kubelet's own device manager), applies deploy/, runs `sharing agent` with its ServiceAccount token
 on simulated GPUs, measures, and stops everything again, also on Ctrl-C or SIGTERM.
@@ -82,8 +82,8 @@ for _p in (str(REPO / "hack"), str(REPO)):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
-import cluster  # noqa: E402
 import grpc  # noqa: E402
+import lab  # noqa: E402
 import structlog  # noqa: E402
 
 from sharing.apply import apply_config  # noqa: E402
@@ -430,7 +430,7 @@ def replicas_config(replicas: int) -> str:
 class Api:
     """Admin requests to kube-apiserver on one kept-alive TLS connection."""
 
-    def __init__(self, cp: cluster.ControlPlane) -> None:
+    def __init__(self, cp: lab.ControlPlane) -> None:
         url = urllib.parse.urlsplit(cp.server)
         self.host, self.port = url.hostname or "127.0.0.1", url.port or 443
         self.context = ssl.create_default_context(cafile=str(cp.ca_path))
@@ -619,8 +619,8 @@ class Cluster:
     """Everything the cluster part runs: control plane, harness, agent, clients."""
 
     tmp: Path
-    cp: cluster.ControlPlane
-    kubelet: cluster.KubeletHarness
+    cp: lab.ControlPlane
+    kubelet: lab.KubeletHarness
     api: Api
     watch: NodeWatch
     audit_log: Path
@@ -729,21 +729,21 @@ rules:
 
 @contextlib.contextmanager
 def running_cluster(tmp: Path) -> Iterator[Cluster]:
-    bins = cluster.binaries()
+    bins = lab.binaries()
     policy = tmp / "audit-policy.yaml"
     policy.write_text(AUDIT_POLICY)
     audit_log = tmp / "audit.log"
     say("starting etcd + kube-apiserver (audit log on) and the kubelet harness")
     with contextlib.ExitStack() as stack:
         cp = stack.enter_context(
-            cluster.ControlPlane(
+            lab.ControlPlane(
                 base_dir=tmp / "control-plane",
                 extra_apiserver_args=[f"--audit-policy-file={policy}", f"--audit-log-path={audit_log}"],
                 bins=bins,
             )
         )
         kubelet = stack.enter_context(
-            cluster.KubeletHarness(
+            lab.KubeletHarness(
                 tmp / "kubelet",
                 kubeconfig=cp.kubeconfig,
                 node_name=NODE,
@@ -763,6 +763,17 @@ def running_cluster(tmp: Path) -> Iterator[Cluster]:
                     raise
                 time.sleep(0.1)
         cp.kubectl("apply", "-f", str(REPO / "deploy"), check=True)
+        # deploy/ leaves the user's ConfigMap to the user: make it from the presets, as before.
+        presets = cp.kubectl(
+            "get", "configmap", "gpu-sharing-presets", "-n", NAMESPACE, "-o", "json", check=True
+        )
+        user = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": CONFIGMAP, "namespace": NAMESPACE},
+        }
+        user["data"] = json.loads(presets.stdout)["data"]
+        cp.kubectl("apply", "-f", "-", input=json.dumps(user), check=True)
         token = cp.kubectl(
             "create", "token", "gpu-sharing", "-n", NAMESPACE, "--duration=2h", check=True
         ).stdout.strip()
@@ -887,9 +898,7 @@ def bench_configmap_and_allocate(env: Cluster, plan: Budget, results: Results) -
         )
         # The same admission against the Go stub plugin: the floor of kubelet + harness + gRPC.
         stub_devices = [f"Stub-{n}" for n in range(devices)]
-        with cluster.StubDevicePlugin(
-            env.kubelet.device_plugin_dir, STUB_RESOURCE, stub_devices, preferred=True
-        ):
+        with lab.StubDevicePlugin(env.kubelet.device_plugin_dir, STUB_RESOURCE, stub_devices, preferred=True):
             env.wait_resources(lambda r: r.get(STUB_RESOURCE, {}).get("allocatable") == devices, 30)
             stub = _admissions(harness, plan.allocate_calls // 5, STUB_RESOURCE)
         env.wait_resources(nothing_allocatable([STUB_RESOURCE]), 30)
@@ -1045,7 +1054,7 @@ def bench_listandwatch(tmp: Path, plan: Budget, results: Results) -> None:
         f"{total} devices"
     )
     with contextlib.ExitStack() as stack:
-        kubelet = stack.enter_context(cluster.KubeletHarness(tmp / "kubelet-lw", extra_args=[HARNESS_POLL]))
+        kubelet = stack.enter_context(lab.KubeletHarness(tmp / "kubelet-lw", extra_args=[HARNESS_POLL]))
         child = subprocess.Popen(
             [sys.executable, __file__, "--fleet-child", str(kubelet.device_plugin_dir)],
             stdin=subprocess.PIPE,
@@ -1301,7 +1310,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except KeyboardInterrupt:
             say("interrupted: stopping everything")
             return 130
-        except cluster.ClusterError as err:
+        except lab.ClusterError as err:
             results.errors.append(f"cluster: {err}")
     info = machine(plan, args.quick, results, started, load_start)
     print_table(results, info)

@@ -1,33 +1,36 @@
 #!/usr/bin/env bash
-# Build the Go test tooling (kube-apiserver, etcd, kubelet-harness, and the
-# stub-device-plugin the harness tests use as a peer) from the
-# wrapper modules in hack/go/, into a cache directory OUTSIDE the repository:
+# Build every Go binary the lab runs, from the wrapper modules in hack/go/, into a cache directory
+# OUTSIDE the repository:
 #
 #   ${SHARING_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-sharing}/bin/<key>/
 #
-# <key> names the Kubernetes and etcd versions plus a hash of every input
-# (go.mod/go.sum of both modules, the harness sources, the Go version), so an
-# edit to the harness gives a new directory and unchanged inputs never
-# rebuild. Each binary is also stored under its own, narrower key in
-# objs/ and hard-linked into bin/<key>/, so editing the harness does not
-# rebuild kube-apiserver.
+#   hack/go/k8s         kube-apiserver, kubelet, kube-scheduler, kube-controller-manager,
+#                       kube-proxy (k8s.io/kubernetes), the kubelet harness, the stub device
+#                       plugin its tests use as a peer, and the pause binary of the pause image
+#   hack/go/etcd        etcd
+#   hack/go/containerd  containerd, containerd-shim-runc-v2, ctr (containerd 2.x: CDI on by default)
+#   hack/go/helm        helm (v3)
 #
-# Prints progress on stderr and the bin directory (one line) on stdout:
-#   BIN=$(hack/build-go.sh)
+# Separate modules keep each dependency graph apart (MVS never mixes etcd's, containerd's or helm's
+# versions into Kubernetes'). <key> is a hash of every input (go.mod/go.sum, our Go sources) plus
+# the Go version, so unchanged inputs never rebuild. Each binary is also stored under its own,
+# narrower key in objs/ and hard-linked into bin/<key>/, so editing the harness does not rebuild
+# kube-apiserver. Without Go, a bin directory built from the same inputs by any Go is used.
 #
-# Builds use the committed go.sum (-mod=readonly); GOTOOLCHAIN=local so Go
-# never tries to download a toolchain. Needs Go >= 1.26 and the module proxy
-# (or a warm module cache).
+# Prints progress on stderr (a heartbeat every 30 s during long builds) and the bin directory (one
+# line) on stdout:   BIN=$(hack/build-go.sh)
+# Exit code 3: Go is missing and nothing matching is cached.
+#
+# Builds use the committed go.sum (-mod=readonly); GOTOOLCHAIN=local so Go never tries to download
+# a toolchain. Needs Go >= 1.26 and the module proxy (or a warm module cache).
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-k8s_mod="$here/go/k8s"
-etcd_mod="$here/go/etcd"
+gomods="$here/go"
 
 log() { printf '%s\n' "build-go: $*" >&2; }
 die() { log "error: $*"; exit 1; }
 
-command -v go >/dev/null 2>&1 || die "'go' not found in PATH; install Go >= 1.26 (https://go.dev/dl/) or point SHARING_KUBE_APISERVER, SHARING_ETCD and SHARING_KUBELET_HARNESS at prebuilt binaries"
 command -v sha256sum >/dev/null 2>&1 || die "sha256sum not found (coreutils)"
 
 export GOTOOLCHAIN=local
@@ -35,44 +38,62 @@ export CGO_ENABLED=0
 # -mod=readonly: use the committed go.sum, never rewrite go.mod.
 export GOFLAGS="-mod=readonly -buildvcs=false"
 
-go_version=$(go env GOVERSION) || die "'go env GOVERSION' failed"
-
 # Versions come from the wrapper go.mod files, so bumping them there is enough.
 mod_version() { # <go.mod> <module path>
 	awk -v m="$2" '($1 == m) { print $2; exit } ($1 == "require" && $2 == m) { print $3; exit }' "$1"
 }
-k8s_version=$(mod_version "$k8s_mod/go.mod" k8s.io/kubernetes)
-etcd_version=$(mod_version "$etcd_mod/go.mod" go.etcd.io/etcd/server/v3)
-[ -n "$k8s_version" ] || die "cannot find k8s.io/kubernetes in $k8s_mod/go.mod"
-[ -n "$etcd_version" ] || die "cannot find go.etcd.io/etcd/server/v3 in $etcd_mod/go.mod"
+k8s_version=$(mod_version "$gomods/k8s/go.mod" k8s.io/kubernetes)
+etcd_version=$(mod_version "$gomods/etcd/go.mod" go.etcd.io/etcd/server/v3)
+containerd_version=$(mod_version "$gomods/containerd/go.mod" github.com/containerd/containerd/v2)
+helm_version=$(mod_version "$gomods/helm/go.mod" helm.sh/helm/v3)
+for v in k8s_version etcd_version containerd_version helm_version; do
+	[ -n "${!v}" ] || die "cannot find the version behind \$$v in hack/go/*/go.mod"
+done
 
-hash_files() { # files... -> short content hash (names relative to hack/go)
-	(cd "$here/go" && sha256sum "$@" && printf '%s\n' "$go_version") | sha256sum | cut -c1-12
+go_version=""
+if command -v go >/dev/null 2>&1; then
+	go_version=$(go env GOVERSION) || die "'go env GOVERSION' failed"
+fi
+
+hash_files() { # files (relative to hack/go)... -> short content hash
+	(cd "$gomods" && sha256sum "$@") | sha256sum | cut -c1-12
 }
-harness_files=$(cd "$here/go" && find k8s/kubelet-harness -type f -name '*.go' | LC_ALL=C sort)
-stub_files=$(cd "$here/go" && find k8s/stubplugin -type f -name '*.go' | LC_ALL=C sort)
+go_files() { (cd "$gomods" && find "$1" -type f -name '*.go' | LC_ALL=C sort); }
+mods="k8s/go.mod k8s/go.sum etcd/go.mod etcd/go.sum containerd/go.mod containerd/go.sum helm/go.mod helm/go.sum"
+sources="$(go_files k8s/kubelet-harness) $(go_files k8s/stubplugin) $(go_files k8s/pause)"
 # shellcheck disable=SC2086
-k8s_hash=$(hash_files k8s/go.mod k8s/go.sum)
-etcd_hash=$(hash_files etcd/go.mod etcd/go.sum)
-# shellcheck disable=SC2086
-harness_hash=$(hash_files k8s/go.mod k8s/go.sum $harness_files)
-# shellcheck disable=SC2086
-stub_hash=$(hash_files k8s/go.mod k8s/go.sum $stub_files)
-# shellcheck disable=SC2086
-all_hash=$(hash_files k8s/go.mod k8s/go.sum etcd/go.mod etcd/go.sum $harness_files $stub_files)
+inputs_hash=$(hash_files $mods $sources)
+go_hash=$(printf '%s' "$go_version" | sha256sum | cut -c1-8)
 
 cache=${SHARING_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-sharing}
-bin="$cache/bin/k8s-${k8s_version}_etcd-${etcd_version}_${all_hash}"
+prefix="$cache/bin/k8s-${k8s_version}_etcd-${etcd_version}_containerd-${containerd_version}_${inputs_hash}"
+bin="${prefix}_go-${go_hash}"
 objs="$cache/objs"
+names="kube-apiserver etcd kubelet-harness stub-device-plugin kubelet kube-scheduler kube-controller-manager kube-proxy pause containerd containerd-shim-runc-v2 ctr helm"
 
-have_all() {
-	[ -x "$bin/kube-apiserver" ] && [ -x "$bin/etcd" ] && [ -x "$bin/kubelet-harness" ] && [ -x "$bin/stub-device-plugin" ]
+have_all() { # <dir>
+	local n
+	for n in $names; do [ -x "$1/$n" ] || return 1; done
 }
 
 # Fast path: everything is there; no lock, no go invocation beyond the above.
-if have_all; then
+if [ -n "$go_version" ] && have_all "$bin"; then
 	printf '%s\n' "$bin"
 	exit 0
+fi
+if [ -z "$go_version" ]; then
+	for dir in "$prefix"_go-*; do
+		if have_all "$dir"; then
+			printf '%s\n' "$dir"
+			exit 0
+		fi
+	done
+	log "'go' not found in PATH and no binaries built from these inputs are cached in $cache/bin;"
+	log "install Go >= 1.26, or point SHARING_KUBE_APISERVER, SHARING_ETCD, SHARING_KUBELET_HARNESS,"
+	log "SHARING_KUBELET, SHARING_KUBE_SCHEDULER, SHARING_KUBE_CONTROLLER_MANAGER, SHARING_KUBE_PROXY,"
+	log "SHARING_CONTAINERD, SHARING_CONTAINERD_SHIM, SHARING_CTR, SHARING_HELM, SHARING_PAUSE and"
+	log "SHARING_STUB_DEVICE_PLUGIN at prebuilt binaries"
+	exit 3
 fi
 
 mkdir -p "$bin" "$objs"
@@ -94,6 +115,10 @@ ldflags_k8s() { # version stamping as kubernetes' hack/lib/version.sh does it
 	printf '%s' "$ld"
 }
 
+heartbeat_pid=""
+stop_heartbeat() { [ -z "$heartbeat_pid" ] || kill "$heartbeat_pid" 2>/dev/null || true; heartbeat_pid=""; }
+trap stop_heartbeat EXIT
+
 # build <name> <version> <object key> <module dir> <package> <ldflags> <estimate>
 build() {
 	local name=$1 version=$2 key=$3 dir=$4 pkg=$5 ld=$6 estimate=$7
@@ -101,13 +126,17 @@ build() {
 	if [ ! -x "$obj" ]; then
 		log "building $name $version ($estimate)…"
 		local start=$SECONDS tmp="$obj.tmp.$$"
-		# Build into a temporary name and rename: a killed build never leaves
-		# a half-written binary under the final name.
-		trap 'rm -f "$tmp"' EXIT
-		(cd "$dir" && go build -trimpath -ldflags "$ld" -o "$tmp" "$pkg") ||
+		# A line every 30 s, so a long cold build is visibly alive (CI logs, a waiting demo).
+		(while sleep 30; do log "… still building $name ($((SECONDS - start))s)"; done) &
+		heartbeat_pid=$!
+		# Build into a temporary name and rename: a killed build never leaves a half-written
+		# binary under the final name.
+		if ! (cd "$dir" && go build -trimpath -ldflags "$ld" -o "$tmp" "$pkg"); then
+			rm -f "$tmp"
 			die "go build of $name failed (see above)"
+		fi
+		stop_heartbeat
 		mv -f "$tmp" "$obj"
-		trap - EXIT
 		log "built $name in $((SECONDS - start))s"
 	fi
 	if [ ! -x "$bin/$name" ]; then
@@ -116,15 +145,41 @@ build() {
 	fi
 }
 
-build kube-apiserver "$k8s_version" "${k8s_version}_${k8s_hash}" "$k8s_mod" \
-	k8s.io/kubernetes/cmd/kube-apiserver "$(ldflags_k8s)" \
-	"first run takes ~10 min on 2 cores; ~40 s to relink when only go.mod/go.sum changed"
-build etcd "$etcd_version" "${etcd_version}_${etcd_hash}" "$etcd_mod" \
-	go.etcd.io/etcd/server/v3 "-s -w" "first run takes ~2 min on 2 cores"
-build kubelet-harness "(k8s $k8s_version)" "${k8s_version}_${harness_hash}" "$k8s_mod" \
-	./kubelet-harness "$(ldflags_k8s)" "~1-2 min on a cold cache, ~15 s after a harness edit"
-build stub-device-plugin "(k8s $k8s_version)" "${k8s_version}_${stub_hash}" "$k8s_mod" \
-	./stubplugin "-s -w" "a test peer for the harness: seconds"
+k8s_hash=$(hash_files k8s/go.mod k8s/go.sum)_$go_hash
+# shellcheck disable=SC2046
+harness_hash=$(hash_files k8s/go.mod k8s/go.sum $(go_files k8s/kubelet-harness))_$go_hash
+# shellcheck disable=SC2046
+stub_hash=$(hash_files $(go_files k8s/stubplugin))_$go_hash
+# shellcheck disable=SC2046
+pause_hash=$(hash_files $(go_files k8s/pause))_$go_hash
+etcd_hash=$(hash_files etcd/go.mod etcd/go.sum)_$go_hash
+containerd_hash=$(hash_files containerd/go.mod containerd/go.sum)_$go_hash
+helm_hash=$(hash_files helm/go.mod helm/go.sum)_$go_hash
+k8s_ld=$(ldflags_k8s)
+k8s=k8s.io/kubernetes/cmd
 
-have_all || die "internal error: binaries missing in $bin"
+build kube-apiserver "$k8s_version" "${k8s_version}_$k8s_hash" "$gomods/k8s" "$k8s/kube-apiserver" "$k8s_ld" \
+	"~10 min on 2 cores from an empty Go cache; ~1 min to relink when only go.mod/go.sum changed"
+build etcd "$etcd_version" "${etcd_version}_$etcd_hash" "$gomods/etcd" go.etcd.io/etcd/server/v3 "-s -w" \
+	"~2 min from an empty Go cache"
+build kubelet-harness "(k8s $k8s_version)" "${k8s_version}_$harness_hash" "$gomods/k8s" ./kubelet-harness "$k8s_ld" \
+	"~1-2 min on a cold cache, ~15 s after a harness edit"
+build stub-device-plugin "(k8s $k8s_version)" "${k8s_version}_$stub_hash" "$gomods/k8s" ./stubplugin "-s -w" \
+	"a test peer for the harness: seconds"
+build kubelet "$k8s_version" "${k8s_version}_$k8s_hash" "$gomods/k8s" "$k8s/kubelet" "$k8s_ld" \
+	"~4 min from an empty Go cache, ~1 min after kube-apiserver"
+build kube-scheduler "$k8s_version" "${k8s_version}_$k8s_hash" "$gomods/k8s" "$k8s/kube-scheduler" "$k8s_ld" "~10-45 s"
+build kube-controller-manager "$k8s_version" "${k8s_version}_$k8s_hash" "$gomods/k8s" "$k8s/kube-controller-manager" \
+	"$k8s_ld" "~1-2 min"
+build kube-proxy "$k8s_version" "${k8s_version}_$k8s_hash" "$gomods/k8s" "$k8s/kube-proxy" "$k8s_ld" "~10-60 s"
+build pause "(static)" "$pause_hash" "$gomods/k8s" ./pause "-s -w" "seconds"
+ctrd_ld="-s -w -X github.com/containerd/containerd/v2/version.Version=${containerd_version#v}"
+for name in containerd containerd-shim-runc-v2 ctr; do
+	build "$name" "$containerd_version" "${containerd_version}_$containerd_hash" "$gomods/containerd" \
+		"github.com/containerd/containerd/v2/cmd/$name" "$ctrd_ld" "~1-3 min from an empty Go cache"
+done
+build helm "$helm_version" "${helm_version}_$helm_hash" "$gomods/helm" helm.sh/helm/v3/cmd/helm \
+	"-s -w -X helm.sh/helm/v3/internal/version.version=$helm_version" "~3 min from an empty Go cache"
+
+have_all "$bin" || die "internal error: binaries missing in $bin"
 printf '%s\n' "$bin"

@@ -1,9 +1,11 @@
-"""The demo: a local control plane, a simulated GPU node, the agent, and `kubectl describe node`.
+"""The demo: a real single-node Kubernetes, the agent installed with its Helm chart, simulated GPUs,
+and a pod that gets a MIG slice.
 
-Run through hack/demo.sh. It builds (or reuses) the Go binaries, starts etcd + kube-apiserver and the
-kubelet harness (the kubelet's own device manager) for node `demo-gpu-node`, applies deploy/, creates
-2x A100-SXM4-40GB + 2x H100 80GB HBM3 simulated GPUs, starts `sharing agent` with the agent's own
-ServiceAccount token, labels the node with a preset, and shows the slices on the Node.
+Run through hack/demo.sh. It builds (or reuses) the Go binaries and the images, starts node
+`demo-gpu-node` (etcd, kube-apiserver, containerd 2.x, kubelet, scheduler, controller-manager,
+kube-proxy in private namespaces), labels it with a preset, installs the chart (DaemonSet
+`gpu-sharing` in namespace `gpu-sharing`, 2x A100-SXM4-40GB + 2x H100 80GB HBM3 simulated), waits
+for the slices on the Node, and starts a pod that requests `nvidia.com/mig-1g.5gb: 1`.
 Without --detach it stays up until Ctrl-C; --down stops what a detached run left running.
 """
 
@@ -11,16 +13,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-NODE = "demo-gpu-node"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from lab import images
+from lab.binaries import binaries
+from lab.errors import ClusterError
+from lab.helm import NAMESPACE, RELEASE, Helm, lab_values
+from lab.node import RealNode
+
+NAME, NODE = "demo", "demo-gpu-node"
 PRESET = "a100-mig-h100-time-sliced"
 CONFIG_LABEL = "nvidia.com/device-plugin.config"
 # What the preset gives on this node: each A100 2x 1g.5gb + 2g.10gb + 3g.20gb, each H100 4 replicas.
@@ -30,138 +37,134 @@ EXPECTED = {
     "nvidia.com/mig-3g.20gb": "2",
     "nvidia.com/gpu": "8",
 }
-GPUS = "A100-SXM4-40GB:2,H100-80GB-HBM3:2"
-XDG_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-CACHE = Path(os.environ.get("SHARING_CACHE") or XDG_CACHE / "gpu-sharing")
+POD = """apiVersion: v1
+kind: Pod
+metadata: {name: mig-demo, namespace: default}
+spec:
+  restartPolicy: Never
+  containers:
+    - name: main
+      image: localhost/toolbox:1
+      imagePullPolicy: IfNotPresent
+      command: [sleep, "1000000"]
+      resources:
+        limits: {nvidia.com/mig-1g.5gb: 1}
+"""
 
 
 def say(message: str) -> None:
     print(f"==> {message}", file=sys.stderr, flush=True)
 
 
-def run(*args: str, **kwargs: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(args, check=True, text=True, capture_output=True, **kwargs)  # type: ignore[call-overload, no-any-return]
+def wait(what: str, check: object, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise ClusterError(f"{what} did not happen within {timeout:.0f}s")
+        time.sleep(0.5)
 
 
-def cluster(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(REPO / "hack" / "cluster.py"), *args], check=False, text=True)
-
-
-def sharing(*args: str) -> list[str]:
-    return [sys.executable, "-m", "sharing", *args]
-
-
-def down(state: Path) -> None:
-    """Stop the agent, then the harness and the control plane."""
-    pid_file = state / "agent.pid"
-    if pid_file.exists():
-        pid = int(pid_file.read_text())
-        try:
-            os.kill(pid, signal.SIGTERM)
-            deadline = time.monotonic() + 15
-            while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
-                time.sleep(0.1)
-        except ProcessLookupError:
-            pass
-        pid_file.unlink()
-    cluster("down", "--state-dir", str(state))
-    # Nothing in the state is worth keeping (etcd data, certificates, simulated GPUs): the next
-    # demo starts from scratch, so old labels and capacity can never pass for new ones.
-    shutil.rmtree(state, ignore_errors=True)
-    say("demo stopped")
-
-
-def up(state: Path) -> Path:
-    """Start everything and return the admin kubeconfig."""
-    if state.exists():
-        say("a previous demo is still registered; stopping it first")
-        down(state)
-    state.mkdir(parents=True)
-    say("building or reusing kube-apiserver, etcd and the kubelet harness (first run: ~15 minutes)")
-    subprocess.run([str(REPO / "hack" / "build-go.sh")], check=True, stdout=subprocess.DEVNULL)
-    say(f"starting etcd, kube-apiserver and the kubelet harness for node {NODE}")
-    if cluster("up", "--state-dir", str(state), "--node", NODE).returncode != 0:
-        raise SystemExit("the local control plane did not start; see the logs under " + str(state))
-    info = json.loads((state / "cluster.json").read_text())
-    kubeconfig = Path(info["kubeconfig"])
-    kubectl = ["kubectl", f"--kubeconfig={kubeconfig}"]
-    say("applying deploy/ (namespace, RBAC, the presets ConfigMap gpu-sharing-config)")
-    run(*kubectl, "apply", "-f", str(REPO / "deploy"))
-    token = run(
-        *kubectl, "create", "token", "gpu-sharing", "-n", "gpu-sharing", "--duration=24h"
-    ).stdout.strip()
-    agent_kubeconfig = state / "agent.kubeconfig"
-    config = json.loads(run(*kubectl, "config", "view", "--raw", "-o", "json").stdout)
-    config["users"] = [{"name": "gpu-sharing", "user": {"token": token}}]
-    config["contexts"][0]["context"]["user"] = "gpu-sharing"
-    agent_kubeconfig.write_text(json.dumps(config))
-    sim = state / "gpus.json"
-    say(f"simulating {GPUS.replace(',', ' + ').replace(':', ' x')}")
-    run(*sharing("sim", "init", "--state", str(sim), "--gpus", GPUS), cwd=REPO)
-    say("starting the agent (log: " + str(state / "agent.log") + ")")
-    with (state / "agent.log").open("wb") as log:
-        agent = subprocess.Popen(
-            sharing(
-                "agent", "--node-name", NODE, "--kubeconfig", str(agent_kubeconfig), "--backend", "sim",
-                "--sim-state", str(sim), "--device-plugin-dir", info["kubelet"]["device_plugin_dir"],
-                "--pod-resources-socket", info["kubelet"]["pod_resources_socket"],
-                "--journal", str(state / "journal.jsonl"), "--log-format", "console",
-            ),
-            cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
-    (state / "agent.pid").write_text(str(agent.pid))
-    say(f"labelling {NODE} with nvidia.com/device-plugin.config={PRESET}")
+def up() -> RealNode:
+    say("building or reusing the Go binaries (first run: ~25 minutes on 2 cores)")
+    bins = binaries()
+    say("building or reusing the images: pause, toolbox, the agent from deploy/Dockerfile")
+    archives = images.all_images(bins)
+    say(
+        f"starting node {NODE}: etcd, kube-apiserver, containerd, kubelet, scheduler, controllers, kube-proxy"
+    )
     started = time.monotonic()
-    run(*kubectl, "label", "node", NODE, f"{CONFIG_LABEL}={PRESET}", "--overwrite")
-    deadline = started + 120
-    while True:
-        node = json.loads(run(*kubectl, "get", "node", NODE, "-o", "json").stdout)
-        labels = node["metadata"].get("labels", {})
-        capacity = node["status"].get("capacity", {})
-        if labels.get("nvidia.com/mig.config.state") == "success" and EXPECTED.items() <= capacity.items():
-            break
-        if agent.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit("the slices did not appear; see " + str(state / "agent.log"))
-        time.sleep(0.2)
-    say(f"slices visible on the Node {time.monotonic() - started:.1f}s after the label change")
-    print(run(*kubectl, "describe", "node", NODE).stdout)
-    return kubeconfig
+    node = RealNode(NAME, NODE).up(archives)
+    say(f"node {NODE} Ready in {time.monotonic() - started:.0f}s (logs: {node.logs()})")
+
+    def kubectl(*args: str) -> str:
+        return node.kubectl(*args, check=True).stdout
+
+    say(f"labelling {NODE} with {CONFIG_LABEL}={PRESET}")
+    kubectl("label", "node", NODE, f"{CONFIG_LABEL}={PRESET}", "--overwrite")
+    say("installing the agent with its Helm chart (deploy/helm/gpu-sharing), simulated GPUs")
+    Helm(node.kubeconfig).upgrade_install(lab_values())
+    started = time.monotonic()
+
+    def sliced() -> bool:
+        n = json.loads(kubectl("get", "node", NODE, "-o", "json"))
+        labels, capacity = n["metadata"].get("labels", {}), n["status"].get("allocatable", {})
+        return labels.get("nvidia.com/mig.config.state") == "success" and EXPECTED.items() <= capacity.items()
+
+    wait("the slices on the Node", sliced)
+    say(f"slices visible on the Node {time.monotonic() - started:.0f}s after the install")
+    print(kubectl("describe", "node", NODE))
+    say("starting pod mig-demo with limits nvidia.com/mig-1g.5gb: 1")
+    node.kubectl("apply", "-f", "-", input=POD, check=True)
+    wait(
+        "pod mig-demo Running",
+        lambda: kubectl("get", "pod", "mig-demo", "-o", "jsonpath={.status.phase}") == "Running",
+        60,
+    )
+    print(kubectl("get", "pods", "-A", "-o", "wide"))
+    env = kubectl("exec", "mig-demo", "--", "env")
+    visible = next(
+        (line for line in env.splitlines() if line.startswith("NVIDIA_VISIBLE_DEVICES=")), "(none)"
+    )
+    exported = json.loads(
+        kubectl("-n", NAMESPACE, "exec", f"ds/{RELEASE}", "--", "sharing", "export", "--json")
+    )
+    where = {
+        i["uuid"]: f"GPU {g['index']} ({g['product']}), MIG {i['profile']} at slice {i['start']}"
+        for g in exported["gpus"]
+        for i in g["instances"]
+    }
+    uuid = visible.partition("=")[2]
+    found = where.get(uuid, "not a MIG device of this node?!")
+    print(f"pod mig-demo sees {visible}\n  = {found}, per `sharing export` in the agent's pod")
+    return node
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description="gpu-sharing demo on a local control plane")
-    parser.add_argument("--detach", action="store_true", help="return once the slices are visible")
+    parser = argparse.ArgumentParser(description="gpu-sharing demo on a real single-node Kubernetes")
+    parser.add_argument("--detach", action="store_true", help="return once the pod runs with its slice")
     parser.add_argument("--down", action="store_true", help="stop a detached demo")
     args = parser.parse_args()
-    state = CACHE / "demo"
     if args.down:
-        down(state)
+        try:
+            node = RealNode.load(NAME)
+        except FileNotFoundError:
+            print("no demo is running")
+            return 0
+        node.down()
+        say("demo stopped")
         return 0
+    # Ctrl-C (or SIGTERM) anywhere below ends in a clean `down`, even when started in the
+    # background of a script (which would otherwise leave SIGINT ignored).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
-        kubeconfig = up(state)
-    except (subprocess.CalledProcessError, SystemExit, KeyboardInterrupt) as err:
-        detail = getattr(err, "stderr", None) or err
+        node = up()
+    except (ClusterError, subprocess.CalledProcessError, KeyboardInterrupt) as err:
+        detail = getattr(err, "stderr", None) or err or "interrupted"
         print(f"demo failed: {detail}", file=sys.stderr)
-        down(state)
+        if Path(RealNode(NAME, NODE).state_file).exists():
+            RealNode.load(NAME).down()
         return 1
     print(
-        f"""Try next (in another shell):
-  export KUBECONFIG={kubeconfig}
-  kubectl label node {NODE} nvidia.com/device-plugin.config=all-1g --overwrite   # 7 x 1g on every GPU
-  kubectl label node {NODE} nvidia.com/device-plugin.config=all-replicas-4 --overwrite   # MIG off, 4 replicas
-  kubectl -n gpu-sharing edit configmap gpu-sharing-config   # edit a config: applied live
-  kubectl get node {NODE} --show-labels; kubectl get events --field-selector involvedObject.name={NODE}
-  PYTHONPATH={REPO} {sys.executable} -m sharing export --backend sim --sim-state {state / "gpus.json"}"""
+        f"""Try next (in another shell, after the export below):
+  kubectl label node {NODE} {CONFIG_LABEL}=all-1g --overwrite          # 7 x 1g on every GPU
+  kubectl label node {NODE} {CONFIG_LABEL}=all-replicas-4 --overwrite  # MIG off, 4 replicas each
+  kubectl -n {NAMESPACE} edit configmap gpu-sharing-config                 # your configs: applied live
+  kubectl -n {NAMESPACE} exec ds/{RELEASE} -- sharing export               # the GPUs as the agent sees them
+  kubectl -n {NAMESPACE} logs ds/{RELEASE}                                 # the agent's log"""
     )
     if args.detach:
-        print(f"stop it with: hack/demo.sh --down\nexport KUBECONFIG={kubeconfig}")
+        print(f"stop it with: hack/demo.sh --down\nexport KUBECONFIG={node.kubeconfig}")
         return 0
-    print("The demo runs until Ctrl-C.", flush=True)
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    print(f"export KUBECONFIG={node.kubeconfig}\nThe demo runs until Ctrl-C.", flush=True)
     try:
-        signal.sigwait({signal.SIGINT, signal.SIGTERM})
+        signal.pause()
+    except KeyboardInterrupt:
+        pass
     finally:
-        down(state)
+        started = time.monotonic()
+        node.down()
+        say(f"demo stopped in {time.monotonic() - started:.1f}s")
     return 0
 
 

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# The main job: a local control plane, a simulated GPU node (2x A100 + 2x H100), the agent, and
-# `kubectl describe node demo-gpu-node` showing MIG slices and time-sliced GPUs.
+# The main job: a real single-node Kubernetes (containerd, kubelet, scheduler, ... in private
+# namespaces), the agent installed with its Helm chart on simulated GPUs (2x A100 + 2x H100), the
+# slices in `kubectl describe node demo-gpu-node`, and a pod running with a MIG slice.
 #   hack/demo.sh            run until Ctrl-C
-#   hack/demo.sh --detach   return once the slices are visible (last line: export KUBECONFIG=...)
+#   hack/demo.sh --detach   return once the pod runs (last line: export KUBECONFIG=...)
 #   hack/demo.sh --down     stop a detached demo
-# The first run builds kube-apiserver, etcd and the kubelet harness from Go modules (minutes);
-# later runs reuse them from ~/.cache/gpu-sharing. The kubelet harness needs root.
+# The first run builds the Go binaries (~25 minutes on 2 cores) and the images (~2 minutes); later
+# runs reuse them from ~/.cache/gpu-sharing and take well under a minute. Needs root.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 venv=$("$root/hack/venv.sh")

@@ -21,9 +21,21 @@ step "mypy --strict" mypy
 step "import contracts" lint-imports --no-cache
 step "generated code" hack/gen-proto.sh --check
 step "generated presets are up to date" python hack/gen-presets.py --check
-# kube-apiserver, etcd and the kubelet harness for the integration tests: built once per machine
-# (the first build takes ~15 minutes on 2 cores), then reused from the cache outside the repo.
-step "Go-built test binaries" hack/build-go.sh
+# Every Go binary of hack/lab (control plane, kubelet harness, the real node's kubelet, controllers,
+# containerd, helm): built once per machine (~25 minutes cold on 2 cores), then reused from the
+# cache outside the repository.
+bin=""
+step "Go-built binaries" eval 'bin=$(hack/build-go.sh)'
+if [ -n "$bin" ]; then
+  cache=${SHARING_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-sharing}
+  export HELM_CACHE_HOME="$cache/helm/cache" HELM_CONFIG_HOME="$cache/helm/config" HELM_DATA_HOME="$cache/helm/data"
+  chart=deploy/helm/gpu-sharing
+  step "helm lint" "$bin/helm" lint --strict "$chart"
+  step "helm lint (simulated GPUs, CDI)" "$bin/helm" lint --strict "$chart" \
+    --set backend=sim --set "deviceListStrategy={envvar,cdi-cri}" --set config.create=true
+  step "deploy/ is the chart's default render" env SHARING_HELM="$bin/helm" python hack/gen-deploy.py --check
+fi
+# tests/node runs on a real single-node Kubernetes (hack/lab; needs root): ~2 minutes warm.
 step "pytest" pytest "$@"
 
 if [ ${#failed[@]} -gt 0 ]; then

@@ -1,4 +1,4 @@
-"""Fixtures for integration and e2e tests: a real control plane and the kubelet harness (hack/cluster.py).
+"""Fixtures for integration and e2e tests: a real control plane and the kubelet harness (hack/lab).
 
 The Go binaries are built by hack/build-go.sh on first use (the first kube-apiserver build takes
 ~10 minutes on 2 cores; later runs reuse the cache outside the repository). Without Go, and
@@ -19,39 +19,43 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hack"))
 
-import cluster
+import lab
+from lab import images
 
 _build_error: Exception | None = None
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Build the Go binaries once, before any test runs, when integration tests are selected.
+    """Build the Go binaries (and, for tests/node, the images) once, before any test runs.
 
-    A cold build (~10 minutes) inside a fixture would count against the per-test timeout
+    A cold build (~25 minutes) inside a fixture would count against the per-test timeout
     (pytest-timeout); here it does not. Errors are kept and reported by the fixture.
     """
     global _build_error  # noqa: PLW0603
-    if not any(item.get_closest_marker("integration") for item in items):
+    node = any(item.get_closest_marker("node") for item in items)
+    if not node and not any(item.get_closest_marker("integration") for item in items):
         return
     capture = items[0].config.pluginmanager.getplugin("capturemanager")
     # Let hack/build-go.sh's progress lines reach the terminal (a cold build takes minutes).
     uncaptured = capture.global_and_fixture_disabled() if capture else contextlib.nullcontext()
     try:
         with uncaptured:
-            cluster.binaries()
-    except cluster.BinariesUnavailable:
+            bins = lab.binaries()
+            if node and os.geteuid() == 0:
+                images.all_images(bins)
+    except lab.BinariesUnavailable:
         pass  # the fixture skips
-    except cluster.ClusterError as e:
+    except lab.ClusterError as e:
         _build_error = e
 
 
 @pytest.fixture(scope="session")
-def cluster_binaries() -> cluster.Binaries:
+def cluster_binaries() -> lab.Binaries:
     if _build_error is not None:
         raise _build_error
     try:
-        return cluster.binaries()
-    except cluster.BinariesUnavailable as e:
+        return lab.binaries()
+    except lab.BinariesUnavailable as e:
         pytest.skip(f"no Go-built test binaries: {e}")
 
 
@@ -67,8 +71,8 @@ rules:
 
 @pytest.fixture(scope="session")
 def control_plane(
-    cluster_binaries: cluster.Binaries, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[cluster.ControlPlane]:
+    cluster_binaries: lab.Binaries, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[lab.ControlPlane]:
     """etcd + kube-apiserver for the whole session (RBAC on, admin kubeconfig in .kubeconfig).
 
     Requests of ServiceAccounts (the agent's) go to an audit log (`control_plane.audit_log`), so
@@ -77,7 +81,7 @@ def control_plane(
     audit = tmp_path_factory.mktemp("audit")
     (audit / "policy.yaml").write_text(AUDIT_POLICY)
     args = [f"--audit-policy-file={audit / 'policy.yaml'}", f"--audit-log-path={audit / 'audit.log'}"]
-    with cluster.ControlPlane(bins=cluster_binaries, extra_apiserver_args=args) as cp:
+    with lab.ControlPlane(bins=cluster_binaries, extra_apiserver_args=args) as cp:
         cp.audit_log = audit / "audit.log"  # type: ignore[attr-defined]
         yield cp
 
@@ -89,17 +93,17 @@ def _need_root() -> None:
 
 @pytest.fixture
 def make_kubelet(
-    control_plane: cluster.ControlPlane, cluster_binaries: cluster.Binaries
-) -> Iterator[Callable[..., cluster.KubeletHarness]]:
+    control_plane: lab.ControlPlane, cluster_binaries: lab.Binaries
+) -> Iterator[Callable[..., lab.KubeletHarness]]:
     """Factory: ``make_kubelet(node_name=..., **KubeletHarness kwargs)``; all stopped at teardown."""
     _need_root()
-    started: list[cluster.KubeletHarness] = []
+    started: list[lab.KubeletHarness] = []
 
-    def make(**kwargs: Any) -> cluster.KubeletHarness:
+    def make(**kwargs: Any) -> lab.KubeletHarness:
         kwargs.setdefault("kubeconfig", control_plane.kubeconfig)
         kwargs.setdefault("node_name", f"node-{uuid.uuid4().hex[:8]}")
         kwargs.setdefault("binary", cluster_binaries.kubelet_harness)
-        k = cluster.KubeletHarness(**kwargs)
+        k = lab.KubeletHarness(**kwargs)
         started.append(k)
         return k.start()
 
@@ -109,21 +113,21 @@ def make_kubelet(
 
 
 @pytest.fixture
-def kubelet(make_kubelet: Callable[..., cluster.KubeletHarness]) -> cluster.KubeletHarness:
+def kubelet(make_kubelet: Callable[..., lab.KubeletHarness]) -> lab.KubeletHarness:
     """A kubelet harness syncing a fresh Node (``kubelet.node_name``) of the session control plane."""
     return make_kubelet()
 
 
 @pytest.fixture
 def make_stub_plugin(
-    cluster_binaries: cluster.Binaries,
-) -> Iterator[Callable[..., cluster.StubDevicePlugin]]:
+    cluster_binaries: lab.Binaries,
+) -> Iterator[Callable[..., lab.StubDevicePlugin]]:
     """Factory for the Go stub device plugin: ``make_stub_plugin(kubelet.device_plugin_dir, ...)``."""
-    started: list[cluster.StubDevicePlugin] = []
+    started: list[lab.StubDevicePlugin] = []
 
-    def make(plugin_dir: Path, *args: Any, **kwargs: Any) -> cluster.StubDevicePlugin:
+    def make(plugin_dir: Path, *args: Any, **kwargs: Any) -> lab.StubDevicePlugin:
         kwargs.setdefault("binary", cluster_binaries.stub_device_plugin)
-        p = cluster.StubDevicePlugin(plugin_dir, *args, **kwargs)
+        p = lab.StubDevicePlugin(plugin_dir, *args, **kwargs)
         started.append(p)
         return p.start()
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import cluster
+import lab
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -52,7 +52,7 @@ def poll(what: str, read: Callable[[], Any], ok: Callable[[Any], bool], timeout:
 
 
 @pytest.fixture(scope="session")
-def deployed(control_plane: cluster.ControlPlane) -> cluster.ControlPlane:
+def deployed(control_plane: lab.ControlPlane) -> lab.ControlPlane:
     """deploy/ applied to the API server (RBAC, the own-node admission policy, the presets)."""
     control_plane.kubectl("apply", "-f", str(REPO / "deploy"), check=True)
     # The user's ConfigMap is theirs: deploy/ never ships it. Tests add their configs to it.
@@ -61,7 +61,7 @@ def deployed(control_plane: cluster.ControlPlane) -> cluster.ControlPlane:
     return control_plane
 
 
-def agent_token(control_plane: cluster.ControlPlane, node: str) -> str:
+def agent_token(control_plane: lab.ControlPlane, node: str) -> str:
     """The agent ServiceAccount's token as its DaemonSet pod on `node` gets it: bound to a pod
     scheduled there, so it carries the node claim the admission policy checks."""
     pod = f"agent-{node}"
@@ -119,8 +119,8 @@ class GpuNode:
     """One simulated GPU node and the handles a test needs."""
 
     name: str
-    control_plane: cluster.ControlPlane
-    kubelet: cluster.KubeletHarness
+    control_plane: lab.ControlPlane
+    kubelet: lab.KubeletHarness
     kubeconfig: Path
     sim: Path
     tmp: Path
@@ -239,9 +239,9 @@ class GpuNode:
 
 @pytest.fixture
 def gpu_node(
-    control_plane: cluster.ControlPlane,
-    make_kubelet: Callable[..., cluster.KubeletHarness],
-    deployed: cluster.ControlPlane,
+    control_plane: lab.ControlPlane,
+    make_kubelet: Callable[..., lab.KubeletHarness],
+    deployed: lab.ControlPlane,
     tmp_path: Path,
 ) -> Iterator[GpuNode]:
     """2x A100-SXM4-40GB + 2x H100 80GB HBM3 (simulated), the kubelet harness and the agent."""

@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import cluster
+import lab
 import pytest
 
 from tests.e2e.conftest import NAMESPACE, agent_token
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-def nodes(deployed: cluster.ControlPlane) -> Iterator[tuple[str, str]]:
+def nodes(deployed: lab.ControlPlane) -> Iterator[tuple[str, str]]:
     mine, other = (f"own-{uuid.uuid4().hex[:6]}" for _ in range(2))
     for name in (mine, other):
         manifest = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {"team": "a"}}}
@@ -34,11 +34,11 @@ def nodes(deployed: cluster.ControlPlane) -> Iterator[tuple[str, str]]:
 
 
 @pytest.fixture
-def as_agent(deployed: cluster.ControlPlane, nodes: tuple[str, str]) -> Path:
+def as_agent(deployed: lab.ControlPlane, nodes: tuple[str, str]) -> Path:
     return deployed.token_kubeconfig(agent_token(deployed, nodes[0]), f"attacker-{nodes[0]}")
 
 
-def run(cp: cluster.ControlPlane, kubeconfig: Path, *args: str, stdin: str | None = None) -> tuple[bool, str]:
+def run(cp: lab.ControlPlane, kubeconfig: Path, *args: str, stdin: str | None = None) -> tuple[bool, str]:
     done = cp.kubectl(*args, kubeconfig=kubeconfig, input=stdin)
     # `kubectl cordon` reports a refused patch on stderr but exits 0.
     return done.returncode == 0 and "error:" not in done.stderr, done.stderr
@@ -59,7 +59,7 @@ def event(about: dict[str, str]) -> str:
 
 
 def test_the_agent_changes_its_own_node_as_it_needs(
-    deployed: cluster.ControlPlane, nodes: tuple[str, str], as_agent: Path
+    deployed: lab.ControlPlane, nodes: tuple[str, str], as_agent: Path
 ) -> None:
     mine, _ = nodes
     ok = [
@@ -100,7 +100,7 @@ def test_the_agent_changes_its_own_node_as_it_needs(
     ],
 )
 def test_every_other_change_of_a_node_is_refused(
-    deployed: cluster.ControlPlane,
+    deployed: lab.ControlPlane,
     nodes: tuple[str, str],
     as_agent: Path,
     attack: tuple[str, ...],
@@ -126,7 +126,7 @@ def test_every_other_change_of_a_node_is_refused(
     ],
 )
 def test_events_about_anything_but_its_node_are_refused(
-    deployed: cluster.ControlPlane, nodes: tuple[str, str], as_agent: Path, about: dict[str, str]
+    deployed: lab.ControlPlane, nodes: tuple[str, str], as_agent: Path, about: dict[str, str]
 ) -> None:
     target = {k: v.format(other=nodes[1]) for k, v in about.items()}
     allowed, error = run(deployed, as_agent, "create", "-f", "-", stdin=event(target))
@@ -135,7 +135,7 @@ def test_events_about_anything_but_its_node_are_refused(
 
 
 def test_a_token_without_a_node_claim_changes_nothing(
-    deployed: cluster.ControlPlane, nodes: tuple[str, str]
+    deployed: lab.ControlPlane, nodes: tuple[str, str]
 ) -> None:
     token = deployed.kubectl("create", "token", "gpu-sharing", "-n", NAMESPACE, "--duration=10m", check=True)
     unbound = deployed.token_kubeconfig(token.stdout.strip(), "unbound-agent")

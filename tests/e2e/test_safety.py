@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import cluster
+import lab
 import pytest
 
 from tests.e2e.conftest import GpuNode, poll
@@ -103,7 +103,7 @@ def test_devices_are_withdrawn_from_the_kubelet_before_they_are_destroyed(gpu_no
             timeout=2,
         )
         # ... so a pod arriving now cannot get one.
-        with pytest.raises(cluster.AdmissionError):
+        with pytest.raises(lab.AdmissionError):
             gpu_node.kubelet.admit("late", {"main": {"nvidia.com/mig-1g.5gb": 1}})
     finally:
         opener.release()

@@ -8,7 +8,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-import cluster
+import lab
 import pytest
 
 pytestmark = pytest.mark.integration
@@ -28,13 +28,13 @@ def wait_for(cond: Callable[[], Any], timeout: float, what: str) -> Any:
         time.sleep(0.1)
 
 
-def kubectl_json(cp: cluster.ControlPlane, *args: str) -> Any:
+def kubectl_json(cp: lab.ControlPlane, *args: str) -> Any:
     r = cp.kubectl(*args, "-o", "json")
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 
 
-def node_or_none(cp: cluster.ControlPlane, name: str) -> Any:
+def node_or_none(cp: lab.ControlPlane, name: str) -> Any:
     r = cp.kubectl("get", "node", name, "-o", "json")
     return json.loads(r.stdout) if r.returncode == 0 else None
 
@@ -43,7 +43,7 @@ def dev(resources: dict[str, Any]) -> dict[str, Any]:
     return resources.get(DEV, {})
 
 
-def node_counts(cp: cluster.ControlPlane, node: str | None) -> tuple[str, str] | None:
+def node_counts(cp: lab.ControlPlane, node: str | None) -> tuple[str, str] | None:
     """(capacity, allocatable) of DEV in the Node's status, as strings."""
     n = node_or_none(cp, node or "")
     if not n:
@@ -54,7 +54,7 @@ def node_counts(cp: cluster.ControlPlane, node: str | None) -> tuple[str, str] |
 # ---- control plane ------------------------------------------------------------------------
 
 
-def test_kubectl_talks_to_the_control_plane(control_plane: cluster.ControlPlane) -> None:
+def test_kubectl_talks_to_the_control_plane(control_plane: lab.ControlPlane) -> None:
     ns = kubectl_json(control_plane, "get", "ns", "default")
     assert ns["metadata"]["name"] == "default"
     version = kubectl_json(control_plane, "version")
@@ -62,7 +62,7 @@ def test_kubectl_talks_to_the_control_plane(control_plane: cluster.ControlPlane)
     assert control_plane.server.startswith("https://127.0.0.1:")
 
 
-def test_rbac_applies_to_service_account_tokens(control_plane: cluster.ControlPlane) -> None:
+def test_rbac_applies_to_service_account_tokens(control_plane: lab.ControlPlane) -> None:
     cp = control_plane
     ns = f"rbac-{uuid.uuid4().hex[:6]}"
     for args in (("create", "namespace", ns), ("-n", ns, "create", "serviceaccount", "reader")):
@@ -100,7 +100,7 @@ def test_rbac_applies_to_service_account_tokens(control_plane: cluster.ControlPl
     )
 
 
-def test_apiserver_restart_keeps_data(control_plane: cluster.ControlPlane) -> None:
+def test_apiserver_restart_keeps_data(control_plane: lab.ControlPlane) -> None:
     cp = control_plane
     name = f"survivor-{uuid.uuid4().hex[:6]}"
     r = cp.kubectl("create", "configmap", name, "--from-literal=key=value")
@@ -115,16 +115,14 @@ def test_apiserver_restart_keeps_data(control_plane: cluster.ControlPlane) -> No
 # ---- kubelet harness ------------------------------------------------------------------------
 
 
-def test_harness_starts_with_kubelet_socket(kubelet: cluster.KubeletHarness) -> None:
+def test_harness_starts_with_kubelet_socket(kubelet: lab.KubeletHarness) -> None:
     assert kubelet.healthy()
     assert kubelet.kubelet_socket.is_socket()
     assert kubelet.pod_resources_socket.is_socket()
     assert kubelet.resources() == {"resources": {}, "generation": 0}
 
 
-def test_harness_registers_a_ready_node(
-    control_plane: cluster.ControlPlane, kubelet: cluster.KubeletHarness
-) -> None:
+def test_harness_registers_a_ready_node(control_plane: lab.ControlPlane, kubelet: lab.KubeletHarness) -> None:
     assert kubelet.node_name
     node = wait_for(lambda: node_or_none(control_plane, kubelet.node_name or ""), 10, "the Node")
     node = wait_for(
@@ -143,9 +141,9 @@ def test_harness_registers_a_ready_node(
 
 
 def test_device_capacity_reaches_node_status(
-    control_plane: cluster.ControlPlane,
-    kubelet: cluster.KubeletHarness,
-    make_stub_plugin: Callable[..., cluster.StubDevicePlugin],
+    control_plane: lab.ControlPlane,
+    kubelet: lab.KubeletHarness,
+    make_stub_plugin: Callable[..., lab.StubDevicePlugin],
 ) -> None:
     plugin = make_stub_plugin(kubelet.device_plugin_dir, DEV, ["Dev-1", "Dev-2", "Dev-3 Unhealthy"])
     reply = kubelet.wait_resources(lambda r: dev(r).get("capacity") == 3 and dev(r).get("allocatable") == 2)
@@ -167,7 +165,7 @@ def test_device_capacity_reaches_node_status(
 
 
 def test_admission_drives_preferred_allocation_and_allocate(
-    kubelet: cluster.KubeletHarness, make_stub_plugin: Callable[..., cluster.StubDevicePlugin]
+    kubelet: lab.KubeletHarness, make_stub_plugin: Callable[..., lab.StubDevicePlugin]
 ) -> None:
     make_stub_plugin(kubelet.device_plugin_dir, DEV, ["Dev-1", "Dev-2", "Dev-3", "Dev-4"], preferred=True)
     kubelet.wait_resources(lambda r: dev(r).get("allocatable") == 4)
@@ -179,7 +177,7 @@ def test_admission_drives_preferred_allocation_and_allocate(
     assert sorted(c["envs"]["STUB_VISIBLE_DEVICES"].split(",")) == ["Dev-3", "Dev-4"]
     assert sorted(c["cdiDevices"]) == [f"{DEV}=Dev-3", f"{DEV}=Dev-4"]
 
-    with pytest.raises(cluster.AdmissionError) as rejected:
+    with pytest.raises(lab.AdmissionError) as rejected:
         kubelet.admit("p2", {"c": {DEV: 3}})
     assert rejected.value.reason == "UnexpectedAdmissionError"
     assert "requested number of devices unavailable" in rejected.value.error
@@ -190,7 +188,7 @@ def test_admission_drives_preferred_allocation_and_allocate(
 
 
 def test_kubelet_restart_makes_plugins_register_again(
-    kubelet: cluster.KubeletHarness, make_stub_plugin: Callable[..., cluster.StubDevicePlugin]
+    kubelet: lab.KubeletHarness, make_stub_plugin: Callable[..., lab.StubDevicePlugin]
 ) -> None:
     make_stub_plugin(kubelet.device_plugin_dir, DEV, ["Dev-1", "Dev-2"])
     kubelet.wait_resources(lambda r: dev(r).get("allocatable") == 2)
@@ -211,7 +209,7 @@ def test_kubelet_restart_makes_plugins_register_again(
 
 
 def test_pod_resources_lists_admitted_devices(
-    kubelet: cluster.KubeletHarness, make_stub_plugin: Callable[..., cluster.StubDevicePlugin]
+    kubelet: lab.KubeletHarness, make_stub_plugin: Callable[..., lab.StubDevicePlugin]
 ) -> None:
     grpc = pytest.importorskip("grpc")
     make_stub_plugin(kubelet.device_plugin_dir, DEV, ["Dev-1", "Dev-2"])
@@ -238,9 +236,9 @@ def test_pod_resources_lists_admitted_devices(
 
 
 def test_node_status_sync_survives_apiserver_restart(
-    control_plane: cluster.ControlPlane,
-    kubelet: cluster.KubeletHarness,
-    make_stub_plugin: Callable[..., cluster.StubDevicePlugin],
+    control_plane: lab.ControlPlane,
+    kubelet: lab.KubeletHarness,
+    make_stub_plugin: Callable[..., lab.StubDevicePlugin],
 ) -> None:
     plugin = make_stub_plugin(kubelet.device_plugin_dir, DEV, ["Dev-1"])
     wait_for(lambda: node_counts(control_plane, kubelet.node_name) == ("1", "1"), 10, "Node count 1")
@@ -249,9 +247,9 @@ def test_node_status_sync_survives_apiserver_restart(
     wait_for(lambda: node_counts(control_plane, kubelet.node_name) == ("2", "2"), 15, "Node count 2")
 
 
-def test_failed_start_reports_the_log_tail(cluster_binaries: cluster.Binaries) -> None:
-    cp = cluster.ControlPlane(bins=cluster_binaries, extra_apiserver_args=["--no-such-flag"])
-    with pytest.raises(cluster.ClusterError) as failed:
+def test_failed_start_reports_the_log_tail(cluster_binaries: lab.Binaries) -> None:
+    cp = lab.ControlPlane(bins=cluster_binaries, extra_apiserver_args=["--no-such-flag"])
+    with pytest.raises(lab.ClusterError) as failed:
         cp.start()
     message = str(failed.value)
     assert "kube-apiserver exited" in message

@@ -14,8 +14,8 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import cluster
 import grpc
+import lab
 import pytest
 
 from sharing.inventory import HealthState, Inventory, build_inventory
@@ -69,28 +69,28 @@ def harness_binary() -> Path:
     if os.environ.get("SHARING_KUBELET_HARNESS"):
         return Path(os.environ["SHARING_KUBELET_HARNESS"])
     try:
-        return cluster.binaries().kubelet_harness
-    except cluster.BinariesUnavailable as err:
+        return lab.binaries().kubelet_harness
+    except lab.BinariesUnavailable as err:
         pytest.skip(f"no kubelet harness binary: {err}")
 
 
 @pytest.fixture
-def harness(harness_binary: Path) -> Iterator[cluster.KubeletHarness]:
+def harness(harness_binary: Path) -> Iterator[lab.KubeletHarness]:
     """The kubelet's device manager without a Node (capacity read from GetCapacity)."""
     if os.geteuid() != 0:
         pytest.skip("the kubelet harness needs root (private mount namespace)")
-    with cluster.KubeletHarness(binary=harness_binary) as k:
+    with lab.KubeletHarness(binary=harness_binary) as k:
         yield k
 
 
-async def start_fleet(harness: cluster.KubeletHarness) -> Fleet:
+async def start_fleet(harness: lab.KubeletHarness) -> Fleet:
     fleet = Fleet(FleetSettings(plugin_dir=harness.device_plugin_dir, poll_interval_s=0.05))
     await fleet.start()
     return fleet
 
 
 @pytest.fixture
-async def fleet(harness: cluster.KubeletHarness) -> AsyncIterator[Fleet]:
+async def fleet(harness: lab.KubeletHarness) -> AsyncIterator[Fleet]:
     fleet = await start_fleet(harness)
     yield fleet
     await fleet.stop()
@@ -101,7 +101,7 @@ def counts(field: str) -> Callable[[dict[str, Any]], dict[str, int]]:
 
 
 async def wait_counts(
-    harness: cluster.KubeletHarness, expected: dict[str, int], field: str = "capacity", timeout: float = 20
+    harness: lab.KubeletHarness, expected: dict[str, int], field: str = "capacity", timeout: float = 20
 ) -> dict[str, Any]:
     def match(resources: dict[str, Any]) -> bool:
         got = counts(field)(resources)
@@ -110,14 +110,14 @@ async def wait_counts(
     return await asyncio.to_thread(harness.wait_resources, match, timeout)
 
 
-async def admit(harness: cluster.KubeletHarness, name: str, limits: dict[str, int]) -> dict[str, Any]:
+async def admit(harness: lab.KubeletHarness, name: str, limits: dict[str, int]) -> dict[str, Any]:
     return await asyncio.to_thread(harness.admit, name, {"main": limits})
 
 
 EXPECTED = {GPU: 4, MIG_1G: 4, MIG_3G: 1}
 
 
-async def test_registers_and_advertises_capacity(harness: cluster.KubeletHarness, fleet: Fleet) -> None:
+async def test_registers_and_advertises_capacity(harness: lab.KubeletHarness, fleet: Fleet) -> None:
     fleet.update(inventory())
     reply = await wait_counts(harness, EXPECTED)
     assert EXPECTED == {k: v for k, v in counts("allocatable")(reply["resources"]).items() if k in EXPECTED}
@@ -125,13 +125,13 @@ async def test_registers_and_advertises_capacity(harness: cluster.KubeletHarness
     assert {"GPU-1::0", "GPU-1::1", "GPU-2::0", "GPU-2::1"} == set(reply["resources"][GPU]["healthy"])
 
 
-async def test_renamed_shared_resources(harness: cluster.KubeletHarness, fleet: Fleet) -> None:
+async def test_renamed_shared_resources(harness: lab.KubeletHarness, fleet: Fleet) -> None:
     fleet.update(inventory(rename=True))
     await wait_counts(harness, {SHARED: 4, "nvidia.com/mig-1g.5gb.shared": 4, MIG_3G: 1})
 
 
 async def test_capacity_follows_inventory_without_reregistering(
-    harness: cluster.KubeletHarness, fleet: Fleet
+    harness: lab.KubeletHarness, fleet: Fleet
 ) -> None:
     fleet.update(inventory())
     await wait_counts(harness, EXPECTED)
@@ -146,7 +146,7 @@ async def test_capacity_follows_inventory_without_reregistering(
     assert 2 == reply["resources"][GPU]["capacity"]
 
 
-async def test_kubelet_restart_reregisters_within_2s(harness: cluster.KubeletHarness, fleet: Fleet) -> None:
+async def test_kubelet_restart_reregisters_within_2s(harness: lab.KubeletHarness, fleet: Fleet) -> None:
     fleet.update(inventory())
     await wait_counts(harness, EXPECTED, field="allocatable")
     await fleet.sync()
@@ -168,7 +168,7 @@ async def test_kubelet_restart_reregisters_within_2s(harness: cluster.KubeletHar
 
 
 async def test_unhealthy_device_lowers_allocatable_keeps_capacity(
-    harness: cluster.KubeletHarness, fleet: Fleet
+    harness: lab.KubeletHarness, fleet: Fleet
 ) -> None:
     fleet.update(inventory())
     await wait_counts(harness, EXPECTED, field="allocatable")
@@ -182,7 +182,7 @@ async def test_unhealthy_device_lowers_allocatable_keeps_capacity(
     await wait_counts(harness, EXPECTED, field="allocatable")
 
 
-async def test_admitted_pods_get_the_right_devices(harness: cluster.KubeletHarness, fleet: Fleet) -> None:
+async def test_admitted_pods_get_the_right_devices(harness: lab.KubeletHarness, fleet: Fleet) -> None:
     fleet.update(inventory(gpu_replicas=1))  # GPUs 1 and 2 whole, GPU 0's MIG devices as before
     await wait_counts(harness, {GPU: 2, MIG_1G: 4, MIG_3G: 1}, field="allocatable")
 
@@ -207,19 +207,17 @@ async def test_admitted_pods_get_the_right_devices(harness: cluster.KubeletHarne
     assert GPU not in in_use
 
 
-async def test_replicas_of_one_gpu_are_one_visible_device(
-    harness: cluster.KubeletHarness, fleet: Fleet
-) -> None:
+async def test_replicas_of_one_gpu_are_one_visible_device(harness: lab.KubeletHarness, fleet: Fleet) -> None:
     fleet.update(build_inventory(NodeState((a100(1),)), config(gpu_replicas=4)))
     await wait_counts(harness, {GPU: 4}, field="allocatable")
     pod = await admit(harness, "two-replicas", {GPU: 2})
     assert "GPU-1" == pod["containers"][0]["envs"]["NVIDIA_VISIBLE_DEVICES"]
 
 
-async def test_fail_requests_greater_than_one(harness: cluster.KubeletHarness, fleet: Fleet) -> None:
+async def test_fail_requests_greater_than_one(harness: lab.KubeletHarness, fleet: Fleet) -> None:
     fleet.update(inventory(fail_gt_one=True))
     await wait_counts(harness, EXPECTED, field="allocatable")
-    with pytest.raises(cluster.AdmissionError) as err:
+    with pytest.raises(lab.AdmissionError) as err:
         await admit(harness, "greedy", {GPU: 2})
     assert "failRequestsGreaterThanOne" in str(err.value.args) + err.value.error
     ok = await admit(harness, "modest", {GPU: 1})
@@ -227,7 +225,7 @@ async def test_fail_requests_greater_than_one(harness: cluster.KubeletHarness, f
 
 
 async def test_malformed_and_unknown_requests_get_grpc_errors(
-    harness: cluster.KubeletHarness, fleet: Fleet
+    harness: lab.KubeletHarness, fleet: Fleet
 ) -> None:
     fleet.update(inventory())
     await wait_counts(harness, EXPECTED, field="allocatable")
@@ -259,7 +257,7 @@ async def test_malformed_and_unknown_requests_get_grpc_errors(
 
 
 async def test_node_status_shows_the_slices(
-    kubelet: cluster.KubeletHarness, control_plane: cluster.ControlPlane
+    kubelet: lab.KubeletHarness, control_plane: lab.ControlPlane
 ) -> None:
     fleet = await start_fleet(kubelet)
     try:

@@ -51,9 +51,10 @@ def test_every_preset_validates_on_every_product_it_names(name: str) -> None:
 
 def test_the_configmap_holds_every_preset() -> None:
     manifest = yaml.safe_load((ROOT / "deploy" / "presets-configmap.yaml").read_text())
-    assert (manifest["kind"], manifest["metadata"]) == (
+    assert (manifest["kind"], manifest["metadata"]["name"], manifest["metadata"]["namespace"]) == (
         "ConfigMap",
-        {"name": "gpu-sharing-presets", "namespace": "gpu-sharing"},
+        "gpu-sharing-presets",
+        "gpu-sharing",
     )
     assert sorted(manifest["data"]) == PRESETS
     assert parse_configmap(manifest["data"]).names == tuple(PRESETS)

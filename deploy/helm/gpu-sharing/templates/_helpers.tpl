@@ -1,0 +1,27 @@
+{{/* The name of every object: fixed (not per release), so deploy/ and the chart agree. */}}
+{{- define "gpu-sharing.fullname" -}}
+{{- default .Chart.Name .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* The selector labels: as deploy/ has always had them (a DaemonSet's selector is immutable). */}}
+{{- define "gpu-sharing.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "gpu-sharing.fullname" . }}
+{{- end -}}
+
+{{- define "gpu-sharing.labels" -}}
+{{ include "gpu-sharing.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+{{- end -}}
+
+{{- define "gpu-sharing.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+
+{{/* deviceListStrategy as a comma list, whether given as a string or a YAML list. */}}
+{{- define "gpu-sharing.deviceListStrategy" -}}
+{{- if kindIs "slice" .Values.deviceListStrategy -}}
+{{ join "," .Values.deviceListStrategy }}
+{{- else -}}
+{{ .Values.deviceListStrategy }}
+{{- end -}}
+{{- end -}}

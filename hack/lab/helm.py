@@ -1,0 +1,115 @@
+"""Helm (built from its Go module) against a lab cluster, and the chart values the lab installs with.
+
+Helm keeps its caches and config under the lab's cache (``HELM_*_HOME``), never in the user's home.
+``lab_values`` are what a user of simulated GPUs would set, adjusted to the agent in this checkout:
+probes only when the agent serves them, and the presets copied into the user's map only while the
+agent does not read the presets ConfigMap itself (so the same chart works before and after).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from lab.binaries import binaries
+from lab.errors import ClusterError
+from lab.images import agent_image
+from lab.paths import REPO, cache_dir
+
+CHART = REPO / "deploy" / "helm" / "gpu-sharing"
+RELEASE = "gpu-sharing"
+NAMESPACE = "gpu-sharing"
+SIM_GPUS = "A100-SXM4-40GB:2,H100-80GB-HBM3:2"
+
+
+class Helm:
+    """``helm`` with the given kubeconfig; values are passed as a file (JSON is YAML)."""
+
+    def __init__(self, kubeconfig: Path, *, binary: Path | None = None) -> None:
+        self.kubeconfig = kubeconfig
+        self.binary = binary or binaries().helm
+        home = cache_dir() / "helm"
+        self.env = {
+            **os.environ,
+            "KUBECONFIG": str(kubeconfig),
+            "HELM_CACHE_HOME": str(home / "cache"),
+            "HELM_CONFIG_HOME": str(home / "config"),
+            "HELM_DATA_HOME": str(home / "data"),
+        }
+
+    def run(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(
+            [str(self.binary), *args],
+            capture_output=True,
+            text=True,
+            env=self.env,
+            check=False,
+            timeout=timeout,
+        )
+        if check and done.returncode != 0:
+            raise ClusterError(f"helm {' '.join(args)} failed:\n{done.stdout}{done.stderr}")
+        return done
+
+    def upgrade_install(self, values: Mapping[str, Any], *, extra: Sequence[str] = ()) -> str:
+        """``helm upgrade --install`` of the chart in the repository; returns helm's output."""
+        path = cache_dir() / "helm" / f"values-{os.getpid()}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(values, indent=2))
+        try:
+            args = [
+                "upgrade",
+                "--install",
+                RELEASE,
+                str(CHART),
+                "--namespace",
+                NAMESPACE,
+                "--create-namespace",
+            ]
+            return self.run(*args, "--values", str(path), *extra).stdout
+        finally:
+            path.unlink(missing_ok=True)
+
+    def uninstall(self) -> str:
+        return self.run("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait").stdout
+
+    def status(self) -> dict[str, Any]:
+        done = self.run("status", RELEASE, "--namespace", NAMESPACE, "--output", "json", check=False)
+        return dict(json.loads(done.stdout)) if done.returncode == 0 else {}
+
+
+def agent_flags() -> str:
+    """``sharing agent --help`` of this checkout: which settings the agent knows."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, "-m", "sharing", "agent", "--help"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    return done.stdout
+
+
+def lab_values(configs: Mapping[str, str] | None = None, **overrides: Any) -> dict[str, Any]:
+    """Values for the lab: the local image, simulated GPUs, and the user's ``configs`` (name: YAML)."""
+    flags = agent_flags()
+    repository, _, tag = agent_image().rpartition(":")
+    user = dict(configs or {})
+    if "--presets-configmap" not in flags:
+        # This agent reads one ConfigMap only: put the presets there, under their own names.
+        presets = {p.stem: p.read_text() for p in sorted((REPO / "profiles").glob("*.yaml"))}
+        user = {**presets, **user}
+    values: dict[str, Any] = {
+        "image": {"repository": repository.removeprefix("docker.io/library/"), "tag": tag},
+        "backend": "sim",
+        "sim": {"gpus": SIM_GPUS},
+        "logFormat": "console",
+        "probes": {"enabled": "--http-port" in flags},
+        "config": {"create": True, "map": user},
+    }
+    return {**values, **overrides}

@@ -1,0 +1,261 @@
+"""A real single-node Kubernetes: the control plane, containerd, kubelet, scheduler, controller-manager
+and kube-proxy, all inside the node's private namespaces and cgroups.
+
+``RealNode.up()`` starts everything detached and records each PID (with its start time) in
+``<state>/node.json``; ``RealNode.load(name).down()`` stops them from that record alone, kills what
+they left in the node's cgroups (shims, containers), removes the cgroups, and lets the kernel drop
+the namespaces with their mounts, interfaces and iptables rules. ``kubectl`` on the host works with
+the admin kubeconfig: the API server listens on the node's address, reached through a veth pair.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from lab import components, containerd, packages
+from lab.binaries import Binaries, binaries
+from lab.cgroups import CgroupTree
+from lab.controlplane import ControlPlane, NodeNetwork
+from lab.errors import ClusterError
+from lab.netns import Namespaces
+from lab.paths import KUBECTL, cache_dir
+from lab.process import PidRecord, Process, stop_all, tail
+
+READY_TIMEOUT = 120.0
+
+
+class RealNode:
+    """Node ``node_name`` of the lab cluster ``name``; ``index`` keeps two clusters apart (subnet)."""
+
+    def __init__(self, name: str = "demo", node_name: str = "demo-gpu-node", *, index: int = 0) -> None:
+        self.name = name
+        self.node_name = node_name
+        self.index = index
+        self.state = cache_dir() / "node" / name
+        self.cgroup = CgroupTree(f"gpu-sharing-{name}")
+        self.ns = Namespaces(name, self.state, index)
+        self.records: list[PidRecord] = []
+        self.kubeconfig = self.state / "control-plane" / "admin.kubeconfig"
+        self._bins: Binaries | None = None
+        self._cp: ControlPlane | None = None
+
+    @property
+    def state_file(self) -> Path:
+        return self.state / "node.json"
+
+    @property
+    def address(self) -> str:
+        return self.ns.address
+
+    @property
+    def bins(self) -> Binaries:
+        if self._bins is None:
+            self._bins = binaries()
+        return self._bins
+
+    # -- up ----------------------------------------------------------------------------------
+
+    def up(self, images: Sequence[Path] = ()) -> RealNode:
+        """Start the node and import ``images`` (docker archives); return once the Node is Ready."""
+        if self.state_file.exists():
+            RealNode.load(self.name).down()
+        shutil.rmtree(self.state, ignore_errors=True)
+        (self.state / "logs").mkdir(parents=True)
+        packages.ensure()
+        bins = self.bins
+        try:
+            self._up(bins, images)
+        except BaseException:
+            self.down()
+            raise
+        return self
+
+    def _up(self, bins: Binaries, images: Sequence[Path]) -> None:
+        self.cgroup.create()
+        procs = self.cgroup.daemon_procs()
+        mounts = {"/var/lib/kubelet": self.state / "kubelet", "/var/log": self.state / "log"}
+        self.records.append(self.ns.start(procs, mounts))
+        self._save()
+        net = NodeNetwork(self.ns.address, self.ns.launcher, procs)
+        cp = self._cp = ControlPlane(
+            base_dir=self.state / "control-plane", detached=True, keep=True, bins=bins, network=net
+        )
+        cp.start()
+        self.records += cp.records()
+        cp.forget()
+        self._save()
+        runtime = containerd.process(bins, self.ns, self.state, procs)
+        self._start(runtime, keep=True)
+        containerd.wait_ready(runtime, self.ns, bins)
+        runtime.forget()
+        for archive in images:
+            containerd.import_image(self.ns, bins, archive)
+        self._start_kubelet()
+        scheduler = cp.user_kubeconfig("system:kube-scheduler")
+        manager = cp.user_kubeconfig("system:kube-controller-manager")
+        proxy = cp.user_kubeconfig("system:kube-proxy")
+        self._start(self._daemon("kube-scheduler", components.scheduler_args(bins, scheduler)))
+        self._start(
+            self._daemon("kube-controller-manager", components.controller_manager_args(bins, cp, manager))
+        )
+        self._start(self._daemon("kube-proxy", components.proxy_args(bins, self.node_name, proxy)))
+        self.wait_ready()
+        # Pods need their namespace's ServiceAccount, which the controller-manager creates.
+        self._wait(
+            "the default ServiceAccount",
+            lambda: self.kubectl("get", "serviceaccount", "default").returncode == 0,
+        )
+
+    def _daemon(self, name: str, args: list[str]) -> Process:
+        return Process(
+            name,
+            args,
+            self.state / "logs" / f"{name}.log",
+            detached=True,
+            launcher=self.ns.launcher,
+            cgroup_procs=self.cgroup.daemon_procs(),
+        )
+
+    def _start(self, proc: Process, *, keep: bool = False) -> Process:
+        proc.start()
+        self.records.append(proc.record())
+        self._save()
+        if not keep:  # stopped through its record, like every daemon of a detached node
+            proc.forget()
+        return proc
+
+    def _start_kubelet(self) -> None:
+        cp = self._control_plane()
+        kubeconfig = cp.user_kubeconfig(f"system:node:{self.node_name}", ["system:nodes"])
+        config = components.kubelet_config(cp, self.cgroup.name, self.state)
+        args = components.kubelet_args(self.bins, self.node_name, self.ns.address, config, kubeconfig)
+        self._start(self._daemon("kubelet", args))
+
+    def _control_plane(self) -> ControlPlane:
+        if self._cp is None:  # loaded from the state file: only the paths are needed
+            self._cp = ControlPlane(base_dir=self.state / "control-plane", keep=True)
+            self._cp.dir = self.state / "control-plane"
+            self._cp.ca_path = self._cp.dir / "ca.crt"
+            self._cp.server = f"https://{self.ns.address}:6443"
+        return self._cp
+
+    # -- while up ------------------------------------------------------------------------------
+
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = False, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
+        """``kubectl`` as admin, from the host."""
+        return subprocess.run(
+            [KUBECTL, f"--kubeconfig={self.kubeconfig}", *args],
+            capture_output=True, text=True, input=input, check=check, timeout=timeout,
+        )  # fmt: skip
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT) -> None:
+        """Until the Node reports Ready."""
+
+        def ready() -> bool:
+            done = self.kubectl("get", "node", self.node_name, "-o", "json")
+            if done.returncode != 0:
+                return False
+            conditions = json.loads(done.stdout)["status"].get("conditions", [])
+            return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+        self._wait(f"node {self.node_name} Ready", ready, timeout)
+
+    def _wait(self, what: str, check: Any, timeout: float = READY_TIMEOUT) -> None:
+        """Poll ``check`` until true; fail early, with the kubelet's log, when the kubelet died."""
+        record = next(r for r in self.records if r.name == "kubelet")
+        deadline = time.monotonic() + timeout
+        while not check():
+            if not record.alive() or time.monotonic() > deadline:
+                state = "exited" if not record.alive() else f"not reached within {timeout:.0f}s"
+                log = self.state / "logs" / "kubelet.log"
+                raise ClusterError(f"{what}: {state}\n--- last lines of {log} ---\n{tail(log)}")
+            time.sleep(0.2)
+
+    def restart_kubelet(self) -> None:
+        """Stop the kubelet (SIGTERM) and start a new one on the same state; wait for Ready."""
+        old = next(r for r in self.records if r.name == "kubelet")
+        old.stop()
+        self.records.remove(old)
+        self._start_kubelet()
+        # The Node still says Ready from before the restart: wait for the new kubelet's own server
+        # (exec, logs) to answer too.
+        self._wait("the kubelet's port 10250", lambda: _listening(self.ns.address, 10250))
+        self.wait_ready()
+
+    def import_image(self, archive: Path) -> None:
+        containerd.import_image(self.ns, self.bins, archive)
+
+    def logs(self) -> Path:
+        return self.state / "logs"
+
+    # -- down ----------------------------------------------------------------------------------
+
+    def _save(self) -> None:
+        data = {
+            "name": self.name,
+            "node": self.node_name,
+            "index": self.index,
+            "address": self.ns.address,
+            "kubeconfig": str(self.kubeconfig),
+            "pids": [r.to_json() for r in self.records],
+        }
+        self.state_file.write_text(json.dumps(data, indent=2) + "\n")
+
+    @classmethod
+    def load(cls, name: str) -> RealNode:
+        """The node ``name`` as its state file records it (raises when there is none)."""
+        state = cache_dir() / "node" / name / "node.json"
+        data = json.loads(state.read_text())
+        node = cls(name, data["node"], index=data["index"])
+        node.records = [PidRecord.from_json(r) for r in data["pids"]]
+        if node.records and node.records[0].name == "namespace-holder":
+            node.ns.record = node.records[0]
+        return node
+
+    def running(self) -> bool:
+        return any(r.alive() for r in self.records)
+
+    def down(self) -> list[str]:
+        """Stop everything, empty and remove the cgroups; return the names of what was running."""
+        holder = [r for r in self.records if r.name == "namespace-holder"]
+        daemons = [r for r in self.records if r.name != "namespace-holder"]
+        # Nothing on the node is kept, so nothing needs a long graceful shutdown.
+        stopped = stop_all(list(reversed(daemons)), timeout=0.5)
+        stopped += stop_all(holder, timeout=0.5)
+        # Shims and containers have no record: they are found by cgroup.
+        self.cgroup.kill_all()
+        self.ns.remove_host_interface()
+        deadline = time.monotonic() + 10
+        while (left := self.cgroup.remove()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if left:
+            raise ClusterError(f"could not remove cgroups {', '.join(map(str, left))}")
+        self.records = []
+        self.state_file.unlink(missing_ok=True)
+        # Keep the logs for a post-mortem (the daemons', the control plane's, the pods' /var/log);
+        # the rest (etcd, kubelet, images) is rebuilt by `up`.
+        keep = {self.state / "logs", self.state / "log", self.state / "control-plane"}
+        for entry in self.state.iterdir() if self.state.exists() else ():
+            if entry not in keep:
+                shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
+        for entry in (self.state / "control-plane").glob("*"):
+            if entry.name != "logs":
+                shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
+        return stopped
+
+
+def _listening(host: str, port: int) -> bool:
+    try:
+        socket.create_connection((host, port), timeout=1).close()
+    except OSError:
+        return False
+    return True

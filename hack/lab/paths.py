@@ -1,0 +1,20 @@
+"""Where things live: the repository, the cache outside it, and the host tools the lab calls.
+
+Everything the lab builds or starts keeps its state under the cache (``SHARING_CACHE``, default
+``~/.cache/gpu-sharing``), never in the repository, so a fresh clone reuses a warm machine.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+BUILD_SCRIPT = REPO / "hack" / "build-go.sh"
+KUBECTL = os.environ.get("SHARING_KUBECTL", "/usr/bin/kubectl")
+
+
+def cache_dir() -> Path:
+    """The cache root, read at call time so tests can point ``SHARING_CACHE`` elsewhere."""
+    xdg = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return Path(os.environ.get("SHARING_CACHE") or xdg / "gpu-sharing")

@@ -1,0 +1,203 @@
+"""One real single-node Kubernetes for every test in tests/node, with the agent installed by its chart.
+
+The node (hack/lab: containerd 2.x, kubelet, scheduler, controller-manager, kube-proxy in private
+namespaces) starts once per session, with 2x A100-SXM4-40GB + 2x H100 80GB HBM3 simulated and a
+config in the user's ConfigMap that yields every kind of resource at once. Tests talk to it as an
+operator does: kubectl, helm, `kubectl exec` into pods. Needs root; skipped without the Go binaries.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import lab
+import pytest
+from lab import images
+from lab.helm import NAMESPACE, RELEASE, Helm, lab_values
+
+from sharing.kubeletapi import deviceplugin_v1beta1_pb2 as api
+
+NODE = "gpu-node"
+CONFIG = "all-kinds"
+CONFIG_LABEL = "nvidia.com/device-plugin.config"
+TOOLBOX = "localhost/toolbox:1"
+# One config, every kind of resource: a MIG device, a whole GPU, a time-sliced replica of a GPU and
+# a replica of a MIG device (renamed .shared, so each kind has its own resource name). GPUs 0-1 are
+# the A100s, 2-3 the H100s.
+ALL_KINDS = """version: v1
+migStrategy: mixed
+sharing:
+  renameByDefault: true
+gpus:
+  - devices: [2]
+    mig: disabled
+  - devices: [3]
+    mig: disabled
+    replicas: 4
+  - devices: {product: A100-SXM4-40GB}
+    mig: {1g.5gb: 2, 2g.10gb: 1, 3g.20gb: 1}
+    replicas: {2g.10gb: 2}
+"""
+EXPECTED = {
+    "nvidia.com/mig-1g.5gb": "4",
+    "nvidia.com/mig-3g.20gb": "2",
+    "nvidia.com/mig-2g.10gb.shared": "4",
+    "nvidia.com/gpu": "1",
+    "nvidia.com/gpu.shared": "4",
+}
+
+
+def poll(what: str, read: Callable[[], Any], ok: Callable[[Any], bool], timeout: float = 60) -> Any:
+    """Read until ``ok(value)``; a deadline, not a sleep, bounds it."""
+    deadline = time.monotonic() + timeout
+    value = read()
+    while not ok(value):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not reached within {timeout}s; last: {value}")
+        time.sleep(0.2)
+        value = read()
+    return value
+
+
+@dataclass
+class NodeUnderTest:
+    """The running node and what tests do with it."""
+
+    node: lab.RealNode
+    helm: Helm
+    pods: list[str] = field(default_factory=list)
+
+    def kubectl(self, *args: str, input: str | None = None) -> str:
+        done = self.node.kubectl(*args, input=input)
+        assert 0 == done.returncode, f"kubectl {' '.join(args)}: {done.stderr}"
+        return done.stdout
+
+    def get(self, *args: str) -> dict[str, Any]:
+        return dict(json.loads(self.kubectl("get", *args, "-o", "json")))
+
+    def allocatable_all(self) -> dict[str, str]:
+        return dict(self.get("node", NODE)["status"].get("allocatable", {}))
+
+    def allocatable(self) -> dict[str, str]:
+        """The Node's allocatable nvidia.com/ resources."""
+        return {k: v for k, v in self.allocatable_all().items() if k.startswith("nvidia.com/")}
+
+    def wait_allocatable(self, expected: dict[str, str] = EXPECTED, timeout: float = 90) -> dict[str, str]:
+        return dict(poll("Node allocatable", self.allocatable, lambda a: a == expected, timeout))
+
+    def agent_pods(self) -> list[dict[str, Any]]:
+        pods = self.get("pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/name=gpu-sharing")["items"]
+        return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+
+    def running_agent(self, timeout: float = 90, not_uid: str | None = None) -> dict[str, Any]:
+        """The agent's pod once Running (and ready), optionally a new one (not ``not_uid``)."""
+
+        def ok(pods: list[dict[str, Any]]) -> bool:
+            return any(_running(p) and p["metadata"]["uid"] != not_uid for p in pods)
+
+        pods = poll("the agent's pod Running", self.agent_pods, ok, timeout)
+        return next(p for p in pods if _running(p) and p["metadata"]["uid"] != not_uid)
+
+    def agent_log(self) -> str:
+        return self.kubectl("-n", NAMESPACE, "logs", f"ds/{RELEASE}")
+
+    def export(self) -> dict[str, Any]:
+        """`sharing export --json` inside the agent's pod: the GPUs as the agent sees them."""
+        return dict(
+            json.loads(
+                self.kubectl("-n", NAMESPACE, "exec", f"ds/{RELEASE}", "--", "sharing", "export", "--json")
+            )
+        )
+
+    def start_pod(self, resource: str, count: int = 1, name: str | None = None) -> str:
+        name = name or f"p-{uuid.uuid4().hex[:6]}"
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {
+                "restartPolicy": "Never",
+                "terminationGracePeriodSeconds": 1,
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": TOOLBOX,
+                        "command": ["sleep", "1000000"],
+                        "resources": {"limits": {resource: str(count)}},
+                    }
+                ],
+            },
+        }
+        self.kubectl("apply", "-f", "-", input=json.dumps(pod))
+        self.pods.append(name)
+        return name
+
+    def pod(self, name: str) -> dict[str, Any]:
+        return self.get("pod", name)
+
+    def wait_running(self, name: str, timeout: float = 60) -> dict[str, Any]:
+        return dict(poll(f"pod {name} Running", lambda: self.pod(name), _running, timeout))
+
+    def env(self, pod: str) -> dict[str, str]:
+        """The container's environment, read inside it."""
+        lines = self.kubectl("exec", pod, "--", "env").splitlines()
+        return dict(line.partition("=")[::2] for line in lines if "=" in line)
+
+    def allocation(self, pod: dict[str, Any], resource: str) -> tuple[list[str], dict[str, str]]:
+        """What the kubelet recorded for the pod's container: device IDs and Allocate's response env.
+
+        From the kubelet's own checkpoint (/var/lib/kubelet/device-plugins on the node), which keeps
+        each ContainerAllocateResponse exactly as the plugin sent it.
+        """
+        path = self.node.state / "kubelet" / "device-plugins" / "kubelet_internal_checkpoint"
+        entries = json.loads(path.read_text())["Data"]["PodDeviceEntries"]
+        for e in entries:
+            if e["PodUID"] == pod["metadata"]["uid"] and e["ResourceName"] == resource:
+                ids = [i for numa in e["DeviceIDs"].values() for i in numa]
+                response = api.ContainerAllocateResponse.FromString(base64.b64decode(e["AllocResp"]))
+                return ids, dict(response.envs)
+        raise AssertionError(f"no checkpoint entry for pod {pod['metadata']['name']} and {resource}")
+
+    def delete_pods(self) -> None:
+        if self.pods:
+            self.node.kubectl("delete", "pod", "--wait=false", "--ignore-not-found", *self.pods)
+            self.pods.clear()
+
+
+def _running(pod: dict[str, Any]) -> bool:
+    status = pod.get("status", {})
+    ready = all(c.get("ready") for c in status.get("containerStatuses", [{}]))
+    return status.get("phase") == "Running" and ready
+
+
+@pytest.fixture(scope="session")
+def real_node(cluster_binaries: lab.Binaries) -> Iterator[NodeUnderTest]:
+    """The node, labelled with the all-kinds config, and the chart installed (simulated GPUs)."""
+    if os.geteuid() != 0:
+        pytest.skip("the real node needs root (namespaces, cgroups, mounts)")
+    archives = images.all_images(cluster_binaries)
+    node = lab.RealNode("test", NODE, index=1).up(archives)
+    try:
+        node.kubectl("label", "node", NODE, f"{CONFIG_LABEL}={CONFIG}", check=True)
+        helm = Helm(node.kubeconfig, binary=cluster_binaries.helm)
+        helm.upgrade_install(lab_values({CONFIG: ALL_KINDS}))
+        under_test = NodeUnderTest(node, helm)
+        under_test.running_agent()
+        under_test.wait_allocatable()
+        yield under_test
+    finally:
+        node.down()
+
+
+@pytest.fixture
+def node(real_node: NodeUnderTest) -> Iterator[NodeUnderTest]:
+    """The session's node; pods a test started are deleted after it."""
+    yield real_node
+    real_node.delete_pods()

@@ -1,0 +1,154 @@
+"""The agent as users run it: the chart's DaemonSet pod on a real kubelet, real pods getting slices.
+
+Runs in order on one node (tests/node/conftest.py): install, pods of every resource kind, a pod
+that cannot fit, kubelet restart, agent pod deletion, helm upgrade, uninstall. What a pod's container
+sees is checked against what the kubelet recorded from Allocate and against `sharing export` run
+inside the agent's pod.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from lab.helm import NAMESPACE, RELEASE, lab_values
+
+from tests.node.conftest import ALL_KINDS, CONFIG, EXPECTED, NODE, NodeUnderTest, poll
+
+pytestmark = pytest.mark.node
+
+VISIBLE = "NVIDIA_VISIBLE_DEVICES"
+
+
+def test_the_chart_runs_the_agent_as_a_daemonset_pod_registered_with_the_kubelet(node: NodeUnderTest) -> None:
+    assert "deployed" == node.helm.status()["info"]["status"]
+    daemonset = node.get("daemonset", RELEASE, "-n", NAMESPACE)
+    assert (1, 1) == (daemonset["status"]["desiredNumberScheduled"], daemonset["status"]["numberReady"])
+    (pod,) = node.agent_pods()
+    assert NODE == pod["spec"]["nodeName"]
+    assert "Running" == pod["status"]["phase"]
+    # The kubelet lists a resource only after the plugin registered and sent its devices.
+    assert EXPECTED == node.allocatable()
+    log = node.agent_log()
+    for resource in EXPECTED:
+        assert f"plugin_registered              resource={resource} " in log
+
+
+def _gpus(export: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {g["uuid"]: g for g in export["gpus"]}
+
+
+def _mig(export: dict[str, Any]) -> dict[str, tuple[int, str]]:
+    return {i["uuid"]: (g["index"], i["profile"]) for g in export["gpus"] for i in g["instances"]}
+
+
+@pytest.mark.parametrize(
+    ("resource", "kind"),
+    [
+        pytest.param("nvidia.com/mig-1g.5gb", "mig", id="mig-device"),
+        pytest.param("nvidia.com/gpu", "gpu", id="whole-gpu"),
+        pytest.param("nvidia.com/gpu.shared", "gpu-replica", id="time-sliced-replica"),
+        pytest.param("nvidia.com/mig-2g.10gb.shared", "mig-replica", id="replica-of-a-mig-device"),
+    ],
+)
+def test_a_pod_sees_exactly_the_device_allocate_handed_out(
+    node: NodeUnderTest, resource: str, kind: str
+) -> None:
+    name = node.start_pod(resource)
+    pod = node.wait_running(name)
+    assert NODE == pod["spec"]["nodeName"]  # placed by the scheduler: the spec named no node
+    ids, response = node.allocation(pod, resource)
+    assert 1 == len(ids)
+    device, _, replica = ids[0].partition("::")
+    assert (kind.endswith("replica")) == bool(replica)
+    # The container's env is exactly Allocate's, and names the device behind the ID.
+    assert {VISIBLE: device} == response
+    assert device == node.env(name)[VISIBLE]
+    export = node.export()
+    if kind.startswith("mig"):
+        index, profile = _mig(export)[device]
+        assert resource.removeprefix("nvidia.com/mig-").removesuffix(".shared") == profile
+        assert index in (0, 1)  # the A100s
+    else:
+        gpu = _gpus(export)[device]
+        assert (False, "NVIDIA H100 80GB HBM3") == (gpu["migEnabled"], gpu["product"])
+        assert (2 if kind == "gpu" else 3) == gpu["index"]
+
+
+def test_a_pod_asking_for_more_than_is_free_stays_pending(node: NodeUnderTest) -> None:
+    name = node.start_pod("nvidia.com/mig-3g.20gb", count=3)
+
+    def unschedulable(pod: dict[str, Any]) -> bool:
+        conditions = pod["status"].get("conditions", [])
+        return any(c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable" for c in conditions)
+
+    pod = poll("the scheduler's verdict", lambda: node.pod(name), unschedulable)
+    (condition,) = [c for c in pod["status"]["conditions"] if c["type"] == "PodScheduled"]
+    assert "Insufficient nvidia.com/mig-3g.20gb" in condition["message"]
+    assert "Pending" == pod["status"]["phase"]
+
+
+def _holding_pod(node: NodeUnderTest) -> tuple[str, str, str]:
+    name = node.start_pod("nvidia.com/mig-3g.20gb")
+    pod = node.wait_running(name)
+    return name, pod["status"]["containerStatuses"][0]["containerID"], node.env(name)[VISIBLE]
+
+
+def _still_holding(node: NodeUnderTest, name: str, container: str, visible: str) -> None:
+    pod = node.wait_running(name)
+    status = pod["status"]["containerStatuses"][0]
+    assert (container, 0) == (status["containerID"], status["restartCount"])
+    assert visible == node.env(name)[VISIBLE]
+
+
+def test_kubelet_restart_the_agent_registers_again_and_running_pods_keep_their_devices(
+    node: NodeUnderTest,
+) -> None:
+    name, container, visible = _holding_pod(node)
+    registrations = node.agent_log().count("plugin_registered")
+    node.node.restart_kubelet()
+
+    def registered() -> int:  # -1 while the new kubelet cannot serve the log yet
+        done = node.node.kubectl("-n", NAMESPACE, "logs", f"ds/{RELEASE}")
+        return done.stdout.count("plugin_registered") if done.returncode == 0 else -1
+
+    # A restarted kubelet deletes every plugin socket; only a new registration brings a resource back.
+    poll("registrations after the restart", registered, lambda n: n >= registrations + len(EXPECTED))
+    node.wait_allocatable()
+    _still_holding(node, name, container, visible)
+
+
+def test_a_deleted_agent_pod_is_recreated_and_running_pods_keep_their_devices(node: NodeUnderTest) -> None:
+    name, container, visible = _holding_pod(node)
+    (old,) = node.agent_pods()
+    node.kubectl("-n", NAMESPACE, "delete", "pod", old["metadata"]["name"], "--wait=false")
+    new = node.running_agent(not_uid=old["metadata"]["uid"])
+    assert old["metadata"]["name"] != new["metadata"]["name"]
+    node.wait_allocatable()
+    assert "plugin_registered" in node.agent_log()
+    _still_holding(node, name, container, visible)
+
+
+def test_helm_upgrade_with_a_changed_value_keeps_the_users_configmap_edits(node: NodeUnderTest) -> None:
+    edit = "version: v1\ngpus:\n  - devices: all\n    replicas: 3\n"
+    patch = json.dumps({"data": {"mine": edit}})
+    node.kubectl("-n", NAMESPACE, "patch", "configmap", "gpu-sharing-config", "--type=merge", "-p", patch)
+    (old,) = node.agent_pods()
+    node.helm.upgrade_install(lab_values({CONFIG: ALL_KINDS}, logFormat="json"))
+    new = node.running_agent(not_uid=old["metadata"]["uid"])
+    env = {e["name"]: e.get("value") for e in new["spec"]["containers"][0]["env"]}
+    assert "json" == env["SHARING_LOG_FORMAT"]
+    assert 2 == node.helm.status()["version"]
+    data = node.get("configmap", "gpu-sharing-config", "-n", NAMESPACE)["data"]
+    assert edit == data["mine"]
+    assert ALL_KINDS == data[CONFIG]
+    node.wait_allocatable()
+
+
+def test_helm_uninstall_removes_the_agent_and_keeps_the_users_configmap(node: NodeUnderTest) -> None:
+    node.helm.uninstall()
+    poll("the agent's pods gone", node.agent_pods, lambda pods: not pods)
+    assert 1 == node.node.kubectl("-n", NAMESPACE, "get", "daemonset", RELEASE).returncode
+    assert 1 == node.node.kubectl("-n", NAMESPACE, "get", "configmap", "gpu-sharing-presets").returncode
+    assert "mine" in node.get("configmap", "gpu-sharing-config", "-n", NAMESPACE)["data"]

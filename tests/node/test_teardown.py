@@ -1,0 +1,73 @@
+"""`down` leaves nothing on the host: no process, mount, cgroup, network interface or iptables rule.
+
+A node of its own (another name and subnet than the session's), compared before `up` and after
+`down`, in the host's namespaces.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import lab
+import pytest
+from lab.cgroups import hierarchies
+
+pytestmark = pytest.mark.node
+
+
+def host_view() -> dict[str, set[str]]:
+    """What a node could leave behind, as seen from the host."""
+    mounts = {" ".join(line.split()[3:5]) for line in Path("/proc/self/mountinfo").read_text().splitlines()}
+    cgroups = {str(d) for h in hierarchies(unified=True) for d in h.iterdir() if d.is_dir()}
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True).stdout
+    rules = subprocess.run(["iptables-save"], capture_output=True, text=True, check=True).stdout
+    return {
+        "mounts": mounts,
+        "cgroups": cgroups,
+        "links": {line.split(":")[1].strip().partition("@")[0] for line in links.splitlines()},
+        # Counters and the timestamp comment change by themselves; rules do not.
+        "iptables": {re.sub(r"\[\d+:\d+\]", "", r) for r in rules.splitlines() if not r.startswith("#")},
+    }
+
+
+def namespaces(pid: int) -> tuple[str, str]:
+    return os.readlink(f"/proc/{pid}/ns/net"), os.readlink(f"/proc/{pid}/ns/mnt")
+
+
+def processes_in(ns: tuple[str, str]) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if ns[0] in namespaces(int(entry.name)) or ns[1] in namespaces(int(entry.name)):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def test_down_leaves_nothing_on_the_host(cluster_binaries: lab.Binaries) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("the real node needs root")
+    before = host_view()
+    node = lab.RealNode("teardown", "teardown-node", index=2).up()
+    try:
+        holder = next(r for r in node.records if r.name == "namespace-holder")
+        ns = namespaces(holder.pid)
+        assert ns != namespaces(os.getpid())
+        running = host_view()
+        assert {"gs-teardown"} == running["links"] - before["links"]  # the host end of the node's veth
+        assert before["mounts"] == running["mounts"]  # the node's mounts are in its own namespace
+        assert len(processes_in(ns)) >= len(node.records)
+        records = list(node.records)
+    finally:
+        stopped = lab.RealNode.load("teardown").down()
+    assert {r.name for r in records} == set(stopped)
+    assert not any(r.alive() for r in records)
+    assert [] == processes_in(ns)
+    after = host_view()
+    for what in before:
+        assert before[what] == after[what], what
