@@ -379,9 +379,11 @@ def expected_inventory(
 
 def expected_labels(inventory: Mapping[str, tuple[int, int, int]]) -> dict[str, str]:
     """The count and replicas labels (GFD names) and the success state."""
-    labels = {STATE_LABEL: "success", "nvidia.com/gpu.count": "0"}
+    labels = {STATE_LABEL: "success"}
     for name, (_, physical, replicas) in inventory.items():
         key = name.removeprefix("nvidia.com/").removesuffix(".shared")
+        if key == "gpu":  # gpu.count/replicas now follow GFD (physical GPUs of one model)
+            continue
         labels[f"nvidia.com/{key}.count"] = str(physical)
         labels[f"nvidia.com/{key}.replicas"] = str(replicas)
     return labels
@@ -602,6 +604,12 @@ def stop_process(proc: subprocess.Popen[Any] | None, timeout: float = 15) -> Non
         proc.wait()
 
 
+def lab_free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -651,6 +659,8 @@ class Cluster:
             "--pod-resources-socket", str(self.kubelet.pod_resources_socket),
             "--journal", str(self.sim.with_suffix(".journal")),
             "--log-format", "json",
+            "--cdi-spec-dir", str(self.tmp / "cdi"),
+            "--http-port", str(lab_free_port()),
         ]  # fmt: skip
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         with log.open("wb") as out:
@@ -774,9 +784,22 @@ def running_cluster(tmp: Path) -> Iterator[Cluster]:
         }
         user["data"] = json.loads(presets.stdout)["data"]
         cp.kubectl("apply", "-f", "-", input=json.dumps(user), check=True)
+        # The admission policy in deploy/ admits only a token bound to a pod on the agent's node.
+        placeholder = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": f"agent-{NODE}", "namespace": NAMESPACE},
+            "spec": {
+                "nodeName": NODE,
+                "serviceAccountName": "gpu-sharing",
+                "containers": [{"name": "agent", "image": "gpu-sharing:placeholder"}],
+            },
+        }
+        cp.kubectl("apply", "-f", "-", input=json.dumps(placeholder), check=True)
         token = cp.kubectl(
-            "create", "token", "gpu-sharing", "-n", NAMESPACE, "--duration=2h", check=True
-        ).stdout.strip()
+            "create", "token", "gpu-sharing", "-n", NAMESPACE, "--duration=2h",
+            "--bound-object-kind=Pod", f"--bound-object-name=agent-{NODE}", check=True,
+        ).stdout.strip()  # fmt: skip
         watch = NodeWatch(api, NODE).start()
         stack.callback(watch.stop)
         env = Cluster(
