@@ -1,8 +1,10 @@
 """The Kubernetes API, behind one small Protocol: the only module that imports `kubernetes`.
 
 The agent needs little: its own Node (labels, watched), one ConfigMap (watched), label patches and
-Events on the Node. The official client is blocking, so callers run these methods in threads
-(`sharing.watch` does); objects come back as plain frozen values, never client models.
+Events on the Node. The calls block, so callers run these methods in threads (`sharing.watch`
+does); objects come back as plain frozen values, never client models. They go over
+`sharing.kubehttp` (the standard library), or over the official client's transport for a
+kubeconfig only that client understands (exec plugins and the like), imported only then.
 """
 
 from __future__ import annotations
@@ -13,11 +15,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
-from kubernetes import client, config
-from kubernetes.client.exceptions import ApiException
-
+from sharing import __version__, kubehttp, kubelib
 from sharing.errors import KubeError
 from sharing.text import bounded
 
@@ -83,24 +83,20 @@ class KubeClient(Protocol):
 
 
 class ApiClient:
-    """KubeClient over the official `kubernetes` client, from a kubeconfig file or in-cluster.
-
-    It uses the client's transport (kubeconfig and in-cluster credentials, TLS, token refresh) but
-    not its generated `CoreV1Api`: that one module costs ~22 MB of memory and a second of start-up
-    for the six calls the agent makes, whose JSON is read here into frozen values directly.
-    """
+    """KubeClient from a kubeconfig file or in-cluster; the JSON is read into frozen values directly
+    (no generated API classes or models)."""
 
     def __init__(self, kubeconfig: str | None = None, *, request_timeout_s: float = 10.0) -> None:
+        agent = f"gpu-sharing/{__version__}"
         try:
-            if kubeconfig:
-                api = config.new_client_from_config(config_file=kubeconfig)
-            else:
-                config.load_incluster_config()
-                api = client.ApiClient()
+            try:
+                credentials = kubehttp.from_kubeconfig(kubeconfig) if kubeconfig else kubehttp.in_cluster()
+                self._http: kubehttp.Http | kubelib.Library = kubehttp.Http(credentials, agent)
+            except kubehttp.Unsupported:
+                self._http = kubelib.Library(kubeconfig)
         except Exception as err:
             where = kubeconfig or "the in-cluster service account"
             raise KubeError(f"cannot load Kubernetes credentials from {where}: {err}") from err
-        self._api = api
         self._timeout = request_timeout_s
         self._names = itertools.count()
         self.requests = 0
@@ -161,42 +157,26 @@ class ApiClient:
         }
         self._json(f"create event {reason}", "POST", "/api/v1/namespaces/default/events", body=event)
 
-    def _send(
+    def _json(
         self,
         what: str,
         method: str,
         path: str,
         *,
-        query: list[tuple[str, str]] | None = None,
         body: object = None,
         content_type: str = "application/json",
-        timeout: float | tuple[float, float] | None = None,
-    ) -> Any:
+    ) -> dict[str, Any]:
         self.requests += 1
-        headers = {"Accept": "application/json", "Content-Type": content_type}
+        data = None if body is None else json.dumps(body).encode()
         try:
-            request = self._api.param_serialize(
-                method,
-                path,
-                query_params=query,
-                header_params=headers,
-                body=body,
-                auth_settings=["BearerToken"],
-            )
-            response = self._api.call_api(*request, _request_timeout=timeout or self._timeout)
-        except ApiException as err:
-            raise _status_error(what, err.status, str(err.reason), err.body) from err
-        except Exception as err:  # connection refused, TLS, timeouts: the API server is unreachable
-            raise KubeError(f"{what}: {type(err).__name__}: {bounded(str(err))}") from err
-        if not 200 <= response.status < 300:
-            raise _status_error(what, response.status, response.reason, response.read())
-        return response
-
-    def _json(self, what: str, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
-        response = self._send(what, method, path, **kwargs)
+            status, reason, raw = self._http.request(method, path, data, content_type, self._timeout)
+        except kubehttp.TransportError as err:  # refused, TLS, timeouts: the API server is unreachable
+            raise KubeError(f"{what}: {bounded(str(err))}") from err
+        if not 200 <= status < 300:
+            raise _status_error(what, status, reason, raw)
         try:
-            value: dict[str, Any] = json.loads(response.read())
-        except (OSError, ValueError) as err:
+            value: dict[str, Any] = json.loads(raw)
+        except ValueError as err:
             raise KubeError(f"{what}: unreadable answer: {err}") from err
         return value
 
@@ -212,11 +192,15 @@ class ApiClient:
         if resource_version:
             query.append(("resourceVersion", resource_version))
         what = f"watch {field_selector}"
-        response = self._send(
-            what, "GET", path, query=query, timeout=(self._timeout, timeout_s + self._timeout)
-        )
+        self.requests += 1
         try:
-            for line in _lines(response.response.stream(amt=None, decode_content=True)):
+            stream = self._http.watch(f"{path}?{urlencode(query)}", self._timeout, timeout_s + self._timeout)
+        except kubehttp.TransportError as err:
+            raise KubeError(f"{what}: {bounded(str(err))}") from err
+        try:
+            if not 200 <= stream.status < 300:
+                raise _status_error(what, stream.status, stream.reason, stream.body())
+            for line in stream.lines():
                 raw = json.loads(line)
                 kind = raw.get("type")
                 obj = raw.get("object") or {}
@@ -235,7 +219,7 @@ class ApiClient:
         except Exception as err:  # the connection broke, or a torn line
             raise WatchBrokenError(f"{what}: {type(err).__name__}: {bounded(str(err))}") from err
         finally:
-            response.response.release_conn()
+            stream.close()
 
 
 class NotFoundError(KubeError):
@@ -261,17 +245,6 @@ def _status_error(what: str, status: int, reason: str, body: Any) -> KubeError:
     if status in (401, 403):
         text += " (check the agent's ServiceAccount and RBAC in deploy/)"
     return KubeError(text)
-
-
-def _lines(chunks: Iterator[bytes]) -> Iterator[bytes]:
-    """Whole lines out of a stream of chunks (a watch sends one JSON object per line)."""
-    pending = b""
-    for chunk in chunks:
-        pending += chunk
-        *complete, pending = pending.split(b"\n")
-        yield from (line for line in complete if line.strip())
-    if pending.strip():
-        yield pending
 
 
 def _node(obj: Mapping[str, Any]) -> NodeObject:
