@@ -29,6 +29,8 @@ class DeviceFeed:
         self._devices = devices
         self._changed = asyncio.Event()
         self._closed = False
+        self._protos: dict[Device, api.Device] = {}
+        self._response: tuple[tuple[Device, ...], api.ListAndWatchResponse] | None = None
 
     @property
     def devices(self) -> tuple[Device, ...]:
@@ -42,6 +44,18 @@ class DeviceFeed:
         self._devices = devices
         self._wake()
         return True
+
+    def response(self, devices: tuple[Device, ...]) -> api.ListAndWatchResponse:
+        """`devices` as the kubelet gets them: built once per list for every stream, each device
+        reused from the list before when it did not change (a health change flips one GPU's
+        devices of many; building all of them again was most of the time to the kubelet)."""
+        if self._response is not None and self._response[0] is devices:
+            return self._response[1]
+        protos = {d: self._protos.get(d) or to_proto(d) for d in devices}
+        response = api.ListAndWatchResponse(devices=list(protos.values()))
+        if devices is self._devices:
+            self._protos, self._response = protos, (devices, response)
+        return response
 
     def close(self) -> None:
         """End every stream after it has sent the current list."""
@@ -123,7 +137,7 @@ class DevicePluginService:
         sent = False
         try:
             async for devices in self.feed.watch():
-                yield api.ListAndWatchResponse(devices=[to_proto(d) for d in devices])
+                yield self.feed.response(devices)
                 if not sent:
                     sent = True
                     self.streams += 1
