@@ -34,6 +34,7 @@ GPU, GI, CI, MIG = 1, 2, 3, 4
 """Handle kinds: a GPU, a GPU instance, a compute instance, a MIG device."""
 
 _process_mutations = 0  # hardware changes made by this process, for SHARING_SIM_CRASH_AFTER
+_TABLES_KEPT = 64  # profile tables kept per SimCore (a few per GPU, since each state read makes new ones)
 
 
 def handle(kind: int, gpu: int, gi: int = 0, ci: int = 0) -> int:
@@ -64,6 +65,7 @@ class SimCore:
         self._event_poll_s = event_poll_s
         self._initialised = 0
         self._cached: tuple[tuple[int, int, int] | None, State] = (None, {})
+        self._tables: dict[int, tuple[object, Product | None]] = {}
 
     @contextlib.contextmanager
     def _reading(self) -> Iterator[State]:
@@ -129,10 +131,22 @@ class SimCore:
                     return gpu, gi, ci
         raise NVMLError_InvalidArgument() if kind == CI else NVMLError_NotFound()
 
-    @staticmethod
-    def _table(gpu: State) -> Product:
-        """The GPU's MIG profile table; NOT_SUPPORTED on a GPU without MIG."""
-        table = table_of(gpu)
+    def _table(self, gpu: State) -> Product:
+        """The GPU's MIG profile table; NOT_SUPPORTED on a GPU without MIG.
+
+        Kept per table as read: one read of the state answers many calls, and building the table
+        again for each was a third of a simulated reconfiguration's CPU (an agent observing 8 GPUs
+        asks for it per MIG device).
+        """
+        mig = gpu.get("mig")
+        cached = self._tables.get(id(mig))
+        if cached is not None and cached[0] is mig:  # the same object, kept alive by the cache
+            table = cached[1]
+        else:
+            table = table_of(gpu)
+            if len(self._tables) >= _TABLES_KEPT:
+                self._tables.clear()
+            self._tables[id(mig)] = (mig, table)
         if table is None:
             raise NVMLError_NotSupported()
         return table
