@@ -74,11 +74,19 @@ class SimCore:
         with simstate.locked(self._path):
             # Every write replaces the file (new inode), so an unchanged identity means unchanged
             # content: idle polling costs a stat, not a JSON parse.
-            info = os.stat(self._path)
-            identity = (info.st_ino, info.st_mtime_ns, info.st_size)
+            identity = self._identity()
             if identity != self._cached[0]:
                 self._cached = (identity, simstate.load(self._path))
             yield self._cached[1]
+
+    def _identity(self) -> tuple[int, int, int]:
+        info = os.stat(self._path)
+        return (info.st_ino, info.st_mtime_ns, info.st_size)
+
+    def _saved(self, state: State) -> None:
+        """Write the state; it is also what the next read sees (no second parse of what we wrote)."""
+        simstate.save(self._path, state)
+        self._cached = (self._identity(), state)
 
     def _mutate(self, change: Callable[[State], T]) -> T:
         """Run one hardware-changing call: counted in the state, then maybe the test crash."""
@@ -92,10 +100,10 @@ class SimCore:
             try:
                 result = change(state)
             except NVMLError:
-                simstate.save(self._path, state)
+                self._saved(state)
                 raise
             state["mutations"] += 1
-            simstate.save(self._path, state)
+            self._saved(state)
         _process_mutations += 1
         crash_after = os.environ.get("SHARING_SIM_CRASH_AFTER", "")
         if crash_after.isdigit() and _process_mutations == int(crash_after):
