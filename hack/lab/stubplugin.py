@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -22,7 +23,8 @@ class StubDevicePlugin:
     re-registers when kubelet.sock is re-created, and advertises ``devices`` (``"ID"`` or
     ``"ID Unhealthy"``). ``set_devices`` changes them (sent on ListAndWatch). Allocate returns env
     ``STUB_VISIBLE_DEVICES``; with ``preferred`` it offers GetPreferredAllocation and prefers the
-    highest IDs.
+    highest IDs. ``quiet`` leaves out the log line per call (a benchmark peer); ``poke`` makes it
+    read its devices at once rather than at its next poll (~100 ms).
     """
 
     def __init__(
@@ -33,6 +35,7 @@ class StubDevicePlugin:
         *,
         preferred: bool = False,
         prestart: bool = False,
+        quiet: bool = False,
         binary: str | os.PathLike[str] | None = None,
     ) -> None:
         self.plugin_dir = Path(plugin_dir)
@@ -40,6 +43,7 @@ class StubDevicePlugin:
         self._devices = list(devices)
         self._preferred = preferred
         self._prestart = prestart
+        self._quiet = quiet
         self._binary = Path(binary) if binary is not None else None
         self._dir: Path | None = None
         self._proc: Process | None = None
@@ -57,6 +61,11 @@ class StubDevicePlugin:
         tmp.write_text("".join(f"{d}\n" for d in self._devices) or "# none\n")
         tmp.replace(self.devices_file)
 
+    def poke(self) -> None:
+        """Read the devices file now (SIGUSR1), so a change is sent without waiting for the poll."""
+        if self._proc is not None and self._proc.running():
+            os.kill(self._proc.pid, signal.SIGUSR1)
+
     def start(self) -> StubDevicePlugin:
         binary = self._binary or binaries().stub_device_plugin
         self._dir = Path(tempfile.mkdtemp(prefix="sharing-stubplugin-"))
@@ -71,6 +80,8 @@ class StubDevicePlugin:
             f"--preferred={str(self._preferred).lower()}",
             f"--prestart={str(self._prestart).lower()}",
         ]
+        if self._quiet:
+            args.append("--quiet")
         self._proc = Process("stub-device-plugin", args, self.log)
         self._proc.start()
         return self

@@ -14,7 +14,10 @@
 // device "<resource>=<id>" per ID; unknown IDs are an error. With
 // --preferred, GetPreferredAllocation prefers the highest IDs (sorted), so a
 // test can tell that the kubelet asked. With --prestart, PreStartContainer is
-// required (and logged).
+// required (and logged). Every call and device change is logged unless --quiet
+// (a benchmark peer must not pay for log lines a production plugin does not write).
+// SIGUSR1 re-reads --devices-file at once instead of at the next 100 ms poll,
+// so a benchmark can time ListAndWatch updates from a known instant.
 package main
 
 import (
@@ -41,6 +44,7 @@ type plugin struct {
 	resource  string
 	preferred bool
 	prestart  bool
+	quiet     bool
 
 	mu      sync.Mutex
 	devices []*pluginapi.Device
@@ -86,7 +90,9 @@ func (p *plugin) ListAndWatch(_ *pluginapi.Empty, s pluginapi.DevicePlugin_ListA
 }
 
 func (p *plugin) GetPreferredAllocation(_ context.Context, r *pluginapi.PreferredAllocationRequest) (*pluginapi.PreferredAllocationResponse, error) {
-	klog.InfoS("GetPreferredAllocation", "request", r.String())
+	if !p.quiet {
+		klog.InfoS("GetPreferredAllocation", "request", r.String())
+	}
 	resp := &pluginapi.PreferredAllocationResponse{}
 	for _, c := range r.ContainerRequests {
 		chosen := append([]string{}, c.MustIncludeDeviceIDs...)
@@ -106,7 +112,9 @@ func (p *plugin) GetPreferredAllocation(_ context.Context, r *pluginapi.Preferre
 }
 
 func (p *plugin) Allocate(_ context.Context, r *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
-	klog.InfoS("Allocate", "request", r.String())
+	if !p.quiet {
+		klog.InfoS("Allocate", "request", r.String())
+	}
 	devs, _, _ := p.snapshot()
 	resp := &pluginapi.AllocateResponse{}
 	for _, c := range r.ContainerRequests {
@@ -232,6 +240,7 @@ func main() {
 	devicesFile := flag.String("devices-file", "", "file with one device per line; re-read on change")
 	preferred := flag.Bool("preferred", false, "offer GetPreferredAllocation (prefers the highest IDs)")
 	prestart := flag.Bool("prestart", false, "require PreStartContainer")
+	quiet := flag.Bool("quiet", false, "do not log each call and device change")
 	klog.InitFlags(nil)
 	flag.Parse()
 	if *dir == "" {
@@ -241,7 +250,7 @@ func main() {
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer cancel()
 
-	p := &plugin{resource: *resource, preferred: *preferred, prestart: *prestart, changed: make(chan struct{}), stopped: make(chan struct{})}
+	p := &plugin{resource: *resource, preferred: *preferred, prestart: *prestart, quiet: *quiet, changed: make(chan struct{}), stopped: make(chan struct{})}
 	p.devices = parseDevices(*devices, func(r rune) bool { return r == ',' })
 	lastFile := ""
 	readFile := func() {
@@ -254,7 +263,9 @@ func main() {
 		}
 		lastFile = string(b)
 		p.setDevices(parseDevices(lastFile, func(r rune) bool { return r == '\n' }))
-		klog.InfoS("Devices changed", "devices", strings.Join(strings.Fields(lastFile), " "))
+		if !p.quiet {
+			klog.InfoS("Devices changed", "devices", strings.Join(strings.Fields(lastFile), " "))
+		}
 	}
 	readFile()
 
@@ -264,6 +275,8 @@ func main() {
 	ownSock := ""
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
+	reread := make(chan os.Signal, 1)
+	signal.Notify(reread, syscall.SIGUSR1)
 	for {
 		// (Re-)register whenever kubelet.sock is a new file or our socket is
 		// gone: a kubelet restart deletes our socket and forgets us.
@@ -289,6 +302,7 @@ func main() {
 			}
 			return
 		case <-tick.C:
+		case <-reread:
 		}
 	}
 }
