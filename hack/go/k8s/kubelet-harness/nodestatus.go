@@ -30,9 +30,11 @@ import (
 //     allocatable 0 (kept as an explicit 0, never deleted), so users can
 //     tell "device-plugin resource with nothing left" from "unknown".
 //
-// The kubelet syncs every nodeStatusUpdateFrequency (10s); we check every
-// --node-status-interval (500ms) and PATCH only when something differs, so
-// tests see changes quickly without a busy apiserver.
+// The kubelet syncs every nodeStatusUpdateFrequency (10s); we check at once
+// when the device manager's resources change and otherwise every
+// --node-status-interval (500ms), and PATCH only when something differs, so
+// tests see changes quickly and an idle harness costs the apiserver one GET
+// per interval (a fleet of harnesses runs with the kubelet's 10s).
 type nodeSyncer struct {
 	client   kubernetes.Interface
 	nodeName string
@@ -57,6 +59,8 @@ func (n *nodeSyncer) run(ctx context.Context, logger klog.Logger, interval time.
 	defer t.Stop()
 	lastErr := ""
 	for {
+		// Taken before the sync reads the state, so a change during the sync is not missed.
+		_, changed := n.k.state.snapshot()
 		err := n.syncOnce(ctx, logger)
 		// Log errors once per distinct message (the apiserver may be down for
 		// a while in restart tests), and log the recovery.
@@ -72,6 +76,7 @@ func (n *nodeSyncer) run(ctx context.Context, logger klog.Logger, interval time.
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-changed:
 		}
 	}
 }
