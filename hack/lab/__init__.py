@@ -2,7 +2,7 @@
 
 Two ways to run the agent against real Kubernetes code, sharing one control plane:
 
-- fast (tests/integration, tests/e2e, hack/bench.py): ``ControlPlane`` (etcd + kube-apiserver on
+- fast (tests/integration, tests/e2e, hack/bench): ``ControlPlane`` (etcd + kube-apiserver on
   127.0.0.1) plus ``KubeletHarness`` (the kubelet's own device manager, no containers);
 - real (tests/node, hack/demo.sh): ``RealNode``: the same control plane inside a private network
   and mount namespace, with containerd 2.x, kubelet, kube-scheduler, kube-controller-manager and

@@ -1,0 +1,127 @@
+"""``python hack/bench``: run the benchmarks, print the table, optionally write the figures as JSON.
+
+    $(hack/venv.sh)/bin/python hack/bench [--quick] [--json PATH] [--fleet N] [--only PART,...]
+
+Parts, in order: planner, mutations, listandwatch, cluster (startup, reconcile, configmap,
+allocate, idle, preferred), realnode, fleet. A part that fails is reported and the others still
+run; the exit code is 1 when any failed. Ctrl-C or SIGTERM stops everything it started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+if __package__ in (None, ""):  # `python hack/bench`: import `bench`, `lab` and `sharing` by name
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+    sys.path.insert(1, str(Path(__file__).resolve().parents[2]))
+
+import structlog
+
+from bench import allocate, fleet, idle, listandwatch, mutations, planner, realnode, reconcile
+from bench.cluster import Cluster, running_cluster
+from bench.report import FULL, QUICK, Budget, Results, as_json, machine, print_table, say
+
+PARTS = ("planner", "mutations", "listandwatch", "cluster", "realnode", "fleet")
+
+
+def quiet_logs() -> None:
+    """Warnings and errors of the in-process code to stderr (stdout is the table)."""
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+    )
+
+
+def cluster_parts(tmp: Path, budget: Budget, results: Results) -> None:
+    """The single-node parts on one control plane and harness, each reported on its own."""
+    with running_cluster(tmp) as env:
+        replicas = 2
+
+        def configmap_and_allocate(env: Cluster) -> None:
+            nonlocal replicas
+            replicas = reconcile.bench_configmap(env, budget, results)
+            allocate.bench_allocate(env, budget, results, replicas)
+
+        steps: list[tuple[str, Callable[[Cluster], None]]] = [
+            ("startup/reconcile", lambda env: reconcile.bench_startup_and_reconcile(env, budget, results)),
+            ("configmap/allocate", configmap_and_allocate),
+            ("idle", lambda env: idle.bench_idle(env, budget, results)),
+            ("preferred", lambda env: allocate.bench_preferred(env, budget, results)),
+        ]
+        for name, step in steps:
+            run(name, lambda step=step: step(env), results)  # type: ignore[misc]
+
+
+def run(name: str, part: Callable[[], None], results: Results) -> None:
+    try:
+        part()
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as err:  # report it, go on with the other parts
+        results.errors.append(f"{name}: {type(err).__name__}: {err}"[:2000])
+        say(f"{name} failed: {err}"[:2000])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench", description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--json", type=Path, metavar="PATH", help="write the figures as one JSON object")
+    parser.add_argument(
+        "--quick", action="store_true", help="fewer runs and samples, a fleet of 10 (< 3 minutes)"
+    )
+    parser.add_argument(
+        "--fleet", type=int, metavar="N", help="nodes in the fleet (default 100, --quick 10; 0: none)"
+    )
+    parser.add_argument("--only", metavar="PARTS", help=f"comma list of parts to run: {', '.join(PARTS)}")
+    args = parser.parse_args(argv)
+    only = set(args.only.split(",")) if args.only else set(PARTS)
+    if only - set(PARTS):
+        parser.error(
+            f"unknown parts {', '.join(sorted(only - set(PARTS)))}; the parts are {', '.join(PARTS)}"
+        )
+    quiet_logs()
+
+    def terminate(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, terminate)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started with SIGINT ignored
+    budget = QUICK if args.quick else FULL
+    nodes = budget.fleet_nodes if args.fleet is None else args.fleet
+    results = Results()
+    started, load_start = time.monotonic(), os.getloadavg()
+    say(f"load average {load_start[0]:.2f} {load_start[1]:.2f} {load_start[2]:.2f} on {os.cpu_count()} cores")
+    with tempfile.TemporaryDirectory(prefix="gs-bench-") as tmp_name:
+        tmp = Path(tmp_name)
+        parts: list[tuple[str, Callable[[], None]]] = [
+            ("planner", lambda: planner.bench_plan(budget, results)),
+            ("mutations", lambda: mutations.bench_mutations(tmp, results)),
+            ("listandwatch", lambda: listandwatch.bench_listandwatch(tmp, budget, results)),
+            ("cluster", lambda: cluster_parts(tmp / "cluster", budget, results)),
+            ("realnode", lambda: realnode.bench_real_node(budget, results)),
+            ("fleet", lambda: fleet.bench_fleet(nodes, budget, results) if nodes else None),
+        ]
+        try:
+            for name, part in parts:
+                if name in only:
+                    run(name, part, results)
+        except KeyboardInterrupt:
+            say("interrupted: stopping everything")
+            return 130
+    info = machine(args.quick, results, started, load_start)
+    print_table(results, info)
+    if args.json:
+        args.json.write_text(json.dumps(as_json(results, info), indent=2) + "\n")
+    return 1 if results.errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

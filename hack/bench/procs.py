@@ -1,0 +1,105 @@
+"""Processes the bench starts and reads: the agent as the DaemonSet runs it, and /proc figures.
+
+Every child gets SIGTERM when the bench dies (PR_SET_PDEATHSIG), so an interrupted run leaves
+nothing behind; CPU and memory are read from /proc, the same numbers `top` shows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+_PR_SET_PDEATHSIG = 1
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def die_with_parent() -> None:  # runs in the child before exec
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def stop_process(proc: subprocess.Popen[Any] | None, timeout: float = 15) -> None:
+    """SIGTERM, then SIGKILL after `timeout`."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def stop_all(procs: Sequence[subprocess.Popen[Any]], timeout: float = 15) -> None:
+    """SIGTERM every one at once, then wait (a fleet stops in seconds, not N times that)."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        stop_process(proc, timeout)
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of the process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_agent(
+    *,
+    node: str,
+    kubeconfig: Path,
+    sim: Path,
+    plugin_dir: Path,
+    pod_resources: Path,
+    log: Path,
+    http_port: int,
+    extra: Sequence[str] = (),
+) -> subprocess.Popen[bytes]:
+    """`sharing agent` on simulated GPUs, as the DaemonSet runs it (its own journal, CDI dir and
+    port; `http_port` 0 serves no HTTP)."""
+    args = [
+        "--node-name", node,
+        "--kubeconfig", str(kubeconfig),
+        "--backend", "sim",
+        "--sim-state", str(sim),
+        "--device-plugin-dir", str(plugin_dir),
+        "--pod-resources-socket", str(pod_resources),
+        "--journal", str(sim.with_suffix(".journal")),
+        "--cdi-spec-dir", str(sim.with_suffix(".cdi")),
+        "--log-format", "json",
+        "--http-port", str(http_port),
+        *extra,
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "sharing", "agent", *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=REPO,
+            preexec_fn=die_with_parent,  # noqa: PLW1509
+        )

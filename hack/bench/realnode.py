@@ -1,0 +1,191 @@
+"""A real node (hack/lab: containerd, kubelet, scheduler, controller-manager, kube-proxy in private
+namespaces, as tests/node brings it up), with the agent installed by its Helm chart as a DaemonSet
+pod on simulated GPUs (2x A100-SXM4-40GB + 2x H100 80GB HBM3).
+
+- pod_start_vs_plain_p50: pod creation (the POST, from this process) until a pod watch shows it
+  Running with its container ready, for a pod asking `nvidia.com/mig-1g.5gb: 1` over the same pod
+  asking for nothing (busybox `sleep`); the two alternate, the order swapped every pair, after one
+  untimed pair; each pod is deleted (grace 0) and gone before the next.
+- label_to_allocatable_s_p95: label patch switching the node between two configs until a Node watch
+  shows status.allocatable with the expected counts of the new config (computed from the config and
+  the catalog); the time until the agent's labels say `success` for it is shown beside it, so the
+  kubelet's part (its node status loop, `nodeStatusUpdateFrequency` 2 s in hack/lab) can be told
+  from the agent's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from typing import Any
+
+import lab
+from lab import images
+from lab.helm import Helm, lab_values
+
+from bench.clients import CONFIG_LABEL, Api, Watch, node_view, pod_view
+from bench.expect import allocatable_match, expected_inventory, expected_labels, labels_match
+from bench.report import Budget, Results, percentile, say
+from sharing.catalog import default_catalog
+from sharing.config import parse_configmap
+
+NODE = "bench-real-node"
+GPUS = ["A100-SXM4-40GB", "A100-SXM4-40GB", "H100-80GB-HBM3", "H100-80GB-HBM3"]
+TOOLBOX = "localhost/toolbox:1"
+# Two configs with different allocatable, both with mig-1g.5gb (the device pods ask for one).
+CONFIGS = {
+    "bench-kinds": """version: v1
+migStrategy: mixed
+sharing:
+  renameByDefault: true
+gpus:
+  - devices: [2]
+    mig: disabled
+  - devices: [3]
+    mig: disabled
+    replicas: 4
+  - devices: {product: A100-SXM4-40GB}
+    mig: {1g.5gb: 2, 2g.10gb: 1, 3g.20gb: 1}
+    replicas: {2g.10gb: 2}
+""",
+    "bench-small": """version: v1
+migStrategy: mixed
+gpus:
+  - devices: {product: A100-SXM4-40GB}
+    mig: {1g.5gb: 7}
+  - devices: all
+    mig: disabled
+    replicas: 2
+""",
+}
+
+
+def bench_real_node(budget: Budget, results: Results) -> None:
+    bins = lab.binaries()
+    say("real node: images (built when their inputs changed), then the node up (~30 s)")
+    archives = images.all_images(bins)
+    start = time.monotonic()
+    node = lab.RealNode("bench", NODE, index=2).up(archives)
+    try:
+        api = Api(f"https://{node.address}:6443", node.state / "control-plane")
+        first = next(iter(CONFIGS))
+        api.label_node(NODE, {CONFIG_LABEL: first})
+        Helm(node.kubeconfig, binary=bins.helm).upgrade_install(lab_values(CONFIGS))
+        with contextlib.ExitStack() as stack:
+            nodes = stack.enter_context(
+                _watching(Watch(api, "/api/v1/nodes", node_view, f"metadata.name={NODE}"))
+            )
+            pods = stack.enter_context(_watching(Watch(api, "/api/v1/namespaces/default/pods", pod_view)))
+            inventories = {name: _expected(name, text) for name, text in CONFIGS.items()}
+            nodes.wait(NODE, allocatable_match(inventories[first]), 0, 180)
+            results.note(
+                "real node: up, chart installed, slices allocatable", f"{time.monotonic() - start:.0f} s"
+            )
+            _pod_starts(api, pods, budget, results)
+            _label_changes(api, nodes, inventories, budget, results)
+    finally:
+        node.down()
+
+
+@contextlib.contextmanager
+def _watching(watch: Watch) -> Any:
+    watch.start()
+    try:
+        yield watch
+    finally:
+        watch.stop()
+
+
+def _expected(name: str, text: str) -> dict[str, tuple[int, int, int]]:
+    catalog = default_catalog()
+    config = parse_configmap({name: text}, products=GPUS, catalog=catalog).get(name)
+    assert config is not None, name
+    return expected_inventory(config, GPUS, catalog)
+
+
+def _pod(name: str, limits: dict[str, str]) -> dict[str, Any]:
+    container = {
+        "name": "main",
+        "image": TOOLBOX,
+        "command": ["sleep", "1000000"],
+        "resources": {"limits": limits},
+    }
+    spec = {"restartPolicy": "Never", "terminationGracePeriodSeconds": 0, "containers": [container]}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": spec,
+    }
+
+
+def _start_pod(api: Api, pods: Watch, limits: dict[str, str]) -> float:
+    """Seconds from the POST to Running and ready; the pod is deleted and gone before this returns."""
+    name = f"bench-{uuid.uuid4().hex[:8]}"
+    since = pods.mark()
+    start = time.monotonic()
+    api.create("/api/v1/namespaces/default/pods", _pod(name, limits))
+    running = pods.wait(name, lambda v: v["running"], since, 120) - start
+    since = pods.mark()
+    api.request("DELETE", f"/api/v1/namespaces/default/pods/{name}?gracePeriodSeconds=0")
+    deadline = time.monotonic() + 60
+    while not any(kind == "DELETED" and who == name for _, kind, who, _ in pods.since(since)):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"pod {name} not gone within 60 s")
+        time.sleep(0.05)
+    return running
+
+
+def _pod_starts(api: Api, pods: Watch, budget: Budget, results: Results) -> None:
+    say(
+        f"real node: {budget.pod_starts} pods asking nvidia.com/mig-1g.5gb: 1 and as many asking nothing, "
+        "alternating"
+    )
+    device, plain = {"nvidia.com/mig-1g.5gb": "1"}, {}
+    _start_pod(api, pods, device)
+    _start_pod(api, pods, plain)
+    with_device, without = [], []
+    for i in range(budget.pod_starts):
+        order = (
+            [(device, with_device), (plain, without)] if i % 2 else [(plain, without), (device, with_device)]
+        )
+        for limits, samples in order:
+            samples.append(_start_pod(api, pods, limits))
+    results.add("pod_start_vs_plain_p50", percentile(with_device, 50) / percentile(without, 50))
+    results.note(
+        "real node: pod start p50/p95 with a MIG device / without",
+        f"{percentile(with_device, 50):.2f}/{percentile(with_device, 95):.2f} s / "
+        f"{percentile(without, 50):.2f}/{percentile(without, 95):.2f} s",
+    )
+
+
+def _label_changes(
+    api: Api,
+    nodes: Watch,
+    inventories: dict[str, dict[str, tuple[int, int, int]]],
+    budget: Budget,
+    results: Results,
+) -> None:
+    say(f"real node: {budget.label_changes} label changes between {' and '.join(inventories)}")
+    names = list(inventories)
+    to_allocatable, to_labels = [], []
+    for i in range(budget.label_changes):
+        name = names[(i + 1) % len(names)]
+        inventory = inventories[name]
+        since = nodes.mark()
+        start = time.monotonic()
+        api.label_node(NODE, {CONFIG_LABEL: name})
+        done = nodes.wait(NODE, labels_match(expected_labels(inventory), name), since, 90)
+        allocatable = nodes.wait(NODE, allocatable_match(inventory), since, 90)
+        to_labels.append(done - start)
+        to_allocatable.append(allocatable - start)
+    results.add("label_to_allocatable_s_p95", percentile(to_allocatable, 95))
+    gaps = [a - b for a, b in zip(to_allocatable, to_labels, strict=True)]
+    results.note(
+        "real node: label change -> agent says success p50/p95; -> allocatable p50/p95; "
+        "the kubelet's share p50/max",
+        f"{percentile(to_labels, 50):.2f}/{percentile(to_labels, 95):.2f} s; "
+        f"{percentile(to_allocatable, 50):.2f}/{percentile(to_allocatable, 95):.2f} s; "
+        f"{percentile(gaps, 50):.2f}/{max(gaps):.2f} s",
+    )

@@ -1,0 +1,215 @@
+"""The figures: targets, how many samples each part takes, per-run values, the table and the JSON.
+
+Every metric is recorded once per run and reported as the median of its runs; a ratio to the Go
+stub plugin is taken within one run (the two interleaved sample by sample), then the median of
+those ratios. A metric a part could not measure reads ``n/a`` and makes the bench fail.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+def say(message: str) -> None:
+    """Progress on stderr (stdout is the table)."""
+    print(f"==> {message}", file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class Target:
+    """How a metric is shown and judged."""
+
+    unit: str
+    text: str
+    ok: Callable[[float], bool] = lambda v: True
+
+
+RATIO = Target("x", "<= 1.25", lambda v: v <= 1.25)
+# metric: target. The order is the table's.
+TARGETS: dict[str, Target] = {
+    "plan_ms_p50": Target("ms", "-"),
+    "plan_ms_p99": Target("ms", "< 5 ms", lambda v: v < 5),
+    "mutations_vs_recreate": Target("", "well < 0.5 (< 0.4)", lambda v: v < 0.4),
+    "reconcile_s_p50": Target("s", "-"),
+    "reconcile_s_p95": Target("s", "< 1 s", lambda v: v < 1),
+    "configmap_s_p50": Target("s", "< 1 s", lambda v: v < 1),
+    "startup_s": Target("s", "< 2 s", lambda v: v < 2),
+    "allocate_ms_p50": Target("ms", "-"),
+    "allocate_ms_p99": Target("ms", "- (see the ratio)"),
+    "allocate_vs_stub_p50": RATIO,
+    "allocate_vs_stub_p99": RATIO,
+    "preferred_ms_p99": Target("ms", "< 10 ms", lambda v: v < 10),
+    "preferred_vs_stub_p99": RATIO,
+    "listandwatch_ms_p95": Target("ms", "< 100 ms", lambda v: v < 100),
+    "listandwatch_vs_stub_p95": RATIO,
+    "agent_rss_mb": Target("MB", "< 60 MB", lambda v: v < 60),
+    "idle_cpu_pct": Target("%", "< 0.3 %", lambda v: v < 0.3),
+    "idle_api_requests": Target("", "~0 (<= 1)", lambda v: v <= 1),
+    "pod_start_vs_plain_p50": Target("x", "<= 1.2", lambda v: v <= 1.2),
+    "label_to_allocatable_s_p95": Target("s", "< 1 s", lambda v: v < 1),
+    "fleet_nodes": Target("", "100", lambda v: v >= 100),
+    "fleet_converge_s_p50": Target("s", "-"),
+    "fleet_converge_s_p95": Target("s", "< 10 s", lambda v: v < 10),
+    "fleet_idle_api_rpm": Target("", "0", lambda v: v == 0),
+}
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How many runs and samples each part takes (full or --quick)."""
+
+    plan_runs: int
+    reconcile_runs: int
+    reconcile_changes: int
+    configmap_runs: int
+    configmap_flips: int
+    allocate_runs: int
+    allocate_pods: int
+    preferred_runs: int
+    preferred_pods: int
+    listandwatch_runs: int
+    listandwatch_flips: int
+    startup_runs: int
+    idle_runs: int
+    idle_window_s: float
+    pod_starts: int
+    label_changes: int
+    fleet_nodes: int
+    fleet_edits: int
+    fleet_idle_s: float
+
+
+FULL = Budget(
+    plan_runs=5, reconcile_runs=3, reconcile_changes=20, configmap_runs=3, configmap_flips=10,
+    allocate_runs=3, allocate_pods=2000, preferred_runs=3, preferred_pods=1000, listandwatch_runs=3,
+    listandwatch_flips=30, startup_runs=5, idle_runs=2, idle_window_s=60, pod_starts=12,
+    label_changes=12, fleet_nodes=100, fleet_edits=3, fleet_idle_s=60,
+)  # fmt: skip
+QUICK = Budget(
+    plan_runs=1, reconcile_runs=1, reconcile_changes=10, configmap_runs=1, configmap_flips=6,
+    allocate_runs=1, allocate_pods=500, preferred_runs=1, preferred_pods=300, listandwatch_runs=1,
+    listandwatch_flips=12, startup_runs=2, idle_runs=1, idle_window_s=20, pod_starts=4,
+    label_changes=4, fleet_nodes=10, fleet_edits=1, fleet_idle_s=20,
+)  # fmt: skip
+
+
+def percentile(samples: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100)."""
+    ordered = sorted(samples)
+    if not ordered:
+        return math.nan
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+@dataclass
+class Results:
+    """Per-run values of each metric, and informational rows for the table."""
+
+    runs: dict[str, list[float]] = field(default_factory=dict)
+    info: list[tuple[str, str]] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def add(self, metric: str, value: float) -> None:
+        self.runs.setdefault(metric, []).append(value)
+
+    def note(self, what: str, value: str) -> None:
+        self.info.append((what, value))
+        say(f"   {what}: {value}")
+
+    def value(self, metric: str) -> float | None:
+        values = self.runs.get(metric)
+        return statistics.median(values) if values else None
+
+    def spread(self, metric: str) -> str:
+        """min..max of the runs, when there is more than one."""
+        values = self.runs.get(metric, [])
+        return f"{_shown(min(values))}..{_shown(max(values))}" if len(values) > 1 else ""
+
+
+def _shown(value: float) -> str:
+    if value == int(value):
+        return f"{value:.0f}"
+    return f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}"
+
+
+def machine(quick: bool, results: Results, started: float, load_start: tuple[float, ...]) -> dict[str, Any]:
+    """Where and how the figures were taken."""
+    cpu = "unknown"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    memory = 0
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                memory = int(line.split()[1]) // 1024
+    return {
+        "cpu_model": cpu,
+        "cores": os.cpu_count(),
+        "memory_mb": memory,
+        "python": platform.python_version(),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "quick": quick,
+        "bench_seconds": round(time.monotonic() - started, 1),
+        "loadavg_start": [round(x, 2) for x in load_start],
+        "loadavg_end": [round(x, 2) for x in os.getloadavg()],
+        "runs": {k: len(v) for k, v in sorted(results.runs.items()) if not k.startswith("_")},
+    }
+
+
+def print_table(results: Results, info: dict[str, Any]) -> None:
+    """The table on stdout: metric, median of runs, range of runs, target, met."""
+    rows = [("metric", "value", "runs (min..max)", "target", "met?")]
+    for metric, target in TARGETS.items():
+        value = results.value(metric)
+        if value is None:
+            rows.append((metric, "n/a", "", target.text, "ERROR" if results.errors else "not run"))
+            continue
+        shown = f"{_shown(value)} {target.unit}".strip()
+        rows.append((metric, shown, results.spread(metric), target.text, "yes" if target.ok(value) else "NO"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    print()
+    for i, row in enumerate(rows):
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+        if i == 0:
+            print("  ".join("-" * w for w in widths))
+    if results.info:
+        print("\nalso measured (not targets):")
+        for what, text in results.info:
+            print(f"  {what}: {text}")
+    print(
+        f"\nmachine: {info['cpu_model']}, {info['cores']} cores, {info['memory_mb']} MB, "
+        f"Python {info['python']}, load {info['loadavg_start']} -> {info['loadavg_end']}; "
+        f"bench took {info['bench_seconds']:.0f} s"
+    )
+    for error in results.errors:
+        print(f"ERROR: {error}")
+
+
+def as_json(results: Results, info: dict[str, Any]) -> dict[str, Any]:
+    """Every target metric (None when not measured), the extra figures, and the machine."""
+    out: dict[str, Any] = {}
+    for metric in TARGETS:
+        value = results.value(metric)
+        out[metric] = None if value is None else round(value, 4)
+    for metric in sorted(results.runs):
+        if metric not in TARGETS and not metric.startswith("_"):
+            value = results.value(metric)
+            out[metric] = None if value is None else round(value, 4)
+    out["errors"] = results.errors
+    out["machine"] = info
+    return out
