@@ -209,7 +209,10 @@ class Fleet:
         )
         self.results.note("fleet idle: CPU by group", _shares(used, elapsed, n))
         memory = sum(rss) + sum(rss_mb(p) for p in self.groups()["harnesses"])
-        self.results.note("fleet: memory of the agents + harnesses (RSS)", f"{memory / 1024:.1f} GiB")
+        self.results.note(
+            "fleet: memory, RSS of agents + harnesses (shared pages in each) / the machine's in use",
+            f"{memory / 1024:.1f} GiB / {_memory_in_use() / 1024:.1f} of {_memory_total() / 1024:.1f} GiB",
+        )
 
     def edit(self, layout: dict[str, int], inventory: Inventory) -> None:
         n = len(self.nodes)
@@ -220,6 +223,8 @@ class Fleet:
             self.api.put_config(KEY, mig_config(layout))
             times = self.converged(inventory, since, start)
         wall = max(times)
+        cost = sum(v for k, v in used.items() if k not in ("machine", "bench")) / n
+        self.results.add("fleet_cpu_s_per_node_converge", cost)
         self.results.add("fleet_converge_s_p50", percentile(times, 50))
         self.results.add("fleet_converge_s_p95", percentile(times, 95))
         self.results.add("_fleet_converge_max", wall)
@@ -227,9 +232,12 @@ class Fleet:
         self.results.note(
             f"fleet converge to {layout}: CPU by group during the {wall:.1f} s", _shares(used, wall, n)
         )
+        cores = os.cpu_count() or 1
         self.results.note(
-            f"fleet converge to {layout}: all processes' CPU / what 2 cores give in that time",
-            f"{used['machine'] / (2 * wall):.0%} of the machine (others' work included)",
+            f"fleet converge to {layout}: all processes' CPU / what {cores} cores give in that time",
+            f"{used['machine'] / (cores * wall):.0%} of the machine (others' work included); "
+            f"{cost:.2f} CPU-s per node (agent + harness + API server + etcd): "
+            f"{cores} cores converge about {cores * 10 / cost:.0f} nodes in 10 s",
         )
 
 
@@ -243,6 +251,21 @@ def _cpu(pids: dict[str, list[int]]) -> Iterator[dict[str, float]]:
     for group, members in pids.items():
         used[group] = sum(cpu_seconds(p) for p in members) - before[group]
     used["machine"] = _machine_cpu() - machine
+
+
+def _meminfo(key: str) -> float:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _memory_total() -> float:
+    return _meminfo("MemTotal")
+
+
+def _memory_in_use() -> float:
+    return _memory_total() - _meminfo("MemAvailable")
 
 
 def _machine_cpu() -> float:

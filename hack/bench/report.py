@@ -99,8 +99,8 @@ FULL = Budget(
 QUICK = Budget(
     plan_runs=1, reconcile_runs=1, reconcile_changes=10, configmap_runs=1, configmap_flips=6,
     allocate_runs=1, allocate_pods=500, preferred_runs=1, preferred_pods=300, listandwatch_runs=1,
-    listandwatch_flips=12, startup_runs=2, idle_runs=1, idle_window_s=20, pod_starts=4,
-    label_changes=4, fleet_nodes=10, fleet_edits=1, fleet_idle_s=20,
+    listandwatch_flips=12, startup_runs=2, idle_runs=1, idle_window_s=20, pod_starts=3,
+    label_changes=3, fleet_nodes=10, fleet_edits=1, fleet_idle_s=10,
 )  # fmt: skip
 
 
