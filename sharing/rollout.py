@@ -19,16 +19,15 @@ Devices withdrawn but not destroyed come back with the next advertisement.
 from __future__ import annotations
 
 import asyncio
-import enum
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import structlog
 
 from sharing.allocation import ENVVAR_BY_UUID, Injection
-from sharing.apply import ApplyReport, GpuReport, NodePlan, execute, plan_node
+from sharing.apply import ApplyReport, NodePlan, execute, plan_node
 from sharing.catalog import Catalog
 from sharing.cdi import build_spec, write_spec
 from sharing.change import Outcome
@@ -42,7 +41,8 @@ from sharing.model import Gpu, GpuUuid, NodeState
 from sharing.serve.fleet import Fleet
 from sharing.serve.podresources import PodResourcesClient
 from sharing.spec import SharingConfig
-from sharing.text import bounded, listed, summary
+from sharing.text import bounded, listed
+from sharing.verdict import Retry, Verdict, verdict
 
 log = structlog.get_logger(__name__)
 
@@ -51,34 +51,6 @@ RECENT_ALLOCATE_S = 30.0
 CONFIRM_TIMEOUT_S = 10.0
 """How long the kubelet gets to stop offering withdrawn devices."""
 WITHDRAW_ROUNDS = 3
-EVENT_LIMIT = 1000
-
-
-class Retry(enum.Enum):
-    """When the agent should try again without new input."""
-
-    NONE = "none"
-    """Only when the input changes (or at the periodic resync)."""
-    BACKOFF = "backoff"
-    """Something failed that may pass: again after a growing delay."""
-    BLOCKED = "blocked"
-    """Devices in use stand in the way: re-check cheaply and apply as soon as they are free."""
-
-
-@dataclass(frozen=True, slots=True)
-class Verdict:
-    """What one reconcile concluded, for the state label, the Event and the retry."""
-
-    state: ConfigState | None
-    reason: str = ""
-    message: str = ""
-    subject: str = ""
-    """What the Event is about: the same reason and subject again is not news (no second Event)."""
-    changed: bool = False
-    """Hardware was changed: always news."""
-    retry: Retry = Retry.NONE
-    blockers: frozenset[str] = frozenset()
-    """Devices whose release should trigger a new attempt (Retry.BLOCKED)."""
 
 
 class Rollout:
@@ -180,7 +152,7 @@ class Rollout:
             if gpu.steps and after.gpu(gpu.uuid) is None:
                 # Changed, then unreadable: what it had before is no longer known to exist.
                 self._seen.pop(gpu.uuid, None)
-        return _verdict(config, report, holders, after), after
+        return verdict(config, report, holders, after), after
 
     async def advertise(self, observed: NodeState, config: SharingConfig | None) -> Inventory:
         """Tell the fleet what the hardware has, each GPU under the config in effect on it.
@@ -286,55 +258,3 @@ def _unhealthy(inventory: Inventory, gpus: frozenset[GpuUuid]) -> Inventory:
         for name, devices in inventory.resources
     )
     return replace(inventory, resources=resources)
-
-
-def _verdict(config: SharingConfig, report: ApplyReport, holders: Holders, after: NodeState) -> Verdict:
-    name = config.name
-    changed = [g for g in report.gpus if g.outcome is Outcome.APPLIED and g.steps]
-    failed = [g for g in report.gpus if g.outcome in (Outcome.FAILED, Outcome.RESET_REQUIRED)]
-    blocked = [g for g in report.gpus if g.outcome is Outcome.BLOCKED]
-    lost = [f"GPU {u.index}: cannot be read ({bounded(u.error, 160)})" for u in after.unreadable]
-    done = [f"GPU {g.index}: {', '.join(map(str, g.steps))}" for g in changed]
-    if not failed and not blocked and not lost:
-        message = f"config {name!r} applied" + (
-            f": {summary(done, EVENT_LIMIT - 40, unit='more GPUs')}" if done else ""
-        )
-        return Verdict(ConfigState.SUCCESS, "ConfigApplied", message, name, bool(changed))
-    problems = [_gpu_line(g) for g in failed] + lost
-    if blocked:
-        pods = holders.pods_holding({b for g in blocked for b in g.blockers})
-        who = f"held by pods {listed(pods)}" if pods else "in use"
-        if holders.unknown:
-            who = (
-                f"in use as far as can be told (the kubelet's PodResources cannot be read: {holders.unknown})"
-            )
-        problems += [f"{_gpu_line(g)} ({who})" for g in blocked]
-    applied = f"; applied on {', '.join(f'GPU {g.index}' for g in changed)}" if changed else ""
-    if failed or lost:
-        message = f"config {name!r} could not be applied: " + summary(
-            problems, EVENT_LIMIT - 80 - len(applied)
-        )
-        return Verdict(
-            ConfigState.FAILED,
-            "ConfigApplyFailed",
-            message + applied,
-            f"{name}: " + "; ".join(problems),
-            bool(changed),
-            Retry.BACKOFF if any(g.steps for g in failed) or lost else Retry.NONE,
-        )
-    retry = "it is applied as soon as they are free (checked every few seconds)"
-    message = f"config {name!r} waits: " + summary(problems, EVENT_LIMIT - 100 - len(applied)) + f"; {retry}"
-    blockers = frozenset(b for g in blocked for b in g.blockers)
-    return Verdict(
-        ConfigState.FAILED,
-        "ConfigApplyBlocked",
-        message + applied,
-        f"{name}: {sorted(blockers)}",
-        bool(changed),
-        Retry.BLOCKED,
-        blockers,
-    )
-
-
-def _gpu_line(g: GpuReport) -> str:
-    return f"GPU {g.index} ({g.product}): {g.reason or g.outcome.value}"

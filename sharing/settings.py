@@ -144,9 +144,23 @@ _EMPTY_ALLOWED = frozenset({"presets_configmap", "default_config"})
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add one flag per setting; unset flags fall back to the environment, then the default."""
     for name, flag, env, help_text in _OPTIONS:
+        default = Settings.__dataclass_fields__[name].default
+        shown = "required" if name == "node_name" else _shown(default)
         parser.add_argument(
-            flag, dest=name, default=None, metavar=name.split("_")[-1].upper(), help=f"{help_text} [{env}]"
+            flag,
+            dest=name,
+            default=None,
+            metavar=name.split("_")[-1].upper(),
+            help=f"{help_text} [{env}; {shown}]",
         )
+
+
+def _shown(default: object) -> str:
+    if default is None:
+        return "default: none"
+    if isinstance(default, tuple):
+        return "default: " + ",".join(map(str, default))
+    return f"default: {default!r}" if default == "" else f"default: {default}"
 
 
 def from_args(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> Settings:
