@@ -20,6 +20,7 @@ import structlog
 
 from sharing import __version__
 from sharing.catalog import Catalog
+from sharing.drain import Drainer
 from sharing.errors import SharingError
 from sharing.gpu.backend import GpuBackend
 from sharing.health import follow_health
@@ -83,6 +84,7 @@ class Agent:
         self.report = Reporter(settings.node_name, self.rollout, fleet, self.metrics, self._config_status)
         self.node = watch_node(kube, settings.node_name, settings.watch_timeout_seconds)
         self.node_out = NodePublisher(kube, self.node, catalog, self.metrics)
+        self.drain = Drainer(kube, self.node, self.node_out.event, enabled=settings.drain)
         self.sources = ConfigSources(kube, settings, catalog)
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -250,6 +252,7 @@ class Agent:
             self._selected = (None, selection.reason)
             await self.sources.remember(None)
         await self._advertise(observed, config, verdict)
+        await self.drain.after(verdict, self.rollout.holders)
         return verdict
 
     async def _serve_remembered(self) -> None:

@@ -41,6 +41,8 @@ class Settings:
     """None: in-cluster service account."""
     resync_seconds: float = 300.0
     blocked_recheck_seconds: float = 3.0
+    drain: bool = False
+    """Cordon the Node and evict the pods that block a change (Eviction API), then uncordon."""
     watch_timeout_seconds: int = 300
     ignored_xids: tuple[int, ...] = (13, 31, 43, 45, 68, 109)
     allocation_policy: str = "distributed"
@@ -115,6 +117,12 @@ _OPTIONS: tuple[tuple[str, str, str, str], ...] = (
         "--blocked-recheck-seconds",
         "SHARING_BLOCKED_RECHECK_SECONDS",
         "while devices in use block a change, look this often whether they are free",
+    ),
+    (
+        "drain",
+        "--drain",
+        "SHARING_DRAIN",
+        "evict the pods that block a change, cordoning the node meanwhile (true/false)",
     ),
     ("watch_timeout_seconds", "--watch-timeout-seconds", "SHARING_WATCH_TIMEOUT_SECONDS", "watch renewal"),
     ("ignored_xids", "--ignored-xids", "SHARING_IGNORED_XIDS", "XIDs that do not make a GPU unhealthy"),
