@@ -31,6 +31,7 @@ two runs of a seed start alike and may drift apart where the agent was slower or
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -128,8 +129,8 @@ ACTIONS: dict[str, int] = {
     "edit": 5,
     "busy": 4,
     "idle": 4,
-    "kill": 4,
-    "kubelet_restart": 4,
+    "kill": 5,
+    "kubelet_restart": 3,
     "settle": 12,
 }
 
@@ -205,6 +206,9 @@ class Soak:
     # --- the actions ------------------------------------------------------------------------------
 
     def admit(self) -> str:
+        # Right after a kill, a restart or a relabel nothing may be offered: wait a moment for something.
+        with contextlib.suppress(TimeoutError):
+            self.node.kubelet.wait_resources(lambda r: any(i["allocatable"] for i in r.values()), SETTLE_S)
         resources = self.node.kubelet.resources()["resources"]
         offered = sorted(allocatable(self.node.kubelet.pod_resources_socket))
         names = sorted(resources)
@@ -287,7 +291,7 @@ class Soak:
         return "kill -9 the agent; " + self.start_agent()
 
     def start_agent(self) -> str:
-        crash_after = self.rng.randint(1, 12) if self.rng.random() < 0.3 else None
+        crash_after = self.rng.randint(1, 6) if self.rng.random() < 0.5 else None
         self.node.start_agent(crash_after=crash_after)
         if crash_after is None:
             return "started a new agent"
