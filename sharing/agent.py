@@ -27,7 +27,7 @@ from sharing.kube import ConfigMapObject, KubeClient
 from sharing.labels import STATE_LABEL, ConfigState, label_patch, node_labels
 from sharing.memory import LastGood, LastGoodError, Remembered
 from sharing.model import Gpu, HealthEvent, NodeState
-from sharing.rollout import Retry, Rollout, Verdict
+from sharing.rollout import Retry, Rollout, Verdict, held_back
 from sharing.selection import Failed, Selected, select_config
 from sharing.serve.fleet import Fleet
 from sharing.serve.podresources import PodResourcesClient
@@ -244,8 +244,7 @@ class Agent:
             self.rollout.forget()
             verdict = Verdict(None)
             await self._remember(maps, None)
-        await self._advertise(observed, config, verdict)
-        return verdict
+        return await self._advertise(observed, config, verdict)
 
     async def _configs(self, maps: list[ConfigMapObject | None], observed: NodeState) -> ConfigSet:
         """The configs of the ConfigMaps (the user's over the presets), parsed again only on change.
@@ -298,17 +297,21 @@ class Agent:
         self._good = config
         if config is not None:
             self.rollout.effective = {g.uuid: config for g in observed.gpus}
-        self.rollout.advertise(observed, config)
+        await self.rollout.advertise(observed, config)
         self._advertised = True
 
-    async def _advertise(self, observed: NodeState, config: SharingConfig | None, verdict: Verdict) -> None:
-        inventory = self.rollout.advertise(observed, config)
+    async def _advertise(
+        self, observed: NodeState, config: SharingConfig | None, verdict: Verdict
+    ) -> Verdict:
+        """Advertise and label; the verdict, waiting for pods that hold devices it could not offer."""
+        inventory = await self.rollout.advertise(observed, config)
         self._advertised = True
+        verdict = held_back(verdict, self.rollout.withheld, config.name if config else "")
         if verdict.state is not None:
             self._state = verdict.state
         node = self.node.current
         if node is None:
-            return
+            return verdict
         desired = node_labels(observed, config, inventory, self._state, self.catalog)
         patch = label_patch(node.labels, desired)
         if patch:
@@ -318,6 +321,7 @@ class Agent:
             kind = "Warning" if verdict.state is ConfigState.FAILED else "Normal"
             await self._event(kind, verdict.reason, verdict.message)
             self._reported = (verdict.reason, verdict.subject)
+        return verdict
 
     async def _set_pending(self) -> None:
         await self._set_state(ConfigState.PENDING)

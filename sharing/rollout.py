@@ -14,13 +14,19 @@ Per GPU, for every change that destroys or alters a device:
 5. advertise only what the hardware has: a GPU whose change did not happen keeps its devices under
    the names of the config last applied to it, and a GPU in MIG mode is never a whole GPU.
 Devices withdrawn but not destroyed come back with the next advertisement.
+
+A config can also change how a device is offered without touching the hardware (replicas, names).
+The kubelet tracks allocations by resource and device ID, so such a device is withdrawn and
+confirmed gone first; then a device a pod holds in a form the new one does not keep (held as `X`,
+now `X::0`...; held as `X::0`, now `X`, or under another name) stays withheld until it is free,
+and the verdict says it waits for those pods.
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 
 import structlog
@@ -30,7 +36,7 @@ from sharing.catalog import Catalog
 from sharing.change import Outcome
 from sharing.gpu.backend import GpuBackend
 from sharing.holders import Holders, read_holders
-from sharing.inventory import Health, Inventory, build_inventory, withdraw
+from sharing.inventory import Health, Inventory, build_inventory, reformed, withdraw
 from sharing.journal import Journal, JournalCorruptError
 from sharing.labels import ConfigState
 from sharing.model import Gpu, GpuUuid, NodeState
@@ -97,6 +103,8 @@ class Rollout:
         """The config last applied to each GPU (absent: none yet, advertised as it is)."""
         self.advertised = Inventory()
         """What the fleet was last told to advertise (health aside)."""
+        self.withheld: dict[str, tuple[str, ...]] = {}
+        """Devices held in a form the config in effect does not keep -> `namespace/pod` holding each."""
         self._seen: dict[GpuUuid, Gpu] = {}
 
     async def holders(self) -> Holders:
@@ -167,11 +175,12 @@ class Rollout:
                 self._seen.pop(gpu.uuid, None)
         return _verdict(config, report, holders, after), after
 
-    def advertise(self, observed: NodeState, config: SharingConfig | None) -> Inventory:
+    async def advertise(self, observed: NodeState, config: SharingConfig | None) -> Inventory:
         """Tell the fleet what the hardware has, each GPU under the config in effect on it.
 
         `config` names the node's config (allocation rules); GPUs it was not applied to keep theirs.
-        A GPU that cannot be read keeps its last known devices, advertised unhealthy.
+        A GPU that cannot be read keeps its last known devices, advertised unhealthy. A device offered
+        in a new form (replicas, names) is withdrawn first; one held in a form it loses is withheld.
         """
         self._seen.update((g.uuid, g) for g in observed.gpus)
         lost = [
@@ -187,6 +196,21 @@ class Rollout:
             inventory = _unhealthy(inventory, frozenset(g.uuid for g in lost))
         for warning in inventory.warnings:
             log.warning("inventory_warning", warning=bounded(warning))
+        changed = reformed(self.advertised, inventory)
+        unconfirmed = ""
+        if changed:
+            # Never in between: neither their old form nor (for what is still withheld) the new one.
+            unconfirmed = await self._withdraw(changed, showing=withdraw(inventory, set(self.withheld)))
+        holders = await self.holders()
+        withheld = holders.reoffered(inventory)
+        if (unconfirmed or holders.unknown) and (changed or self.withheld):
+            # Nobody can tell who holds them: what changes form (or was withheld) stays out (fail closed).
+            withheld |= changed | frozenset(self.withheld)
+            log.warning(
+                "reformed_devices_withheld", devices=len(withheld), why=unconfirmed or holders.unknown
+            )
+        self.withheld = {uuid: holders.pods_holding({uuid}) for uuid in sorted(withheld)}
+        inventory = withdraw(inventory, withheld)
         self.advertised = inventory
         self.fleet.update(inventory)
         return inventory
@@ -195,10 +219,13 @@ class Rollout:
         """No config manages the GPUs any more: advertise each as it is."""
         self.effective.clear()
 
-    async def _withdraw(self, uuids: frozenset[str]) -> str:
-        """Stop advertising these devices and wait until the kubelet stops offering them; why not, or ""."""
+    async def _withdraw(self, uuids: frozenset[str], showing: Inventory | None = None) -> str:
+        """Stop advertising these devices and wait until the kubelet stops offering them; why not, or "".
+
+        `showing`: what to advertise meanwhile (default: what is advertised now), less these devices.
+        """
         ids = {d.id for _, devices in self.advertised.resources for d in devices if d.uuid in uuids}
-        self.fleet.update(withdraw(self.advertised, uuids))
+        self.fleet.update(withdraw(self.advertised if showing is None else showing, uuids))
         await self.fleet.sync()
         if not ids or self.pod_resources is None:
             return ""
@@ -220,6 +247,37 @@ class Rollout:
                 return f"the kubelet still offers {late} {CONFIRM_TIMEOUT_S:.0f} s after their withdrawal"
             await asyncio.sleep(delay)  # polling the kubelet's own answer, with a deadline
             delay = min(delay * 2, 0.2)
+
+
+def held_back(verdict: Verdict, withheld: Mapping[str, tuple[str, ...]], config: str) -> Verdict:
+    """The verdict once devices held in a form the config does not keep are withheld: the config waits
+    for the pods holding them, and is looked at again as soon as they are free."""
+    if not withheld or verdict.state is None:
+        return verdict
+    pods = sorted({p for holding in withheld.values() for p in holding})
+    who = f"held by pods {listed(pods)}" if pods else "in use"
+    wait = (
+        f"{listed(sorted(withheld))} ({who}) cannot be offered as config {config!r} says while they are"
+        " held: another pod would share what they hold"
+    )
+    blockers = verdict.blockers | frozenset(withheld)
+    if verdict.state is ConfigState.SUCCESS:
+        retry = "it is applied as soon as they are free (checked every few seconds)"
+        return Verdict(
+            ConfigState.FAILED,
+            "ConfigApplyBlocked",
+            bounded(f"config {config!r} waits: {wait}; {retry}", EVENT_LIMIT),
+            f"{config}: {sorted(blockers)}",
+            verdict.changed,
+            Retry.BLOCKED,
+            blockers,
+        )
+    return replace(
+        verdict,
+        message=bounded(f"{verdict.message}; {wait}", EVENT_LIMIT),
+        retry=Retry.BACKOFF if verdict.retry is Retry.BACKOFF else Retry.BLOCKED,
+        blockers=blockers,
+    )
 
 
 def _hold(plan: NodePlan, why: str) -> NodePlan:

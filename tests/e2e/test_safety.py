@@ -259,8 +259,12 @@ def test_a_held_device_is_not_offered_again_in_another_form(gpu_node: GpuNode, c
     free = [i for i in healthy if i != held]
     taker = gpu_node.kubelet.admit("taker", {"main": {case.offered_as: len(free)}})
     assert [] == [i for i in taker["containers"][0]["devices"][case.offered_as] if i.startswith(device)]
+    # The config waits for the pod, and says so.
+    gpu_node.wait_labels(state_is("failed"))
+    assert "held by pods default/holder" in gpu_node.wait_event("ConfigApplyBlocked")["message"]
     # Once the holder has gone, the device is offered in the new form too.
     gpu_node.kubelet.delete_pod("holder")
     gpu_node.kubelet.wait_resources(
         lambda r: any(i.startswith(device) for i in r.get(case.offered_as, {}).get("healthy", [])), timeout=30
     )
+    gpu_node.wait_labels(state_is("success"))
