@@ -9,6 +9,7 @@ never the agent. A config's expectation is computed here from the test's own des
 from __future__ import annotations
 
 import json
+import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -88,11 +89,25 @@ def read_hardware(path: Path) -> Hardware:
 # --- what the kubelet has -------------------------------------------------------------------------
 
 
-def allocatable(socket: Path) -> dict[str, set[str]]:
-    """{resource: healthy device IDs} from the kubelet's device manager, as it is at this moment."""
+def allocatable(socket: Path, timeout: float = 10) -> dict[str, set[str]]:
+    """{resource: healthy device IDs} from the kubelet's device manager, as it is at this moment.
+
+    The kubelet limits PodResources to 100 requests/s (bursts of 10) for all its clients together;
+    a request it turns away is asked again a moment later, until `timeout`.
+    """
+    deadline = time.monotonic() + timeout
     with grpc.insecure_channel(f"unix://{socket}") as channel:
         stub = podresources_grpc.PodResourcesListerStub(channel)  # type: ignore[no-untyped-call]
-        reply = stub.GetAllocatableResources(podresources.AllocatableResourcesRequest(), timeout=10)
+        while True:
+            try:
+                reply = stub.GetAllocatableResources(
+                    podresources.AllocatableResourcesRequest(), timeout=timeout
+                )
+                break
+            except grpc.RpcError as err:
+                if err.code() is not grpc.StatusCode.RESOURCE_EXHAUSTED or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)  # the rate limiter refills a token every 10 ms
     found: dict[str, set[str]] = defaultdict(set)
     for entry in reply.devices:
         found[entry.resource_name].update(entry.device_ids)

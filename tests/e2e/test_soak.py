@@ -210,7 +210,7 @@ class Soak:
         with contextlib.suppress(TimeoutError):
             self.node.kubelet.wait_resources(lambda r: any(i["allocatable"] for i in r.values()), SETTLE_S)
         resources = self.node.kubelet.resources()["resources"]
-        offered = sorted(allocatable(self.node.kubelet.pod_resources_socket))
+        offered = sorted(n for n, r in resources.items() if r["allocatable"])
         names = sorted(resources)
         if not names:
             self.stats["admit_nothing_offered"] += 1
