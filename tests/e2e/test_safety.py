@@ -268,3 +268,19 @@ def test_a_held_device_is_not_offered_again_in_another_form(gpu_node: GpuNode, c
         lambda r: any(i.startswith(device) for i in r.get(case.offered_as, {}).get("healthy", [])), timeout=30
     )
     gpu_node.wait_labels(state_is("success"))
+
+
+def test_a_pod_gone_before_the_agent_saw_it_does_not_block_a_change(gpu_node: GpuNode) -> None:
+    """Found by the soak: a device handed out to a pod deleted before the agent read PodResources
+    counted as held for 30 s (the plugins' memory of recent Allocates), so the node took half a
+    minute to converge after its last pod had gone."""
+    gpu_node.label("all-3g")
+    gpu_node.kubelet.wait_resources(capacity("nvidia.com/mig-3g.20gb", 4), timeout=60)
+    gpu_node.wait_labels(state_is("success"))
+    pod = gpu_node.kubelet.admit("brief", {"main": {"nvidia.com/mig-3g.20gb": 4}})
+    held = pod["containers"][0]["devices"]["nvidia.com/mig-3g.20gb"]
+    gpu_node.kubelet.delete_pod("brief")
+    gpu_node.label("all-1g")  # destroys every 3g.20gb: nothing holds them any more
+    gpu_node.kubelet.wait_resources(capacity("nvidia.com/mig-1g.5gb", 14), timeout=15)
+    gpu_node.wait_labels(state_is("success"), timeout=5)
+    assert not set(held) & gpu_node.export_mig_uuids()
