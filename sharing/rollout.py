@@ -49,6 +49,10 @@ log = structlog.get_logger(__name__)
 
 RECENT_ALLOCATE_S = 30.0
 """How long a device counts as held after Allocate handed it out (PodResources catches up long before)."""
+LISTED_WITHIN_S = 2.0
+"""How soon after Allocate returns the kubelet lists the allocation in PodResources (it does so at once:
+it records it as Allocate returns). An Allocate older than that which PodResources does not list
+belongs to a pod that has gone."""
 CONFIRM_TIMEOUT_S = 10.0
 """How long the kubelet gets to stop offering withdrawn devices."""
 WITHDRAW_ROUNDS = 3
@@ -109,9 +113,16 @@ class Rollout:
 
     async def holders(self) -> Holders:
         """Who holds which device right now."""
-        holders = await read_holders(
-            self.pod_resources, lambda: self.fleet.recently_allocated(RECENT_ALLOCATE_S)
-        )
+        loop = asyncio.get_running_loop()
+        asked = loop.time()
+
+        def recent() -> frozenset[str]:
+            if self.pod_resources is None:  # no kubelet to list them: the whole window counts
+                return self.fleet.recently_allocated(RECENT_ALLOCATE_S)
+            unlisted = loop.time() - asked + LISTED_WITHIN_S
+            return self.fleet.recently_allocated(min(RECENT_ALLOCATE_S, unlisted))
+
+        holders = await read_holders(self.pod_resources, recent)
         if not holders.unknown:
             # Listed by the kubelet: PodResources tracks them from now on (and says when they are free).
             self.fleet.forget_allocated(frozenset(i for h in holders.pods for i in h.device_ids))
