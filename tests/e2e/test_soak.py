@@ -60,7 +60,8 @@ pytestmark = pytest.mark.integration
 SEED = int(os.environ.get("SHARING_SOAK_SEED", "1111"))
 STEPS = int(os.environ.get("SHARING_SOAK_STEPS", "200"))
 CHECKPOINT_EVERY = 25
-CONVERGE_TIMEOUT_S = 90.0
+CONVERGE_TIMEOUT_S = 25.0
+"""Measured 1-6 s (seeds 1111, 2-10); a device counted as held for 30 s after its pod had gone failed it."""
 SETTLE_S = 3.0
 STATE = "nvidia.com/mig.config.state"
 
