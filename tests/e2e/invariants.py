@@ -239,13 +239,12 @@ class GpuWant:
 
 @dataclass(frozen=True)
 class Wanted:
-    """A config as the test means it, per GPU index; `yaml` is set for the configs the test owns."""
+    """A config as the test means it, per GPU index (`render` writes the ones the test owns)."""
 
     name: str
     gpus: tuple[GpuWant, ...]
     rename: bool = False
     strategy: str = "mixed"
-    preset: bool = True
 
     def render(self) -> str:
         """The config as a native YAML document: one rule per GPU index."""

@@ -92,20 +92,18 @@ OWN = (
             W({"3g.40gb": 2}, {"*": 2}),
             W(None, {"*": 3}),
         ),
-        preset=False,
     ),
     # renameByDefault: replicas under `.shared` names, beside the same kinds unshared.
     Wanted(
         "soak-renamed",
         (W({"3g.20gb": 2}, {"*": 2}), W(None, {"*": 2}), W(None), W({"1g.10gb": 7})),
         rename=True,
-        preset=False,
     ),
 )
 EDITED = "soak-edit"
 EDITS = (
-    Wanted(EDITED, _fleet(W(None, {"*": 2}), W(None, {"*": 2})), preset=False),
-    Wanted(EDITED, _fleet(W(None, {"*": 3}), W(None)), preset=False),
+    Wanted(EDITED, _fleet(W(None, {"*": 2}), W(None, {"*": 2}))),
+    Wanted(EDITED, _fleet(W(None, {"*": 3}), W(None))),
     Wanted(
         EDITED,
         (
@@ -114,9 +112,8 @@ EDITS = (
             W({"7g.80gb": 1}, {"*": 2}),
             W({"1g.20gb": 4}),
         ),
-        preset=False,
     ),
-    Wanted(EDITED, _fleet(W({"2g.10gb": 3}, {"2g.10gb": 2}), W(None, {"*": 2})), preset=False),
+    Wanted(EDITED, _fleet(W({"2g.10gb": 3}, {"2g.10gb": 2}), W(None, {"*": 2}))),
     None,  # an edit that breaks the config: the node keeps its last good state
 )
 BROKEN = "version: v1\ngpus:\n  - devices: all\n    replicas: 0\n"
@@ -138,6 +135,8 @@ ACTIONS: dict[str, int] = {
 
 @dataclass
 class Soak:
+    """The walk: its choices, what it has done to the node, and what the node should be."""
+
     node: GpuNode
     rng: random.Random
     log: Callable[[str], None]
@@ -147,6 +146,8 @@ class Soak:
     """Devices the test started processes on -> the kind each had then."""
     stats: Counter[str] = field(default_factory=Counter)
     step: int = 0
+    armed: bool = False
+    """The agent running now was started to crash at its n-th hardware change."""
 
     # --- what the node should be ----------------------------------------------------------------
 
@@ -294,6 +295,7 @@ class Soak:
     def start_agent(self) -> str:
         crash_after = self.rng.randint(1, 6) if self.rng.random() < 0.5 else None
         self.node.start_agent(crash_after=crash_after)
+        self.armed = crash_after is not None
         if crash_after is None:
             return "started a new agent"
         self.stats["armed"] += 1
@@ -346,12 +348,17 @@ class Soak:
         self.log(f"{why}: converged to {self.label} in {took:.1f} s")
 
     def revive(self) -> None:
-        """An agent armed to crash that did so is replaced, as the DaemonSet would."""
+        """An agent armed to crash that did so is replaced, as the DaemonSet would; any other exit fails."""
         agent = self.node.agent.process
-        if agent.poll() is not None:
-            self.stats["crashes"] += 1
-            self.log(f"the agent exited with {agent.returncode}; starting a new one")
-            self.node.start_agent()
+        if agent.poll() is None:
+            return
+        why = f"step {self.step}: the agent exited by itself ({agent.returncode}); see {self.node.agent.log}"
+        assert self.armed, f"{why}\n{replay()}"
+        assert 137 == agent.returncode, f"{why}\n{replay()}"
+        self.stats["crashes"] += 1
+        self.log(f"the armed agent crashed as planned ({agent.returncode}); starting a new one")
+        self.node.start_agent()
+        self.armed = False
 
 
 def replay() -> str:
