@@ -1,9 +1,8 @@
-"""What must hold on a GPU node at every instant, judged from the outside, and what a config should give.
+"""What must hold on a GPU node at every instant, judged from the outside.
 
 The judges read the simulated hardware's state file, the kubelet's device manager (PodResources
 `GetAllocatableResources`: its healthy devices, read live) and the kubelet's pods (harness `/pods`),
-never the agent. A config's expectation is computed here from the test's own description of it
-(`Wanted`), not by the agent's parser, so both sides can be wrong only in different ways.
+never the agent. What a config should give is in `tests.e2e.wanted`.
 """
 
 from __future__ import annotations
@@ -12,7 +11,7 @@ import json
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -221,85 +220,3 @@ def _double_booked(hw: Hardware, held: list[Held]) -> list[str]:
     # A GPU held whole while pods hold its MIG devices needs no rule of its own: MIG devices exist
     # only in MIG mode, and a GPU in MIG mode held whole is already wrong (`_mismatch`).
     return found
-
-
-# --- what a config should give ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class GpuWant:
-    """What one GPU should be: MIG instances (None: MIG off) and replicas per kind (`gpu` or profile)."""
-
-    mig: Mapping[str, int] | None = None
-    replicas: Mapping[str, int] = field(default_factory=dict)
-
-    def replicas_of(self, kind: str) -> int:
-        return self.replicas.get(kind, self.replicas.get("*", 1))
-
-
-@dataclass(frozen=True)
-class Wanted:
-    """A config as the test means it, per GPU index (`render` writes the ones the test owns)."""
-
-    name: str
-    gpus: tuple[GpuWant, ...]
-    rename: bool = False
-    strategy: str = "mixed"
-
-    def render(self) -> str:
-        """The config as a native YAML document: one rule per GPU index."""
-        lines = [
-            "version: v1",
-            f"migStrategy: {self.strategy}",
-            "sharing:",
-            f"  renameByDefault: {str(self.rename).lower()}",
-            "gpus:",
-        ]
-        for index, want in enumerate(self.gpus):
-            lines.append(f"  - devices: [{index}]")
-            if want.mig is None:
-                lines.append("    mig: disabled")
-            else:
-                lines.append("    mig: {" + ", ".join(f"{p}: {n}" for p, n in sorted(want.mig.items())) + "}")
-            if set(want.replicas) == {"*"}:
-                lines.append(f"    replicas: {want.replicas['*']}")
-            elif want.replicas:
-                lines.append(
-                    "    replicas: {" + ", ".join(f"{k}: {n}" for k, n in sorted(want.replicas.items())) + "}"
-                )
-        return "\n".join(lines) + "\n"
-
-
-def layout_problems(want: Wanted, hw: Hardware) -> list[str]:
-    """How the hardware differs from the layout the config asks for."""
-    found = []
-    for gpu, w in zip(hw.gpus, want.gpus, strict=True):
-        if w.mig is None:
-            if gpu.mig:
-                found.append(f"GPU {gpu.index} is in MIG mode; {want.name} wants it whole")
-            continue
-        have = sorted(gpu.devices.values())
-        wanted = sorted(p for p, n in w.mig.items() for _ in range(n))
-        if not gpu.mig or have != wanted:
-            found.append(f"GPU {gpu.index} has {have if gpu.mig else 'MIG off'}; {want.name} wants {wanted}")
-    return found
-
-
-def expected_devices(want: Wanted, hw: Hardware) -> dict[str, set[str]]:
-    """{resource: device IDs} the node should advertise once the config is applied to `hw`."""
-    found: dict[str, set[str]] = defaultdict(set)
-
-    def add(resource: str, uuid: str, replicas: int) -> None:
-        if replicas <= 1:
-            found[resource].add(uuid)
-            return
-        shared = resource + SHARED if want.rename else resource
-        found[shared].update(f"{uuid}{REPLICA}{n}" for n in range(replicas))
-
-    for gpu, w in zip(hw.gpus, want.gpus, strict=True):
-        if not gpu.mig:
-            add(GPU, gpu.uuid, w.replicas_of("gpu"))
-        elif want.strategy != "none":
-            for uuid, profile in gpu.devices.items():
-                add(MIG_PREFIX + profile.replace("+", "."), uuid, w.replicas_of(profile))
-    return dict(found)

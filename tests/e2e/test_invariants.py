@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.invariants import GpuHw, GpuWant, Hardware, Wanted, expected_devices, violations
+from tests.e2e.invariants import GpuHw, Hardware, violations
+from tests.e2e.wanted import GpuWant, Wanted, expected_devices
 
 A100 = "GPU-a100"
 H100 = "GPU-h100"

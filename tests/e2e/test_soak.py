@@ -45,14 +45,17 @@ import pytest
 
 from sharing.gpu import simstate
 from tests.e2e.conftest import GpuNode
-from tests.e2e.invariants import (
-    GpuWant,
+from tests.e2e.invariants import allocatable, read_hardware, violations
+from tests.e2e.wanted import (
+    BROKEN,
+    EDITED,
+    EDITS,
+    MISSING,
+    OWN,
+    PRESETS,
     Wanted,
-    allocatable,
     expected_devices,
     layout_problems,
-    read_hardware,
-    violations,
 )
 
 pytestmark = pytest.mark.integration
@@ -64,60 +67,6 @@ CONVERGE_TIMEOUT_S = 25.0
 """Measured 1-6 s (seeds 1111, 2-10); a device counted as held for 30 s after its pod had gone failed it."""
 SETTLE_S = 3.0
 STATE = "nvidia.com/mig.config.state"
-
-W = GpuWant
-A100_BALANCED = W({"1g.5gb": 2, "2g.10gb": 1, "3g.20gb": 1})
-
-
-def _fleet(a100: GpuWant, h100: GpuWant) -> tuple[GpuWant, ...]:
-    """The node of the `gpu_node` fixture: GPUs 0-1 A100-SXM4-40GB, GPUs 2-3 H100 80GB HBM3."""
-    return (a100, a100, h100, h100)
-
-
-PRESETS = (
-    Wanted("all-1g", _fleet(W({"1g.5gb": 7}), W({"1g.10gb": 7}))),
-    Wanted("all-3g", _fleet(W({"3g.20gb": 2}), W({"3g.40gb": 2}))),
-    Wanted("all-balanced", _fleet(A100_BALANCED, W({"1g.10gb": 2, "2g.20gb": 1, "3g.40gb": 1}))),
-    Wanted("all-replicas-2", _fleet(W(None, {"*": 2}), W(None, {"*": 2})), strategy="none"),
-    Wanted("a100-mig-h100-time-sliced", _fleet(A100_BALANCED, W(None, {"*": 4}))),
-    Wanted("all-disabled", _fleet(W(None), W(None))),
-)
-OWN = (
-    # Replicas of MIG devices, per profile and per GPU, beside a time-sliced whole GPU.
-    Wanted(
-        "soak-mig-replicas",
-        (
-            W({"1g.5gb": 2, "2g.10gb": 1, "3g.20gb": 1}, {"1g.5gb": 2, "3g.20gb": 3}),
-            W({"2g.10gb": 3}, {"*": 2}),
-            W({"3g.40gb": 2}, {"*": 2}),
-            W(None, {"*": 3}),
-        ),
-    ),
-    # renameByDefault: replicas under `.shared` names, beside the same kinds unshared.
-    Wanted(
-        "soak-renamed",
-        (W({"3g.20gb": 2}, {"*": 2}), W(None, {"*": 2}), W(None), W({"1g.10gb": 7})),
-        rename=True,
-    ),
-)
-EDITED = "soak-edit"
-EDITS = (
-    Wanted(EDITED, _fleet(W(None, {"*": 2}), W(None, {"*": 2}))),
-    Wanted(EDITED, _fleet(W(None, {"*": 3}), W(None))),
-    Wanted(
-        EDITED,
-        (
-            W({"4g.20gb": 1, "3g.20gb": 1}),
-            W({"1g.5gb+me": 1, "1g.5gb": 6}),
-            W({"7g.80gb": 1}, {"*": 2}),
-            W({"1g.20gb": 4}),
-        ),
-    ),
-    Wanted(EDITED, _fleet(W({"2g.10gb": 3}, {"2g.10gb": 2}), W(None, {"*": 2}))),
-    None,  # an edit that breaks the config: the node keeps its last good state
-)
-BROKEN = "version: v1\ngpus:\n  - devices: all\n    replicas: 0\n"
-MISSING = "soak-no-such-config"
 
 # How often each action is drawn.
 ACTIONS: dict[str, int] = {
