@@ -41,7 +41,7 @@ from sharing.sources import ConfigSources
 from sharing.spec import SharingConfig
 from sharing.status import ConfigStatus
 from sharing.text import bounded
-from sharing.verdict import Retry, Verdict
+from sharing.verdict import Retry, Verdict, held_back
 from sharing.watch import watch_node
 
 log = structlog.get_logger(__name__)
@@ -251,7 +251,7 @@ class Agent:
             verdict = Verdict(None)
             self._selected = (None, selection.reason)
             await self.sources.remember(None)
-        await self._advertise(observed, config, verdict)
+        verdict = await self._advertise(observed, config, verdict)
         await self.drain.after(verdict, self.rollout.holders)
         return verdict
 
@@ -266,12 +266,17 @@ class Agent:
         await self.rollout.advertise(observed, config)
         self.report.advertised = True
 
-    async def _advertise(self, observed: NodeState, config: SharingConfig | None, verdict: Verdict) -> None:
+    async def _advertise(
+        self, observed: NodeState, config: SharingConfig | None, verdict: Verdict
+    ) -> Verdict:
+        """Advertise and label; the verdict, waiting for pods that hold devices it could not offer."""
         inventory = await self.rollout.advertise(observed, config)
         self.report.advertised = True
+        verdict = held_back(verdict, self.rollout.withheld, config.name if config else "")
         await self.node_out.publish(
             observed, config, inventory, verdict, good=self._good, in_effect=self._in_effect()
         )
+        return verdict
 
     def _in_effect(self) -> dict[str, str | None]:
         return {u: c.name if c else None for u, c in self.rollout.effective.items()}

@@ -14,6 +14,12 @@ Per GPU, for every change that destroys or alters a device:
 5. advertise only what the hardware has: a GPU whose change did not happen keeps its devices under
    the names of the config last applied to it, and a GPU in MIG mode is never a whole GPU.
 Devices withdrawn but not destroyed come back with the next advertisement.
+
+A config can also change how a device is offered without touching the hardware (replicas, names).
+The kubelet tracks allocations by resource and device ID, so such a device is withdrawn and
+confirmed gone first; then a device a pod holds in a form the new one does not keep (held as `X`,
+now `X::0`...; held as `X::0`, now `X`, or under another name) stays withheld until it is free,
+and the verdict says it waits for those pods.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from sharing.cdi import build_spec, write_spec
 from sharing.change import Outcome
 from sharing.gpu.backend import GpuBackend
 from sharing.holders import Holders, read_holders
-from sharing.inventory import Health, Inventory, build_inventory, withdraw
+from sharing.inventory import Health, Inventory, build_inventory, reformed, withdraw
 from sharing.journal import Journal, JournalCorruptError
 from sharing.labels import ConfigState
 from sharing.metrics import Metrics
@@ -48,6 +54,10 @@ log = structlog.get_logger(__name__)
 
 RECENT_ALLOCATE_S = 30.0
 """How long a device counts as held after Allocate handed it out (PodResources catches up long before)."""
+LISTED_WITHIN_S = 2.0
+"""How soon after Allocate returns the kubelet lists the allocation in PodResources (it does so at once:
+it records it as Allocate returns). An Allocate older than that which PodResources does not list
+belongs to a pod that has gone."""
 CONFIRM_TIMEOUT_S = 10.0
 """How long the kubelet gets to stop offering withdrawn devices."""
 WITHDRAW_ROUNDS = 3
@@ -80,15 +90,24 @@ class Rollout:
         """The config last applied to each GPU (absent: none yet, advertised as it is)."""
         self.advertised = Inventory()
         """What the fleet was last told to advertise (health aside)."""
+        self.withheld: dict[str, tuple[str, ...]] = {}
+        """Devices held in a form the config in effect does not keep -> `namespace/pod` holding each."""
         self._seen: dict[GpuUuid, Gpu] = {}
         self.node = NodeState(())
         """The node the advertised inventory was built from (for the CDI spec)."""
 
     async def holders(self) -> Holders:
         """Who holds which device right now."""
-        holders = await read_holders(
-            self.pod_resources, lambda: self.fleet.recently_allocated(RECENT_ALLOCATE_S)
-        )
+        loop = asyncio.get_running_loop()
+        asked = loop.time()
+
+        def recent() -> frozenset[str]:
+            if self.pod_resources is None:  # no kubelet to list them: the whole window counts
+                return self.fleet.recently_allocated(RECENT_ALLOCATE_S)
+            unlisted = loop.time() - asked + LISTED_WITHIN_S
+            return self.fleet.recently_allocated(min(RECENT_ALLOCATE_S, unlisted))
+
+        holders = await read_holders(self.pod_resources, recent)
         if not holders.unknown:
             # Listed by the kubelet: PodResources tracks them from now on (and says when they are free).
             self.fleet.forget_allocated(frozenset(i for h in holders.pods for i in h.device_ids))
@@ -158,7 +177,8 @@ class Rollout:
         """Tell the fleet what the hardware has, each GPU under the config in effect on it.
 
         `config` names the node's config (allocation rules); GPUs it was not applied to keep theirs.
-        A GPU that cannot be read keeps its last known devices, advertised unhealthy.
+        A GPU that cannot be read keeps its last known devices, advertised unhealthy. A device offered
+        in a new form (replicas, names) is withdrawn first; one held in a form it loses is withheld.
         """
         self._seen.update((g.uuid, g) for g in observed.gpus)
         lost = [
@@ -174,8 +194,23 @@ class Rollout:
             inventory = _unhealthy(inventory, frozenset(g.uuid for g in lost))
         for warning in inventory.warnings:
             log.warning("inventory_warning", warning=bounded(warning))
-        self.advertised = inventory
         self.node = replace(observed, gpus=gpus)
+        changed = reformed(self.advertised, inventory)
+        unconfirmed = ""
+        if changed:
+            # Never in between: neither their old form nor (for what is still withheld) the new one.
+            unconfirmed = await self._withdraw(changed, showing=withdraw(inventory, set(self.withheld)))
+        holders = await self.holders()
+        withheld = holders.reoffered(inventory)
+        if (unconfirmed or holders.unknown) and (changed or self.withheld):
+            # Nobody can tell who holds them: what changes form (or was withheld) stays out (fail closed).
+            withheld |= changed | frozenset(self.withheld)
+            log.warning(
+                "reformed_devices_withheld", devices=len(withheld), why=unconfirmed or holders.unknown
+            )
+        self.withheld = {uuid: holders.pods_holding({uuid}) for uuid in sorted(withheld)}
+        inventory = withdraw(inventory, withheld)
+        self.advertised = inventory
         await self._publish(inventory)
         return inventory
 
@@ -214,10 +249,13 @@ class Rollout:
         """No config manages the GPUs any more: advertise each as it is."""
         self.effective.clear()
 
-    async def _withdraw(self, uuids: frozenset[str]) -> str:
-        """Stop advertising these devices and wait until the kubelet stops offering them; why not, or ""."""
+    async def _withdraw(self, uuids: frozenset[str], showing: Inventory | None = None) -> str:
+        """Stop advertising these devices and wait until the kubelet stops offering them; why not, or "".
+
+        `showing`: what to advertise meanwhile (default: what is advertised now), less these devices.
+        """
         ids = {d.id for _, devices in self.advertised.resources for d in devices if d.uuid in uuids}
-        await self._publish(withdraw(self.advertised, uuids))
+        await self._publish(withdraw(self.advertised if showing is None else showing, uuids))
         await self.fleet.sync()
         if not ids or self.pod_resources is None:
             return ""

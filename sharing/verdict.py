@@ -8,7 +8,8 @@ blocked change told that it is applied as soon as they are free.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 
 from sharing.apply import ApplyReport, GpuReport
 from sharing.change import Outcome
@@ -106,3 +107,34 @@ def _steps(g: GpuReport, most: int = 6) -> str:
 
 def _gpu_line(g: GpuReport) -> str:
     return f"GPU {g.index} ({g.product}): {g.reason or g.outcome.value}"
+
+
+def held_back(verdict: Verdict, withheld: Mapping[str, tuple[str, ...]], config: str) -> Verdict:
+    """The verdict once devices held in a form the config does not keep are withheld: the config waits
+    for the pods holding them, and is looked at again as soon as they are free."""
+    if not withheld or verdict.state is None:
+        return verdict
+    pods = sorted({p for holding in withheld.values() for p in holding})
+    who = f"held by pods {listed(pods)}" if pods else "in use"
+    wait = (
+        f"{listed(sorted(withheld))} ({who}) cannot be offered as config {config!r} says while they are"
+        " held: another pod would share what they hold"
+    )
+    blockers = verdict.blockers | frozenset(withheld)
+    if verdict.state is ConfigState.SUCCESS:
+        retry = "it is applied as soon as they are free (checked every few seconds)"
+        return Verdict(
+            ConfigState.FAILED,
+            "ConfigApplyBlocked",
+            bounded(f"config {config!r} waits: {wait}; {retry}", EVENT_LIMIT),
+            f"{config}: {sorted(blockers)}",
+            verdict.changed,
+            Retry.BLOCKED,
+            blockers,
+        )
+    return replace(
+        verdict,
+        message=bounded(f"{verdict.message}; {wait}", EVENT_LIMIT),
+        retry=Retry.BACKOFF if verdict.retry is Retry.BACKOFF else Retry.BLOCKED,
+        blockers=blockers,
+    )
