@@ -169,8 +169,8 @@ def check_strategy(report: Report, draft: DraftConfig) -> None:
     if draft.strategy is MigStrategy.NONE and any(r.instances for r in enabled):
         report.warn(
             draft.strategy_path,
-            "migStrategy none advertises MIG-enabled GPUs as whole GPUs; "
-            "the MIG instances are not advertised (use mixed or single)",
+            "migStrategy none advertises no MIG devices, and a GPU in MIG mode is never advertised as a "
+            "whole GPU: these GPUs would offer nothing (use mixed or single)",
             config=name,
         )
     if draft.strategy is MigStrategy.SINGLE:
