@@ -104,3 +104,22 @@ def test_the_agents_pod_is_ready_by_its_readiness_probe(node: NodeUnderTest) -> 
     assert 0 == pod["status"]["containerStatuses"][0]["restartCount"]  # liveness never failed
     metrics = node.kubectl("-n", NAMESPACE, "exec", f"ds/{RELEASE}", "--", "sharing", "status", "--json")
     assert json.loads(metrics)["holders"]["known"]  # the agent reads the real kubelet's PodResources
+
+
+def test_prometheus_scrapes_the_agents_through_the_metrics_service(node: NodeUnderTest) -> None:
+    node.helm.upgrade_install(lab_values({CONFIG: ALL_KINDS}, metrics={"service": {"enabled": True}}))
+    try:
+        service = node.get("service", "gpu-sharing-metrics", "-n", NAMESPACE)
+        assert [("metrics", "metrics")] == [(p["name"], p["targetPort"]) for p in service["spec"]["ports"]]
+        slices = node.get(
+            "endpointslices", "-n", NAMESPACE, "-l", "kubernetes.io/service-name=gpu-sharing-metrics"
+        )
+        (address,) = [a for s in slices["items"] for e in s.get("endpoints") or [] for a in e["addresses"]]
+        scraper = node.start_pod("nvidia.com/gpu")  # any pod on the pod network can scrape
+        node.wait_running(scraper)
+        text = node.kubectl("exec", scraper, "--", "wget", "-qO-", f"http://{address}:9402/metrics")
+        assert 'gpu_sharing_slices_advertised{resource="nvidia.com/mig-1g.5gb"} 4.0' in text
+        assert 'gpu_sharing_config_state{state="success"} 1.0' in text
+    finally:
+        node.helm.upgrade_install(lab_values({CONFIG: ALL_KINDS}))
+    assert 1 == node.node.kubectl("get", "service", "gpu-sharing-metrics", "-n", NAMESPACE).returncode
