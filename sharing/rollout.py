@@ -128,36 +128,29 @@ class Rollout:
                 return Verdict(
                     ConfigState.FAILED, "JournalCorrupt", str(err), "journal", retry=Retry.BACKOFF
                 ), observed
-            holders = await self.holders()
-            plan = plan_node(
-                observed,
-                config,
-                catalog=self.catalog,
-                busy_uuids=holders.busy_uuids(observed),
-                unfinished=unfinished,
-            )
             withdrawn: frozenset[str] = frozenset()
             started = time.monotonic()
-            for _ in range(WITHDRAW_ROUNDS):
+            for round_ in range(WITHDRAW_ROUNDS + 1):
+                if round_:  # after a withdrawal: what is there and who holds it, again
+                    observed = await self.backend.observe()
+                holders = await self.holders()
+                plan = plan_node(
+                    observed, config, catalog=self.catalog, busy_uuids=holders.busy_uuids(observed),
+                    unfinished=unfinished,
+                )  # fmt: skip
                 removed = plan.removed()
                 if removed <= withdrawn:
+                    break
+                if round_ == WITHDRAW_ROUNDS:
+                    plan = _hold(
+                        plan, "the devices in use kept changing while their withdrawal was confirmed"
+                    )
                     break
                 withdrawn |= removed
                 problem = await self._withdraw(withdrawn)
                 if problem:
                     plan = _hold(plan, problem)
                     break
-                observed = await self.backend.observe()
-                holders = await self.holders()
-                plan = plan_node(
-                    observed,
-                    config,
-                    catalog=self.catalog,
-                    busy_uuids=holders.busy_uuids(observed),
-                    unfinished=unfinished,
-                )
-            else:
-                plan = _hold(plan, "the devices in use kept changing while their withdrawal was confirmed")
             if plan.runnable:
                 await on_pending()
                 report = await execute(self.backend, self.journal, plan, config=config.name)
