@@ -1,13 +1,14 @@
 """The agent: one level-triggered reconcile loop from ConfigMaps + Node label to GPUs, plugins and labels.
 
-Triggers (Node label or ConfigMap change, GPU health event, SIGHUP, periodic resync, a retry) only
-wake the loop; bursts coalesce and every reconcile starts from fresh observations: select a config
--> roll it out safely (`sharing.rollout`) -> advertise -> labels, annotations and Events. Bad input
-leaves the node on its last good config with state `failed` and an Event that says why; the
-plugins keep serving whatever happens to the API server. A change that devices in use block is
-re-checked every few seconds (cheaply: who holds what) and applied as soon as they are free; a
-change that failed for a reason that may pass is retried with a growing delay. An agent that
-restarts while the API server is out of reach advertises the config it last applied.
+Triggers (Node label or ConfigMap change, SIGHUP, periodic resync, a retry) only wake the loop
+(GPU health goes straight to the plugins, `sharing.health`); bursts coalesce and every reconcile
+starts from fresh observations: select a config -> roll it out safely (`sharing.rollout`) ->
+advertise -> labels, annotations and Events. Bad input leaves the node on its last good config with
+state `failed` and an Event that says why; the plugins keep serving whatever happens to the API
+server. A change that devices in use block is re-checked every few seconds (cheaply: who holds
+what) and applied as soon as they are free; a change that failed for a reason that may pass is
+retried with a growing delay. An agent that restarts while the API server is out of reach
+advertises the config it last applied.
 """
 
 from __future__ import annotations
