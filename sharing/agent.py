@@ -111,6 +111,7 @@ class Agent:
                 log.error("http_not_served", error=str(err))
                 http = None
         self.report.alive = self._alive
+        await self._recall()
         self.node.start(self.trigger)
         self.sources.start(self.trigger)
         self._tasks = [
@@ -249,6 +250,7 @@ class Agent:
         else:
             config = self._good = None
             self.rollout.forget()
+            self.node_out.state = None  # no config manages the GPUs: the state label goes
             verdict = Verdict(None)
             self._selected = (None, selection.reason)
             await self.sources.remember(None)
@@ -256,15 +258,28 @@ class Agent:
         await self.drain.after(verdict, self.rollout.holders)
         return verdict
 
+    async def _recall(self) -> None:
+        """The config applied before a restart is in effect on the GPUs until another one is: it names
+        their devices if the first change fails or the config is gone (kept on disk beside the journal)."""
+        name, config = await self.sources.remembered()
+        if config is None:
+            return
+        try:
+            observed = await self.backend.observe()
+        except SharingError as err:
+            log.warning("last_good_not_recalled", error=bounded(str(err)))
+            return
+        self._good = config
+        self.rollout.effective = {g.uuid: config for g in observed.gpus}
+        log.info("last_good_recalled", config=name)
+
     async def _serve_remembered(self) -> None:
         """The API server is out of reach since start: advertise what the last applied config gives."""
-        name, config = await self.sources.remembered()
         observed = await self.backend.observe()
-        log.warning("serving_without_api", config=name, gpus=len(observed.gpus))
-        self._good = config
-        if config is not None:
-            self.rollout.effective = {g.uuid: config for g in observed.gpus}
-        await self.rollout.advertise(observed, config)
+        log.warning(
+            "serving_without_api", config=self._good.name if self._good else None, gpus=len(observed.gpus)
+        )
+        await self.rollout.advertise(observed, self._good)
         self.report.advertised = True
 
     async def _advertise(

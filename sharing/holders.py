@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from typing import Protocol
 
 from sharing.errors import SharingError
 from sharing.inventory import REPLICA_SEPARATOR, Inventory, forms
-from sharing.model import NodeState
-from sharing.serve.podresources import Holding, PodResourcesClient
+from sharing.model import Holding, NodeState
 from sharing.text import bounded
 
 
@@ -77,8 +77,16 @@ class Holders:
         )
 
 
+class HoldingsSource(Protocol):
+    """The kubelet's PodResources (sharing.serve.podresources.PodResourcesClient)."""
+
+    async def holdings(self) -> tuple[Holding, ...]:
+        """Every container of an active pod that holds devices."""
+        ...
+
+
 async def read_holders(
-    client: PodResourcesClient | None, recent: Callable[[], frozenset[str]] = frozenset
+    client: HoldingsSource | None, recent: Callable[[], frozenset[str]] = frozenset
 ) -> Holders:
     """Ask the kubelet, then the plugins; a client of None means "no kubelet on this node".
 

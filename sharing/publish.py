@@ -38,6 +38,7 @@ OUTCOMES = {
     "ConfigApplyFailed": "failed",
     "ConfigApplyBlocked": "blocked",
     "ConfigRejected": "rejected",
+    "JournalCorrupt": "failed",
 }
 
 

@@ -70,9 +70,13 @@ class Settings:
             raise ValueError(f"no device-list strategy given (choose from {valid})")
         return Injection(strategies, ids)
 
-    def describe(self) -> dict[str, str]:
-        """The settings as strings, for the start-up log line."""
-        return {f.name: str(getattr(self, f.name)) for f in fields(self)}
+    def describe(self) -> dict[str, object]:
+        """The settings as plain values (paths as text), for the start-up log line."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {
+            k: str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v
+            for k, v in values.items()
+        }
 
 
 # (field, flag, env var, help)

@@ -57,11 +57,12 @@ def verdict(config: SharingConfig, report: ApplyReport, holders: Holders, after:
     blocked = [g for g in report.gpus if g.outcome is Outcome.BLOCKED]
     lost = [f"GPU {u.index}: cannot be read ({bounded(u.error, 160)})" for u in after.unreadable]
     done = [f"GPU {g.index}: {_steps(g)}" for g in changed]
+    resumed = " (an interrupted change found in the journal was finished)" if report.resumed else ""
     if not failed and not blocked and not lost:
-        message = f"config {name!r} applied" + (
+        message = f"config {name!r} applied{resumed}" + (
             f": {summary(done, EVENT_LIMIT - 40, unit='more GPUs')}" if done else ""
         )
-        return Verdict(ConfigState.SUCCESS, "ConfigApplied", message, name, bool(changed))
+        return Verdict(ConfigState.SUCCESS, "ConfigApplied", message, name, bool(changed) or report.resumed)
     problems = [_gpu_line(g) for g in failed] + lost
     if blocked:
         pods = holders.pods_holding({b for g in blocked for b in g.blockers})
@@ -82,7 +83,8 @@ def verdict(config: SharingConfig, report: ApplyReport, holders: Holders, after:
             message + applied,
             f"{name}: " + "; ".join(problems),
             bool(changed),
-            Retry.BACKOFF if any(g.steps for g in failed) or lost else Retry.NONE,
+            # A step that failed may pass next time; a layout that cannot be placed will not.
+            Retry.BACKOFF if any(g.steps or g.failed_step for g in failed) or lost else Retry.NONE,
         )
     retry = "it is applied as soon as they are free (checked every few seconds)"
     message = f"config {name!r} waits: " + summary(problems, EVENT_LIMIT - 100 - len(applied)) + f"; {retry}"

@@ -154,6 +154,14 @@ def check_rename(report: Report, name: str, strategy: MigStrategy, rule: DraftRu
             report.error(
                 path, f"{new} is a name the agent advertises itself; choose another name", config=name
             )
+        kind = next((p for p in rule.instances if resource_of(p) == resource), "gpu")
+        if rule.replicas.get(kind, (rule.replicas_default, ""))[0] <= 1:
+            report.warn(
+                path,
+                f"only time-sliced replicas are renamed, and this rule gives {resource} 1 replica: "
+                "nothing is renamed (add replicas)",
+                config=name,
+            )
 
 
 def _shares_node(a: Selector, b: Selector) -> bool:

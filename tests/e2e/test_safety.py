@@ -284,3 +284,26 @@ def test_a_pod_gone_before_the_agent_saw_it_does_not_block_a_change(gpu_node: Gp
     gpu_node.kubelet.wait_resources(capacity("nvidia.com/mig-1g.5gb", 14), timeout=15)
     gpu_node.wait_labels(state_is("success"), timeout=5)
     assert not set(held) & gpu_node.export_mig_uuids()
+
+
+def test_a_restart_with_a_missing_config_keeps_the_last_good_one(gpu_node: GpuNode) -> None:
+    """The config last applied names the devices after a restart, even if the label names nothing."""
+    gpu_node.label(DEMO)
+    gpu_node.kubelet.wait_resources(mig_and_shared, timeout=60)
+    gpu_node.wait_labels(state_is("success"))
+    gpu_node.agent.stop()
+    gpu_node.label("no-such-config")
+    gpu_node.start_agent()
+    gpu_node.wait_labels(state_is("failed"))
+    gpu_node.wait_event("ConfigRejected")
+    # Still four H100 replicas each and the A100s' slices: what the last good config gives.
+    assert mig_and_shared(gpu_node.kubelet.wait_resources(mig_and_shared, timeout=30)["resources"])
+    notes = gpu_node.node()["metadata"]["annotations"]
+    assert DEMO == notes["nvidia.com/gpu-sharing.config"]
+
+
+def test_no_config_at_all_clears_the_state_label(gpu_node: GpuNode) -> None:
+    gpu_node.label("no-such-config")
+    gpu_node.wait_labels(state_is("failed"))
+    gpu_node.kubectl("label", "node", gpu_node.name, "nvidia.com/device-plugin.config-")
+    gpu_node.wait_labels(lambda labels: STATE not in labels)

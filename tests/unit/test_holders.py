@@ -7,8 +7,7 @@ import pytest
 from sharing.holders import Holders
 from sharing.inventory import Device, DeviceId, Health, Inventory, inventory_from, reformed
 from sharing.labels import ConfigState
-from sharing.model import GpuUuid, MigUuid
-from sharing.serve.podresources import Holding
+from sharing.model import GpuUuid, Holding, MigUuid
 from sharing.verdict import Retry, Verdict, held_back
 
 GPU = "nvidia.com/gpu"

@@ -7,8 +7,7 @@ import pytest
 from sharing.apply import ApplyReport, GpuReport
 from sharing.change import Outcome, Step, StepKind
 from sharing.holders import Holders
-from sharing.model import GpuUuid, NodeState, UnreadableGpu
-from sharing.serve.podresources import Holding
+from sharing.model import GpuUuid, Holding, NodeState, UnreadableGpu
 from sharing.spec import SharingConfig
 from sharing.text import summary
 from sharing.verdict import EVENT_LIMIT, Retry, verdict
@@ -68,6 +67,24 @@ def test_a_blocked_change_names_its_gpu_once_and_the_pods_and_says_it_will_retry
             id="a-step-failed",
         ),
         pytest.param(
+            ApplyReport(
+                (
+                    GpuReport(
+                        0,
+                        GpuUuid("GPU-0"),
+                        A100,
+                        Outcome.FAILED,
+                        (),
+                        "enable MIG: NVML error",
+                        failed_step=Step(StepKind.ENABLE_MIG),
+                    ),
+                )
+            ),
+            NodeState(()),
+            Retry.BACKOFF,
+            id="the-first-step-failed",
+        ),
+        pytest.param(
             ApplyReport(()),
             NodeState((), (UnreadableGpu(3, GpuUuid("GPU-3"), "GPU is lost"),)),
             Retry.BACKOFF,
@@ -78,6 +95,14 @@ def test_a_blocked_change_names_its_gpu_once_and_the_pods_and_says_it_will_retry
 def test_failures_retry_only_when_it_can_help(report: ApplyReport, after: NodeState, retry: Retry) -> None:
     result = verdict(CONFIG, report, Holders(), after)
     assert ("ConfigApplyFailed", retry) == (result.reason, result.retry)
+
+
+def test_a_finished_interrupted_change_is_news() -> None:
+    result = verdict(
+        CONFIG, ApplyReport((gpu(0, Outcome.UNCHANGED),), resumed=True), Holders(), NodeState(())
+    )
+    assert ("ConfigApplied", True) == (result.reason, result.changed)
+    assert "an interrupted change found in the journal was finished" in result.message
 
 
 def test_summary_keeps_whole_parts_and_counts_the_rest() -> None:
