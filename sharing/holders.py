@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from typing import Protocol
 
 from sharing.errors import SharingError
-from sharing.inventory import REPLICA_SEPARATOR
-from sharing.model import NodeState
-from sharing.serve.podresources import Holding, PodResourcesClient
+from sharing.inventory import REPLICA_SEPARATOR, Inventory, forms
+from sharing.model import Holding, NodeState
 from sharing.text import bounded
 
 
@@ -37,6 +37,32 @@ class Holders:
         ids = {i for h in self.pods for i in h.device_ids} | self.recent
         return frozenset(_device(i) for i in ids)
 
+    def reoffered(self, inventory: Inventory) -> frozenset[str]:
+        """UUIDs of held devices that `inventory` offers in a form the kubelet does not know is taken.
+
+        A device held as `X` may be offered only as `X` under the same resource; one held as replica
+        `X::n` only as replicas that still include `X::n` under that resource (more replicas add
+        time-slicing, as the config asks). Anything else lets the kubelet give a second pod what the
+        first one holds: `X::0` beside a pod that holds `X` for itself, `X` beside its replicas, or
+        `X::n` again under a new name. A device offered in no form is not reoffered.
+        """
+        offered = forms(inventory)
+        held = [(h.resource, i) for h in self.pods for i in h.device_ids] + [(None, i) for i in self.recent]
+        found = set()
+        for resource, device_id in held:
+            uuid = _device(device_id)
+            entries = offered.get(uuid)
+            if not entries:
+                continue
+            same = {i for name, i in entries if resource is None or name == resource}
+            if REPLICA_SEPARATOR in device_id:
+                ok = device_id in same and all(REPLICA_SEPARATOR in i for _, i in entries)
+            else:
+                ok = same == {device_id} == {i for _, i in entries} and len(entries) == 1
+            if not ok:
+                found.add(uuid)
+        return frozenset(found)
+
     def pods_holding(self, uuids: Collection[str]) -> tuple[str, ...]:
         """`namespace/pod` of every pod holding one of these devices (or one of their replicas)."""
         wanted = frozenset(uuids)
@@ -51,8 +77,16 @@ class Holders:
         )
 
 
+class HoldingsSource(Protocol):
+    """The kubelet's PodResources (sharing.serve.podresources.PodResourcesClient)."""
+
+    async def holdings(self) -> tuple[Holding, ...]:
+        """Every container of an active pod that holds devices."""
+        ...
+
+
 async def read_holders(
-    client: PodResourcesClient | None, recent: Callable[[], frozenset[str]] = frozenset
+    client: HoldingsSource | None, recent: Callable[[], frozenset[str]] = frozenset
 ) -> Holders:
     """Ask the kubelet, then the plugins; a client of None means "no kubelet on this node".
 

@@ -181,6 +181,25 @@ def withdraw(inventory: Inventory, uuids: Collection[str]) -> Inventory:
     return replace(inventory, resources=resources)
 
 
+def forms(inventory: Inventory) -> dict[str, frozenset[tuple[ResourceName, DeviceId]]]:
+    """{device UUID: every (resource, device ID) it is offered as}: how the kubelet sees each device."""
+    found: dict[str, set[tuple[ResourceName, DeviceId]]] = {}
+    for name, devices in inventory.resources:
+        for d in devices:
+            found.setdefault(d.uuid, set()).add((name, d.id))
+    return {uuid: frozenset(entries) for uuid, entries in found.items()}
+
+
+def reformed(before: Inventory, after: Inventory) -> frozenset[str]:
+    """UUIDs of the devices both offer, `after` under other IDs or names (replicas or renames changed).
+
+    The kubelet tracks allocations by resource and ID: it must stop offering the old form before the
+    new one appears, or a pod admitted in between holds an ID the agent no longer knows about.
+    """
+    old, new = forms(before), forms(after)
+    return frozenset(uuid for uuid in old.keys() & new.keys() if old[uuid] != new[uuid])
+
+
 def _strategy(config: SharingConfig | None) -> MigStrategy:
     return config.mig_strategy if config is not None else MigStrategy.MIXED
 

@@ -26,6 +26,7 @@ from typing import Any, TextIO
 
 from sharing.change import Target
 from sharing.errors import SharingError
+from sharing.files import read_capped, set_aside
 from sharing.model import GpuUuid
 from sharing.text import bounded
 
@@ -68,11 +69,6 @@ class Journal:
         """The lock file the agent and `sharing apply` share."""
         return self.path.with_name(self.path.name + ".lock")
 
-    @property
-    def corrupt_path(self) -> Path:
-        """Where a corrupt journal is moved, for a person to look at."""
-        return self.path.with_name(self.path.name + ".corrupt")
-
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
         """Hold the journal's lock for a run; JournalLockedError names the holder when it is taken."""
@@ -106,27 +102,18 @@ class Journal:
         Raises JournalCorruptError (after moving the file aside) when it is not a journal.
         """
         try:
-            with open(self.path, "rb") as src:
-                raw = src.read(MAX_BYTES + 1)
-        except FileNotFoundError:
-            return None
+            raw = read_capped(self.path, MAX_BYTES)
         except OSError as err:
             raise JournalError(f"cannot read the apply journal {self.path}: {err.strerror}") from err
+        if raw is None:
+            return None
         try:
             return _parse(raw)
         except _Corrupt as err:
-            raise self._set_aside(str(err)) from None
-
-    def _set_aside(self, why: str) -> JournalCorruptError:
-        try:
-            os.replace(self.path, self.corrupt_path)
-            where = f"moved to {self.corrupt_path}"
-        except OSError as err:
-            where = f"could not be moved aside ({err.strerror}); remove it by hand"
-        return JournalCorruptError(
-            f"the apply journal {self.path} is corrupt ({why}) and was {where}; no interrupted change "
-            "was resumed: GPUs are planned from what they really are"
-        )
+            raise JournalCorruptError(
+                f"the apply journal {self.path} is corrupt ({err}) and was {set_aside(self.path)}; no "
+                "interrupted change was resumed: GPUs are planned from what they really are"
+            ) from None
 
     def begin(self, targets: dict[GpuUuid, Target]) -> None:
         """Start a run (replacing any crashed one, whose targets the caller has folded in)."""

@@ -1,4 +1,4 @@
-"""The Kubernetes API, behind one small Protocol: the only module that imports `kubernetes`.
+"""The Kubernetes API, behind one small Protocol: the agent's one door to the API server.
 
 The agent needs little: its own Node (labels, watched), one ConfigMap (watched), label patches and
 Events on the Node. The calls block, so callers run these methods in threads (`sharing.watch`
@@ -35,6 +35,7 @@ class NodeObject:
     resource_version: str
     labels: Mapping[str, str] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
+    unschedulable: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +81,10 @@ class KubeClient(Protocol):
     ) -> NodeObject: ...
 
     def create_node_event(self, node: NodeObject, kind: str, reason: str, message: str) -> None: ...
+
+    def set_unschedulable(self, name: str, unschedulable: bool) -> NodeObject: ...
+
+    def evict(self, namespace: str, pod: str) -> bool: ...
 
 
 class ApiClient:
@@ -157,6 +162,29 @@ class ApiClient:
         }
         self._json(f"create event {reason}", "POST", "/api/v1/namespaces/default/events", body=event)
 
+    def set_unschedulable(self, name: str, unschedulable: bool) -> NodeObject:
+        """Cordon (True) or uncordon (False) the Node, as `kubectl cordon` does (drain mode only)."""
+        body = {"spec": {"unschedulable": unschedulable or None}}
+        path = f"/api/v1/nodes/{quote(name)}"
+        what = f"{'cordon' if unschedulable else 'uncordon'} node {name}"
+        return _node(self._json(what, "PATCH", path, body=body, content_type="application/merge-patch+json"))
+
+    def evict(self, namespace: str, pod: str) -> bool:
+        """Ask the Eviction API to evict a pod; False when a PodDisruptionBudget refuses it (HTTP 429)."""
+        path = f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(pod)}/eviction"
+        body = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": pod, "namespace": namespace},
+        }
+        try:
+            self._json(f"evict pod {namespace}/{pod}", "POST", path, body=body)
+        except NotFoundError:
+            return True  # already gone
+        except RefusedByBudgetError:
+            return False
+        return True
+
     def _json(
         self,
         what: str,
@@ -226,6 +254,10 @@ class NotFoundError(KubeError):
     """HTTP 404."""
 
 
+class RefusedByBudgetError(KubeError):
+    """HTTP 429 from the Eviction API: a PodDisruptionBudget does not allow it now."""
+
+
 class WatchBrokenError(KubeError):
     """A watch stream broke after it started: resume from the last resource version seen."""
 
@@ -238,6 +270,8 @@ def _status_error(what: str, status: int, reason: str, body: Any) -> KubeError:
     text = f"{what}: HTTP {status} {bounded(str(reason), 80)}" + (
         f": {bounded(str(message))}" if message else ""
     )
+    if status == 429:
+        return RefusedByBudgetError(text)
     if status == 410:
         return GoneError(text)
     if status == 404:
@@ -255,6 +289,7 @@ def _node(obj: Mapping[str, Any]) -> NodeObject:
         meta.get("resourceVersion", ""),
         dict(meta.get("labels") or {}),
         dict(meta.get("annotations") or {}),
+        bool((obj.get("spec") or {}).get("unschedulable")),
     )
 
 

@@ -21,6 +21,7 @@ def configure(log_format: str = "auto", level: int = logging.INFO) -> None:
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
+            _drop_none,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
@@ -40,3 +41,8 @@ class _Stderr:
 
     def flush(self) -> None:
         sys.stderr.flush()
+
+
+def _drop_none(logger: object, method: str, event: structlog.typing.EventDict) -> structlog.typing.EventDict:
+    """A key whose value is None says nothing: leave it out of the line."""
+    return {k: v for k, v in event.items() if v is not None}

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sharing.files import read_capped, set_aside
 from sharing.text import bounded
 
 MAX_BYTES = 4 << 20
@@ -63,22 +64,17 @@ class LastGood:
     def load(self) -> Remembered | None:
         """What was saved, None when nothing was; LastGoodError says why it cannot be used."""
         try:
-            with open(self.path, "rb") as src:
-                raw = src.read(MAX_BYTES + 1)
-        except FileNotFoundError:
-            return None
+            raw = read_capped(self.path, MAX_BYTES)
         except OSError as err:
             raise LastGoodError(f"cannot read {self.path}: {err.strerror}") from err
+        if raw is None:
+            return None
         try:
             return _parse(raw)
         except (ValueError, TypeError) as err:
-            try:
-                os.replace(self.path, self.path.with_name(self.path.name + ".corrupt"))
-                moved = "moved aside"
-            except OSError:
-                moved = "could not be moved aside"
+            why = bounded(str(err), 120)
             raise LastGoodError(
-                f"{self.path} is not a last-good file ({bounded(str(err), 120)}); {moved}"
+                f"{self.path} is not a last-good file ({why}); {set_aside(self.path)}"
             ) from None
 
 

@@ -48,7 +48,7 @@ class Metrics:
         )
         self.changes = Counter(
             PREFIX + "config_changes",
-            "Outcomes of reconciles that had something to do: applied, failed, blocked, rejected.",
+            "Outcomes of reconciles that had something to say: applied, failed, blocked, rejected.",
             ["outcome"],
             registry=self.registry,
         )

@@ -167,3 +167,14 @@ def identity(gpu: Gpu, catalog: Catalog) -> GpuIdentity:
         pci_subsystem_id=gpu.pci_subsystem_id,
         uuid=gpu.uuid,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Holding:
+    """One container's devices of one resource, as the kubelet's PodResources lists them."""
+
+    namespace: str
+    pod: str
+    container: str
+    resource: str
+    device_ids: frozenset[str]

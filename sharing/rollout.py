@@ -14,27 +14,32 @@ Per GPU, for every change that destroys or alters a device:
 5. advertise only what the hardware has: a GPU whose change did not happen keeps its devices under
    the names of the config last applied to it, and a GPU in MIG mode is never a whole GPU.
 Devices withdrawn but not destroyed come back with the next advertisement.
+
+A config can also change how a device is offered without touching the hardware (replicas, names).
+The kubelet tracks allocations by resource and device ID, so such a device is withdrawn and
+confirmed gone first; then a device a pod holds in a form the new one does not keep (held as `X`,
+now `X::0`...; held as `X::0`, now `X`, or under another name) stays withheld until it is free,
+and the verdict says it waits for those pods.
 """
 
 from __future__ import annotations
 
 import asyncio
-import enum
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import structlog
 
 from sharing.allocation import ENVVAR_BY_UUID, Injection
-from sharing.apply import ApplyReport, GpuReport, NodePlan, execute, plan_node
+from sharing.apply import ApplyReport, NodePlan, execute, plan_node
 from sharing.catalog import Catalog
 from sharing.cdi import build_spec, write_spec
 from sharing.change import Outcome
 from sharing.gpu.backend import GpuBackend
 from sharing.holders import Holders, read_holders
-from sharing.inventory import Health, Inventory, build_inventory, withdraw
+from sharing.inventory import Health, Inventory, build_inventory, reformed, withdraw
 from sharing.journal import Journal, JournalCorruptError
 from sharing.labels import ConfigState
 from sharing.metrics import Metrics
@@ -42,43 +47,20 @@ from sharing.model import Gpu, GpuUuid, NodeState
 from sharing.serve.fleet import Fleet
 from sharing.serve.podresources import PodResourcesClient
 from sharing.spec import SharingConfig
-from sharing.text import bounded, listed, summary
+from sharing.text import bounded, listed
+from sharing.verdict import Retry, Verdict, verdict
 
 log = structlog.get_logger(__name__)
 
 RECENT_ALLOCATE_S = 30.0
 """How long a device counts as held after Allocate handed it out (PodResources catches up long before)."""
+LISTED_WITHIN_S = 2.0
+"""How soon after Allocate returns the kubelet lists the allocation in PodResources (it does so at once:
+it records it as Allocate returns). An Allocate older than that which PodResources does not list
+belongs to a pod that has gone."""
 CONFIRM_TIMEOUT_S = 10.0
 """How long the kubelet gets to stop offering withdrawn devices."""
 WITHDRAW_ROUNDS = 3
-EVENT_LIMIT = 1000
-
-
-class Retry(enum.Enum):
-    """When the agent should try again without new input."""
-
-    NONE = "none"
-    """Only when the input changes (or at the periodic resync)."""
-    BACKOFF = "backoff"
-    """Something failed that may pass: again after a growing delay."""
-    BLOCKED = "blocked"
-    """Devices in use stand in the way: re-check cheaply and apply as soon as they are free."""
-
-
-@dataclass(frozen=True, slots=True)
-class Verdict:
-    """What one reconcile concluded, for the state label, the Event and the retry."""
-
-    state: ConfigState | None
-    reason: str = ""
-    message: str = ""
-    subject: str = ""
-    """What the Event is about: the same reason and subject again is not news (no second Event)."""
-    changed: bool = False
-    """Hardware was changed: always news."""
-    retry: Retry = Retry.NONE
-    blockers: frozenset[str] = frozenset()
-    """Devices whose release should trigger a new attempt (Retry.BLOCKED)."""
 
 
 class Rollout:
@@ -108,15 +90,24 @@ class Rollout:
         """The config last applied to each GPU (absent: none yet, advertised as it is)."""
         self.advertised = Inventory()
         """What the fleet was last told to advertise (health aside)."""
+        self.withheld: dict[str, tuple[str, ...]] = {}
+        """Devices held in a form the config in effect does not keep -> `namespace/pod` holding each."""
         self._seen: dict[GpuUuid, Gpu] = {}
         self.node = NodeState(())
         """The node the advertised inventory was built from (for the CDI spec)."""
 
     async def holders(self) -> Holders:
         """Who holds which device right now."""
-        holders = await read_holders(
-            self.pod_resources, lambda: self.fleet.recently_allocated(RECENT_ALLOCATE_S)
-        )
+        loop = asyncio.get_running_loop()
+        asked = loop.time()
+
+        def recent() -> frozenset[str]:
+            if self.pod_resources is None:  # no kubelet to list them: the whole window counts
+                return self.fleet.recently_allocated(RECENT_ALLOCATE_S)
+            unlisted = loop.time() - asked + LISTED_WITHIN_S
+            return self.fleet.recently_allocated(min(RECENT_ALLOCATE_S, unlisted))
+
+        holders = await read_holders(self.pod_resources, recent)
         if not holders.unknown:
             # Listed by the kubelet: PodResources tracks them from now on (and says when they are free).
             self.fleet.forget_allocated(frozenset(i for h in holders.pods for i in h.device_ids))
@@ -137,36 +128,29 @@ class Rollout:
                 return Verdict(
                     ConfigState.FAILED, "JournalCorrupt", str(err), "journal", retry=Retry.BACKOFF
                 ), observed
-            holders = await self.holders()
-            plan = plan_node(
-                observed,
-                config,
-                catalog=self.catalog,
-                busy_uuids=holders.busy_uuids(observed),
-                unfinished=unfinished,
-            )
             withdrawn: frozenset[str] = frozenset()
             started = time.monotonic()
-            for _ in range(WITHDRAW_ROUNDS):
+            for round_ in range(WITHDRAW_ROUNDS + 1):
+                if round_:  # after a withdrawal: what is there and who holds it, again
+                    observed = await self.backend.observe()
+                holders = await self.holders()
+                plan = plan_node(
+                    observed, config, catalog=self.catalog, busy_uuids=holders.busy_uuids(observed),
+                    unfinished=unfinished,
+                )  # fmt: skip
                 removed = plan.removed()
                 if removed <= withdrawn:
+                    break
+                if round_ == WITHDRAW_ROUNDS:
+                    plan = _hold(
+                        plan, "the devices in use kept changing while their withdrawal was confirmed"
+                    )
                     break
                 withdrawn |= removed
                 problem = await self._withdraw(withdrawn)
                 if problem:
                     plan = _hold(plan, problem)
                     break
-                observed = await self.backend.observe()
-                holders = await self.holders()
-                plan = plan_node(
-                    observed,
-                    config,
-                    catalog=self.catalog,
-                    busy_uuids=holders.busy_uuids(observed),
-                    unfinished=unfinished,
-                )
-            else:
-                plan = _hold(plan, "the devices in use kept changing while their withdrawal was confirmed")
             if plan.runnable:
                 await on_pending()
                 report = await execute(self.backend, self.journal, plan, config=config.name)
@@ -180,13 +164,14 @@ class Rollout:
             if gpu.steps and after.gpu(gpu.uuid) is None:
                 # Changed, then unreadable: what it had before is no longer known to exist.
                 self._seen.pop(gpu.uuid, None)
-        return _verdict(config, report, holders, after), after
+        return verdict(config, report, holders, after), after
 
     async def advertise(self, observed: NodeState, config: SharingConfig | None) -> Inventory:
         """Tell the fleet what the hardware has, each GPU under the config in effect on it.
 
         `config` names the node's config (allocation rules); GPUs it was not applied to keep theirs.
-        A GPU that cannot be read keeps its last known devices, advertised unhealthy.
+        A GPU that cannot be read keeps its last known devices, advertised unhealthy. A device offered
+        in a new form (replicas, names) is withdrawn first; one held in a form it loses is withheld.
         """
         self._seen.update((g.uuid, g) for g in observed.gpus)
         lost = [
@@ -202,8 +187,23 @@ class Rollout:
             inventory = _unhealthy(inventory, frozenset(g.uuid for g in lost))
         for warning in inventory.warnings:
             log.warning("inventory_warning", warning=bounded(warning))
-        self.advertised = inventory
         self.node = replace(observed, gpus=gpus)
+        changed = reformed(self.advertised, inventory)
+        unconfirmed = ""
+        if changed:
+            # Never in between: neither their old form nor (for what is still withheld) the new one.
+            unconfirmed = await self._withdraw(changed, showing=withdraw(inventory, set(self.withheld)))
+        holders = await self.holders()
+        withheld = holders.reoffered(inventory)
+        if (unconfirmed or holders.unknown) and (changed or self.withheld):
+            # Nobody can tell who holds them: what changes form (or was withheld) stays out (fail closed).
+            withheld |= changed | frozenset(self.withheld)
+            log.warning(
+                "reformed_devices_withheld", devices=len(withheld), why=unconfirmed or holders.unknown
+            )
+        self.withheld = {uuid: holders.pods_holding({uuid}) for uuid in sorted(withheld)}
+        inventory = withdraw(inventory, withheld)
+        self.advertised = inventory
         await self._publish(inventory)
         return inventory
 
@@ -242,10 +242,13 @@ class Rollout:
         """No config manages the GPUs any more: advertise each as it is."""
         self.effective.clear()
 
-    async def _withdraw(self, uuids: frozenset[str]) -> str:
-        """Stop advertising these devices and wait until the kubelet stops offering them; why not, or ""."""
+    async def _withdraw(self, uuids: frozenset[str], showing: Inventory | None = None) -> str:
+        """Stop advertising these devices and wait until the kubelet stops offering them; why not, or "".
+
+        `showing`: what to advertise meanwhile (default: what is advertised now), less these devices.
+        """
         ids = {d.id for _, devices in self.advertised.resources for d in devices if d.uuid in uuids}
-        await self._publish(withdraw(self.advertised, uuids))
+        await self._publish(withdraw(self.advertised if showing is None else showing, uuids))
         await self.fleet.sync()
         if not ids or self.pod_resources is None:
             return ""
@@ -286,55 +289,3 @@ def _unhealthy(inventory: Inventory, gpus: frozenset[GpuUuid]) -> Inventory:
         for name, devices in inventory.resources
     )
     return replace(inventory, resources=resources)
-
-
-def _verdict(config: SharingConfig, report: ApplyReport, holders: Holders, after: NodeState) -> Verdict:
-    name = config.name
-    changed = [g for g in report.gpus if g.outcome is Outcome.APPLIED and g.steps]
-    failed = [g for g in report.gpus if g.outcome in (Outcome.FAILED, Outcome.RESET_REQUIRED)]
-    blocked = [g for g in report.gpus if g.outcome is Outcome.BLOCKED]
-    lost = [f"GPU {u.index}: cannot be read ({bounded(u.error, 160)})" for u in after.unreadable]
-    done = [f"GPU {g.index}: {', '.join(map(str, g.steps))}" for g in changed]
-    if not failed and not blocked and not lost:
-        message = f"config {name!r} applied" + (
-            f": {summary(done, EVENT_LIMIT - 40, unit='more GPUs')}" if done else ""
-        )
-        return Verdict(ConfigState.SUCCESS, "ConfigApplied", message, name, bool(changed))
-    problems = [_gpu_line(g) for g in failed] + lost
-    if blocked:
-        pods = holders.pods_holding({b for g in blocked for b in g.blockers})
-        who = f"held by pods {listed(pods)}" if pods else "in use"
-        if holders.unknown:
-            who = (
-                f"in use as far as can be told (the kubelet's PodResources cannot be read: {holders.unknown})"
-            )
-        problems += [f"{_gpu_line(g)} ({who})" for g in blocked]
-    applied = f"; applied on {', '.join(f'GPU {g.index}' for g in changed)}" if changed else ""
-    if failed or lost:
-        message = f"config {name!r} could not be applied: " + summary(
-            problems, EVENT_LIMIT - 80 - len(applied)
-        )
-        return Verdict(
-            ConfigState.FAILED,
-            "ConfigApplyFailed",
-            message + applied,
-            f"{name}: " + "; ".join(problems),
-            bool(changed),
-            Retry.BACKOFF if any(g.steps for g in failed) or lost else Retry.NONE,
-        )
-    retry = "it is applied as soon as they are free (checked every few seconds)"
-    message = f"config {name!r} waits: " + summary(problems, EVENT_LIMIT - 100 - len(applied)) + f"; {retry}"
-    blockers = frozenset(b for g in blocked for b in g.blockers)
-    return Verdict(
-        ConfigState.FAILED,
-        "ConfigApplyBlocked",
-        message + applied,
-        f"{name}: {sorted(blockers)}",
-        bool(changed),
-        Retry.BLOCKED,
-        blockers,
-    )
-
-
-def _gpu_line(g: GpuReport) -> str:
-    return f"GPU {g.index} ({g.product}): {g.reason or g.outcome.value}"

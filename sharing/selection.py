@@ -48,13 +48,18 @@ Selection = Selected | Unmanaged | Failed
 
 
 def select_config(
-    labels: Mapping[str, str], configs: ConfigSet, *, label: str = CONFIG_LABEL, default: str = DEFAULT_CONFIG
+    labels: Mapping[str, str],
+    configs: ConfigSet,
+    *,
+    label: str = CONFIG_LABEL,
+    fallback: str = MIG_CONFIG_LABEL,
+    default: str = DEFAULT_CONFIG,
 ) -> Selection:
     """The config for a node with these labels; an empty label value counts as absent.
 
     Without a label, the config named `default` applies (NVIDIA's `config.default`), if there is one.
     """
-    for key in dict.fromkeys((label, MIG_CONFIG_LABEL)):
+    for key in dict.fromkeys((label, fallback)):
         name = labels.get(key, "")
         if name:
             return _lookup(name, configs, f"label {key}={name}")

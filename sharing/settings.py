@@ -41,6 +41,8 @@ class Settings:
     """None: in-cluster service account."""
     resync_seconds: float = 300.0
     blocked_recheck_seconds: float = 3.0
+    drain: bool = False
+    """Cordon the Node and evict the pods that block a change (Eviction API), then uncordon."""
     watch_timeout_seconds: int = 300
     ignored_xids: tuple[int, ...] = (13, 31, 43, 45, 68, 109)
     allocation_policy: str = "distributed"
@@ -68,9 +70,13 @@ class Settings:
             raise ValueError(f"no device-list strategy given (choose from {valid})")
         return Injection(strategies, ids)
 
-    def describe(self) -> dict[str, str]:
-        """The settings as strings, for the start-up log line."""
-        return {f.name: str(getattr(self, f.name)) for f in fields(self)}
+    def describe(self) -> dict[str, object]:
+        """The settings as plain values (paths as text), for the start-up log line."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {
+            k: str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v
+            for k, v in values.items()
+        }
 
 
 # (field, flag, env var, help)
@@ -116,6 +122,12 @@ _OPTIONS: tuple[tuple[str, str, str, str], ...] = (
         "SHARING_BLOCKED_RECHECK_SECONDS",
         "while devices in use block a change, look this often whether they are free",
     ),
+    (
+        "drain",
+        "--drain",
+        "SHARING_DRAIN",
+        "evict the pods that block a change, cordoning the node meanwhile (true/false)",
+    ),
     ("watch_timeout_seconds", "--watch-timeout-seconds", "SHARING_WATCH_TIMEOUT_SECONDS", "watch renewal"),
     ("ignored_xids", "--ignored-xids", "SHARING_IGNORED_XIDS", "XIDs that do not make a GPU unhealthy"),
     (
@@ -144,9 +156,23 @@ _EMPTY_ALLOWED = frozenset({"presets_configmap", "default_config"})
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add one flag per setting; unset flags fall back to the environment, then the default."""
     for name, flag, env, help_text in _OPTIONS:
+        default = Settings.__dataclass_fields__[name].default
+        shown = "required" if name == "node_name" else _shown(default)
         parser.add_argument(
-            flag, dest=name, default=None, metavar=name.split("_")[-1].upper(), help=f"{help_text} [{env}]"
+            flag,
+            dest=name,
+            default=None,
+            metavar=name.split("_")[-1].upper(),
+            help=f"{help_text} [{env}; {shown}]",
         )
+
+
+def _shown(default: object) -> str:
+    if default is None:
+        return "default: none"
+    if isinstance(default, tuple):
+        return "default: " + ",".join(map(str, default))
+    return f"default: {default!r}" if default == "" else f"default: {default}"
 
 
 def from_args(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> Settings:

@@ -83,7 +83,11 @@ class ConfigSources:
         )
         key = (tuple((m.resource_version, m.data is None) if m else None for m in maps), hardware)
         if self._parsed is None or self._parsed[0] != key:
-            self._parsed = (key, await asyncio.to_thread(self._parse, self._texts(), observed.gpus))
+            configs = await asyncio.to_thread(self._parse, self._texts(), observed.gpus)
+            if configs.warnings:  # said once per change of the ConfigMaps (or of the GPUs)
+                shown = [bounded(str(w), 200) for w in configs.warnings[:5]]
+                log.warning("config_warnings", count=len(configs.warnings), first=shown)
+            self._parsed = (key, configs)
         return self._parsed[1]
 
     async def remember(self, name: str | None) -> None:

@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sharing.inventory import REPLICA_SEPARATOR, Device, Inventory
-from sharing.model import Gpu, NodeState
-from sharing.serve.podresources import Holding
+from sharing.model import Gpu, Holding, NodeState
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -82,34 +81,15 @@ class Helm:
         return dict(json.loads(done.stdout)) if done.returncode == 0 else {}
 
 
-def agent_flags() -> str:
-    """``sharing agent --help`` of this checkout: which settings the agent knows."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run(
-        [sys.executable, "-m", "sharing", "agent", "--help"],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=False,
-    )
-    return done.stdout
-
-
 def lab_values(configs: Mapping[str, str] | None = None, **overrides: Any) -> dict[str, Any]:
     """Values for the lab: the local image, simulated GPUs, and the user's ``configs`` (name: YAML)."""
-    flags = agent_flags()
     repository, _, tag = agent_image().rpartition(":")
     user = dict(configs or {})
-    if "--presets-configmap" not in flags:
-        # This agent reads one ConfigMap only: put the presets there, under their own names.
-        presets = {p.stem: p.read_text() for p in sorted((REPO / "profiles").glob("*.yaml"))}
-        user = {**presets, **user}
     values: dict[str, Any] = {
         "image": {"repository": repository.removeprefix("docker.io/library/"), "tag": tag},
         "backend": "sim",
         "sim": {"gpus": SIM_GPUS},
         "logFormat": "console",
-        "probes": {"enabled": "--http-port" in flags},
         "config": {"create": True, "map": user},
     }
     return {**values, **overrides}

@@ -5,7 +5,7 @@ is made from, so an unchanged input is never rebuilt and a changed one always is
 the tarballs into its containerd; pods find them by name and never pull (``IfNotPresent``).
 
 - ``registry.k8s.io/pause:3.10``: the static Go pause binary alone (containerd's sandbox image).
-- ``localhost/toolbox:1``: busybox-static with ``sh env cat ls sleep grep`` for test pods.
+- ``localhost/toolbox:1``: busybox-static with ``sh env cat ls sleep grep head stat wget`` for test pods.
 - ``docker.io/library/gpu-sharing:<version>``: ``deploy/Dockerfile`` unmodified, built by buildah
   ``--from`` a Debian base made with mmdebstrap (python3 + pip): ``python:3.11-slim`` cannot be pulled
   here. pip inside the build sees this machine's TLS interception, so the host CA bundle is mounted
@@ -32,7 +32,7 @@ from lab.paths import REPO, cache_dir
 
 PAUSE = "registry.k8s.io/pause:3.10"
 TOOLBOX = "localhost/toolbox:1"
-TOOLBOX_APPLETS = ("sh", "env", "cat", "ls", "sleep", "grep", "head", "stat")
+TOOLBOX_APPLETS = ("sh", "env", "cat", "ls", "sleep", "grep", "head", "stat", "wget")
 BASE_PACKAGES = "python3,python3-pip,ca-certificates"
 HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
 # What deploy/Dockerfile copies into the image, relative to the repository root.

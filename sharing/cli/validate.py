@@ -30,8 +30,9 @@ def register(commands: Subparsers) -> None:
     )
     parser.add_argument("file", metavar="FILE", help="the file to check, or - for stdin")
     parser.add_argument("--gpu", action="append", default=[], metavar="GPU",
-                        help="a GPU of the node, by catalog name, NVML name or PCI id (0x2335; repeatable): "
-                        "check layouts on it and apply mig-parted files as on that node")  # fmt: skip
+                        help="a GPU of the node, by catalog name, NVML name or PCI id (0x2335; repeatable, "
+                        "in index order: the first is GPU 0): check layouts on it and apply mig-parted "
+                        "files as on that node")  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(run=run)
 

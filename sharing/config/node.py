@@ -44,20 +44,23 @@ def node_from_gpus(gpus: Sequence[Gpu], catalog: Catalog) -> tuple[NodeGpu, ...]
 
 
 def node_from_names(names: Sequence[str], catalog: Catalog) -> tuple[NodeGpu, ...]:
-    """GPUs named by catalog name, NVML name or PCI id: one entry per PCI id the product may have."""
+    """GPUs named by catalog name, NVML name or PCI id, the n-th name being GPU n (so index rules
+    match as on a node): one entry per PCI id the product may have."""
     found: list[NodeGpu] = []
-    for name in names:
+    for index, name in enumerate(names):
         product = catalog.describe(name)
         if product is None:
-            found.append(NodeGpu(name.strip(), GpuIdentity(product=name.strip()), None, known=False))
+            found.append(
+                NodeGpu(name.strip(), GpuIdentity(index=index, product=name.strip()), None, known=False)
+            )
             continue
         mig = product if isinstance(product, Product) else None
         given = parse_pci_id(name)
         ids = (given,) if given is not None else product.pci_device_ids or (None,)
         for device in ids:
             packed = None if device is None else device << 16 | NVIDIA_VENDOR
-            ident = GpuIdentity(product=product.name, nvml_name=next(iter(product.nvml_names), None),
-                                pci_device_id=packed)  # fmt: skip
+            nvml = next(iter(product.nvml_names), None)
+            ident = GpuIdentity(index=index, product=product.name, nvml_name=nvml, pci_device_id=packed)
             found.append(NodeGpu(product.name, ident, mig))
     return tuple(found)
 

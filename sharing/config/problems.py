@@ -51,12 +51,16 @@ class Report:
         self.warnings: list[Problem] = []
 
     def error(self, path: str, message: str, *, config: str | None = None) -> None:
-        """Record an error at `path`."""
-        self.errors.append(Problem(config or self.config, path, message))
+        """Record an error at `path` (once: the same problem found twice is one problem)."""
+        problem = Problem(config or self.config, path, message)
+        if problem not in self.errors:
+            self.errors.append(problem)
 
     def warn(self, path: str, message: str, *, config: str | None = None) -> None:
-        """Record a warning at `path`."""
-        self.warnings.append(Problem(config or self.config, path, message))
+        """Record a warning at `path` (once)."""
+        problem = Problem(config or self.config, path, message)
+        if problem not in self.warnings:
+            self.warnings.append(problem)
 
     def has_errors_for(self, config: str) -> bool:
         """True when any error names this config."""

@@ -154,6 +154,14 @@ def check_rename(report: Report, name: str, strategy: MigStrategy, rule: DraftRu
             report.error(
                 path, f"{new} is a name the agent advertises itself; choose another name", config=name
             )
+        kind = next((p for p in rule.instances if resource_of(p) == resource), "gpu")
+        if rule.replicas.get(kind, (rule.replicas_default, ""))[0] <= 1:
+            report.warn(
+                path,
+                f"only time-sliced replicas are renamed, and this rule gives {resource} 1 replica: "
+                "nothing is renamed (add replicas)",
+                config=name,
+            )
 
 
 def _shares_node(a: Selector, b: Selector) -> bool:
@@ -169,8 +177,8 @@ def check_strategy(report: Report, draft: DraftConfig) -> None:
     if draft.strategy is MigStrategy.NONE and any(r.instances for r in enabled):
         report.warn(
             draft.strategy_path,
-            "migStrategy none advertises MIG-enabled GPUs as whole GPUs; "
-            "the MIG instances are not advertised (use mixed or single)",
+            "migStrategy none advertises no MIG devices, and a GPU in MIG mode is never advertised as a "
+            "whole GPU: these GPUs would offer nothing (use mixed or single)",
             config=name,
         )
     if draft.strategy is MigStrategy.SINGLE:

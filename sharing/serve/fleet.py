@@ -155,9 +155,6 @@ class Fleet:
         health = self._wanted.health.apply(event, self.settings.ignored_xids)
         if health == self._wanted.health:
             return False
-        log.info(
-            "device_health", gpu=event.gpu_uuid, mig=event.mig_uuid, healthy=event.healthy, xid=event.xid
-        )
         self._wanted.health = health
         self._bump()
         return True

@@ -1,6 +1,6 @@
 """One device-plugin gRPC server: one resource, one unix socket, registered with the kubelet.
 
-The kubelet's rules shape it (reference/k8s-testing.md §4): serve before Register, because the
+The kubelet's device manager's rules shape it: serve before Register, because the
 kubelet dials back and calls GetDevicePluginOptions before it answers; a fresh socket name on every
 start, because re-registering on the same path is unsupported (the old server is stopped first, so
 its stream ends before the new one registers). A stream the kubelet closes is reported, so the

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,19 +18,9 @@ import grpc
 from sharing.errors import PluginError
 from sharing.kubeletapi import podresources_v1_pb2 as api
 from sharing.kubeletapi import podresources_v1_pb2_grpc as api_grpc
+from sharing.model import Holding
 
 DEFAULT_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
-
-
-@dataclass(frozen=True, slots=True)
-class Holding:
-    """One container's devices of one resource."""
-
-    namespace: str
-    pod: str
-    container: str
-    resource: str
-    device_ids: frozenset[str]
 
 
 def devices_by_resource(entries: Iterable[api.ContainerDevices]) -> dict[str, frozenset[str]]:

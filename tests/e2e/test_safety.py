@@ -9,6 +9,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -196,3 +197,113 @@ def test_a_lost_gpu_does_not_block_the_others(gpu_node: GpuNode) -> None:
     gpu_node.kubelet.wait_resources(capacity("nvidia.com/mig-1g.10gb", 14), timeout=90)
     gpu_node.wait_labels(state_is("success"))
     assert lost == gpu_node.export()["gpus"][3]["uuid"]
+
+
+ALL_3G_TIME_SLICED = (
+    "version: v1\nmigStrategy: mixed\ngpus:\n"
+    "  - devices: {product: A100-SXM4-40GB}\n    mig: {3g.20gb: 2}\n    replicas: 2\n"
+    "  - devices: {product: H100-80GB-HBM3}\n    mig: {3g.40gb: 2}\n    replicas: 2\n"
+)
+ALL_REPLICAS_2_RENAMED = (
+    "version: v1\nsharing:\n  renameByDefault: true\n"
+    "gpus:\n  - devices: all\n    mig: disabled\n    replicas: 2\n"
+)
+
+
+@dataclass(frozen=True)
+class Reform:
+    before: str
+    """Preset the holder is admitted under."""
+    after: str
+    """Preset name, or the YAML of a config of the test's own."""
+    held_as: str
+    offered_as: str
+    others: int
+    """How many devices nobody holds the next config offers as `offered_as` ..."""
+    replicas: bool
+    """... as replicas (`<uuid>::<n>`) or not."""
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        # A pod holds a 3g.40gb MIG device for itself; the next config keeps the slice and time-slices it.
+        Reform("all-3g", ALL_3G_TIME_SLICED, "nvidia.com/mig-3g.40gb", "nvidia.com/mig-3g.40gb", 6, True),
+        # A pod holds a replica of a time-sliced GPU; the next config hands whole GPUs out.
+        Reform("all-replicas-2", "all-disabled", "nvidia.com/gpu", "nvidia.com/gpu", 3, False),
+        # The same replica IDs under a new name: the kubelet does not know they are taken.
+        Reform("all-replicas-2", ALL_REPLICAS_2_RENAMED, "nvidia.com/gpu", "nvidia.com/gpu.shared", 6, True),
+    ],
+    ids=["held-whole-then-time-sliced", "held-replica-then-whole", "held-replica-then-renamed"],
+)
+def test_a_held_device_is_not_offered_again_in_another_form(gpu_node: GpuNode, case: Reform) -> None:
+    """Found by the soak: a config that changes only how a held device is shared (replicas, names)
+    made the kubelet hand it to a second pod while the first still held it."""
+    gpu_node.label(case.before)
+    gpu_node.kubelet.wait_resources(lambda r: r.get(case.held_as, {}).get("allocatable", 0) >= 4, timeout=60)
+    holder = gpu_node.kubelet.admit("holder", {"main": {case.held_as: 1}})
+    (held,) = holder["containers"][0]["devices"][case.held_as]
+    device = held.partition("::")[0]
+    gpu_node.label(gpu_node.put_config(case.after) if "\n" in case.after else case.after)
+
+    def others_offered(r: dict[str, Any]) -> bool:
+        ids = r.get(case.offered_as, {}).get("healthy", [])
+        new = [i for i in ids if ("::" in i) == case.replicas and not i.startswith(device)]
+        return len(new) >= case.others
+
+    # The devices nobody holds are offered in their new form ...
+    resources = gpu_node.kubelet.wait_resources(others_offered, timeout=60)["resources"]
+    healthy = resources[case.offered_as]["healthy"]
+    # ... and the held one in no form that a second pod could get.
+    assert [] == [i for i in healthy if i.startswith(device) and i != held]
+    free = [i for i in healthy if i != held]
+    taker = gpu_node.kubelet.admit("taker", {"main": {case.offered_as: len(free)}})
+    assert [] == [i for i in taker["containers"][0]["devices"][case.offered_as] if i.startswith(device)]
+    # The config waits for the pod, and says so.
+    gpu_node.wait_labels(state_is("failed"))
+    assert "held by pods default/holder" in gpu_node.wait_event("ConfigApplyBlocked")["message"]
+    # Once the holder has gone, the device is offered in the new form too.
+    gpu_node.kubelet.delete_pod("holder")
+    gpu_node.kubelet.wait_resources(
+        lambda r: any(i.startswith(device) for i in r.get(case.offered_as, {}).get("healthy", [])), timeout=30
+    )
+    gpu_node.wait_labels(state_is("success"))
+
+
+def test_a_pod_gone_before_the_agent_saw_it_does_not_block_a_change(gpu_node: GpuNode) -> None:
+    """Found by the soak: a device handed out to a pod deleted before the agent read PodResources
+    counted as held for 30 s (the plugins' memory of recent Allocates), so the node took half a
+    minute to converge after its last pod had gone."""
+    gpu_node.label("all-3g")
+    gpu_node.kubelet.wait_resources(capacity("nvidia.com/mig-3g.20gb", 4), timeout=60)
+    gpu_node.wait_labels(state_is("success"))
+    pod = gpu_node.kubelet.admit("brief", {"main": {"nvidia.com/mig-3g.20gb": 4}})
+    held = pod["containers"][0]["devices"]["nvidia.com/mig-3g.20gb"]
+    gpu_node.kubelet.delete_pod("brief")
+    gpu_node.label("all-1g")  # destroys every 3g.20gb: nothing holds them any more
+    gpu_node.kubelet.wait_resources(capacity("nvidia.com/mig-1g.5gb", 14), timeout=15)
+    gpu_node.wait_labels(state_is("success"), timeout=5)
+    assert not set(held) & gpu_node.export_mig_uuids()
+
+
+def test_a_restart_with_a_missing_config_keeps_the_last_good_one(gpu_node: GpuNode) -> None:
+    """The config last applied names the devices after a restart, even if the label names nothing."""
+    gpu_node.label(DEMO)
+    gpu_node.kubelet.wait_resources(mig_and_shared, timeout=60)
+    gpu_node.wait_labels(state_is("success"))
+    gpu_node.agent.stop()
+    gpu_node.label("no-such-config")
+    gpu_node.start_agent()
+    gpu_node.wait_labels(state_is("failed"))
+    gpu_node.wait_event("ConfigRejected")
+    # Still four H100 replicas each and the A100s' slices: what the last good config gives.
+    assert mig_and_shared(gpu_node.kubelet.wait_resources(mig_and_shared, timeout=30)["resources"])
+    notes = gpu_node.node()["metadata"]["annotations"]
+    assert DEMO == notes["nvidia.com/gpu-sharing.config"]
+
+
+def test_no_config_at_all_clears_the_state_label(gpu_node: GpuNode) -> None:
+    gpu_node.label("no-such-config")
+    gpu_node.wait_labels(state_is("failed"))
+    gpu_node.kubectl("label", "node", gpu_node.name, "nvidia.com/device-plugin.config-")
+    gpu_node.wait_labels(lambda labels: STATE not in labels)

@@ -1,6 +1,7 @@
 """A fake kubelet device manager in Python, for fast tests of sharing.serve.
 
-It mirrors the kubelet rules the plugins must satisfy (reference/k8s-testing.md §4): Register
+It mirrors the kubelet rules the plugins must satisfy (the device manager of k8s.io/kubernetes
+pkg/kubelet/cm/devicemanager, which the Go harness runs for real): Register
 checks the version and the resource name, dials the plugin back at <dir>/<endpoint> (10 s), asks
 GetDevicePluginOptions before it acknowledges, then consumes ListAndWatch; a stream that ends marks
 the resource's devices unhealthy (capacity stays, allocatable 0) and is never re-dialled. restart()

@@ -7,10 +7,8 @@ the kubelet's own device manager.
 from __future__ import annotations
 
 import asyncio
-import shutil
-import tempfile
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,13 +61,6 @@ class Running:
     plugin_dir: Path
     stop: asyncio.Event
     task: asyncio.Task[None]
-
-
-@pytest.fixture
-def plugin_dir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="gs-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 import structlog
 
 from sharing.cli import main
 from sharing.gpu import simstate
+from sharing.kubeletapi import podresources_v1_pb2 as api
+from sharing.kubeletapi import podresources_v1_pb2_grpc as api_grpc
 
 CONFIG = """\
 version: v1
@@ -201,3 +205,61 @@ def test_export_as_mig_parted_applies_back_to_the_same_layout(
         g["outcome"] for g in json.loads(capsys.readouterr().out)["gpus"]
     ]
     assert before == simstate.counters(state)
+
+
+class _HeldByTrainer:
+    """A kubelet's PodResources that lists one pod holding one MIG device."""
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+
+    def List(self, request: object, context: object) -> object:
+        devices = [api.ContainerDevices(resource_name="nvidia.com/mig-3g.20gb", device_ids=[self.device])]
+        container = api.ContainerResources(name="main", devices=devices)
+        return api.ListPodResourcesResponse(
+            pod_resources=[api.PodResources(name="trainer", namespace="ml", containers=[container])]
+        )
+
+    def GetAllocatableResources(self, request: object, context: object) -> object:
+        return api.AllocatableResourcesResponse()
+
+    def Get(self, request: object, context: object) -> object:
+        return api.GetPodResourcesResponse()
+
+
+ALL_1G = "version: v1\nmigStrategy: mixed\ngpus:\n  - devices: [0]\n    mig: {1g.5gb: 7}\n"
+
+
+def test_apply_keeps_what_pods_hold_and_destroys_nothing_when_it_cannot_tell(
+    state: Path, config: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sim = ["--backend", "sim", "--sim-state", str(state)]
+    assert main(["apply", "--config", str(config), "--name", "x", *sim, "--no-kubelet"]) == 0
+    capsys.readouterr()
+    held = simstate.read(state)["gpus"][0]["gpuInstances"][0]["computeInstances"][0]["uuid"]
+    wanted = tmp_path / "all-1g.yaml"
+    wanted.write_text(ALL_1G)
+    apply_1g = ["apply", "--config", str(wanted), "--name", "all-1g", *sim, "--json"]
+    # No kubelet answers: every device counts as in use, nothing is destroyed.
+    before = simstate.counters(state)
+    assert main([*apply_1g, "--pod-resources-socket", str(tmp_path / "absent.sock")]) == 1
+    out = capsys.readouterr()
+    assert "every device counts as in use, so none is destroyed" in out.err
+    assert "blocked" == json.loads(out.out)["gpus"][0]["outcome"]
+    assert before.mutations == simstate.counters(state).mutations
+    # The kubelet says a pod holds one 3g: it stays, the change waits for it.
+    server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=2))
+    api_grpc.add_PodResourcesListerServicer_to_server(_HeldByTrainer(held), server)  # type: ignore[no-untyped-call]
+    socket = tmp_path / "pr.sock"
+    server.add_insecure_port(f"unix://{socket}")
+    server.start()
+    try:
+        assert main([*apply_1g, "--pod-resources-socket", str(socket)]) == 1
+    finally:
+        server.stop(None)
+    report = json.loads(capsys.readouterr().out)["gpus"][0]
+    assert ("blocked", [held]) == (report["outcome"], report["blockers"])
+    held_now = [
+        ci["uuid"] for gi in simstate.read(state)["gpus"][0]["gpuInstances"] for ci in gi["computeInstances"]
+    ]
+    assert held in held_now

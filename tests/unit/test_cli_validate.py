@@ -148,3 +148,22 @@ def test_a_mig_parted_file_on_a_given_node_skips_entries_for_other_gpus() -> Non
         "balanced: [mixed] H200: MIG 2x 1g.18gb + 1x 2g.35gb + 1x 3g.71gb\n",
     )
     assert "matches none of the node's GPUs (H200): skipped, as mig-parted skips it" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("gpus", "ok"),
+    [
+        pytest.param(("A100-SXM4-40GB", "H100-80GB-HBM3"), True, id="gpu-0-is-the-a100"),
+        pytest.param(("H100-80GB-HBM3", "A100-SXM4-40GB"), False, id="gpu-0-is-the-h100"),
+    ],
+)
+def test_the_gpus_given_are_the_nodes_gpus_in_index_order(
+    tmp_path: Path, gpus: tuple[str, ...], ok: bool
+) -> None:
+    """An index rule is checked on the GPU at that index only, and a problem is said once."""
+    config = tmp_path / "c.yaml"
+    config.write_text("version: v1\nmigStrategy: mixed\ngpus:\n  - devices: [0]\n    mig: {1g.5gb: 2}\n")
+    result = validate(str(config), *(a for g in gpus for a in ("--gpu", g)))
+    assert (0 if ok else 1) == result.returncode
+    errors = [line for line in result.stdout.splitlines() if "unknown MIG profile" in line]
+    assert ([] if ok else [errors[0]]) == errors

@@ -59,7 +59,7 @@ def test_a_corrupt_journal_is_moved_aside_and_reported_briefly(
     assert "moved to" in message
     assert len(message) < 600
     assert not journal.path.exists()
-    assert content == journal.corrupt_path.read_bytes()
+    assert content == journal.path.with_name("journal.jsonl.corrupt").read_bytes()
     assert journal.unfinished() is None  # the next run starts clean
 
 
@@ -98,7 +98,7 @@ def test_the_agent_and_sharing_apply_never_run_at_the_same_time(tmp_path: Path) 
 def test_a_last_good_file_of_the_wrong_shape_is_moved_aside(tmp_path: Path, content: bytes) -> None:
     memory = LastGood(tmp_path / "last-good.json")
     memory.path.write_bytes(content)
-    with pytest.raises(LastGoodError, match="is not a last-good file"):
+    with pytest.raises(LastGoodError, match=r"is not a last-good file .*; moved to "):
         memory.load()
     assert not memory.path.exists()
     assert memory.load() is None

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import shutil
-import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import grpc
@@ -36,29 +33,6 @@ def migs(gpu: str, *uuids: str) -> list[Device]:
 INVENTORY = inventory_from(
     {GPU: replicas("GPU-1", 2, numa=0) + replicas("GPU-2", 2), MIG: migs("GPU-0", "MIG-a", "MIG-b")}
 )
-
-
-@pytest.fixture
-def plugin_dir() -> Iterator[Path]:
-    # Short: unix socket paths are limited to 107 bytes, and pytest's tmp_path can be long.
-    path = Path(tempfile.mkdtemp(prefix="gs-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-async def kubelet(plugin_dir: Path) -> AsyncIterator[FakeKubelet]:
-    k = await FakeKubelet(plugin_dir).start()
-    yield k
-    await k.stop()
-
-
-@pytest.fixture
-async def fleet(plugin_dir: Path) -> AsyncIterator[Fleet]:
-    f = Fleet(FleetSettings(plugin_dir=plugin_dir, poll_interval_s=0.02, retry_min_s=0.02, retry_max_s=0.2))
-    await f.start()
-    yield f
-    await f.stop()
 
 
 def counts(kubelet: FakeKubelet) -> tuple[dict[str, int], dict[str, int]]:

@@ -6,10 +6,7 @@ Each test reproduces a defect found by trying the plugins as an attacker and a c
 from __future__ import annotations
 
 import asyncio
-import shutil
 import socket
-import tempfile
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import grpc
@@ -22,28 +19,6 @@ from tests.unit.fakekubelet import FakeKubelet
 from tests.unit.test_serve import GPU, MIG, migs, replicas
 
 MIG_3G = "nvidia.com/mig-3g.20gb"
-
-
-@pytest.fixture
-def plugin_dir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="gs-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-async def kubelet(plugin_dir: Path) -> AsyncIterator[FakeKubelet]:
-    k = await FakeKubelet(plugin_dir).start()
-    yield k
-    await k.stop()
-
-
-@pytest.fixture
-async def fleet(plugin_dir: Path) -> AsyncIterator[Fleet]:
-    f = Fleet(FleetSettings(plugin_dir=plugin_dir, poll_interval_s=0.02, retry_min_s=0.02, retry_max_s=0.2))
-    await f.start()
-    yield f
-    await f.stop()
 
 
 @pytest.fixture

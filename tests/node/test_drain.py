@@ -1,0 +1,113 @@
+"""Drain mode on the real node: a change that pods block cordons the node, evicts exactly those pods
+through the Eviction API (a PodDisruptionBudget holds it back), applies, and uncordons.
+
+Runs before tests/node/test_node.py (which uninstalls the chart) and puts the values and the
+node's label back.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from lab.helm import NAMESPACE, lab_values
+
+from tests.node.conftest import ALL_KINDS, CONFIG, CONFIG_LABEL, NODE, NodeUnderTest, poll
+
+pytestmark = pytest.mark.node
+
+# The A100s all in 1g: nothing of the 3g.20gb slices that the pods below hold survives.
+NO_3G = """version: v1
+migStrategy: mixed
+gpus:
+  - devices: {product: A100-SXM4-40GB}
+    mig: {1g.5gb: 7}
+  - devices: all
+    mig: disabled
+"""
+
+
+@pytest.fixture
+def draining(node: NodeUnderTest) -> Iterator[NodeUnderTest]:
+    (old,) = node.agent_pods()
+    node.helm.upgrade_install(lab_values({CONFIG: ALL_KINDS}, drain={"enabled": True}))
+    node.running_agent(not_uid=old["metadata"]["uid"])
+    node.wait_allocatable()
+    # The user's ConfigMap is theirs (the chart made it once): add a config as a user does.
+    patch = json.dumps({"data": {"no-3g": NO_3G}})
+    node.kubectl("-n", NAMESPACE, "patch", "configmap", "gpu-sharing-config", "--type=merge", "-p", patch)
+    yield node
+    node.kubectl("delete", "pdb", "keep-trainer", "--ignore-not-found")
+    node.delete_pods()
+    node.kubectl("label", "node", NODE, f"{CONFIG_LABEL}={CONFIG}", "--overwrite")
+    node.kubectl(
+        "-n",
+        NAMESPACE,
+        "patch",
+        "configmap",
+        "gpu-sharing-config",
+        "--type=merge",
+        "-p",
+        '{"data": {"no-3g": null}}',
+    )
+    (old,) = node.agent_pods()
+    node.helm.upgrade_install(lab_values({CONFIG: ALL_KINDS}))
+    node.running_agent(not_uid=old["metadata"]["uid"])
+    node.wait_allocatable()
+
+
+def _node(node: NodeUnderTest) -> dict[str, Any]:
+    return node.get("node", NODE)
+
+
+def _events(node: NodeUnderTest, reason: str) -> list[str]:
+    selector = f"involvedObject.kind=Node,involvedObject.name={NODE},reason={reason}"
+    out = node.kubectl("get", "events", "-n", "default", "--field-selector", selector, "-o", "json")
+    return [e["message"] for e in json.loads(out)["items"]]
+
+
+def _gone(node: NodeUnderTest, name: str) -> bool:
+    return node.node.kubectl("get", "pod", name).returncode != 0
+
+
+def test_drain_evicts_the_blockers_applies_and_uncordons_and_a_budget_holds_it_back(
+    draining: NodeUnderTest,
+) -> None:
+    node = draining
+    trainer = node.start_pod("nvidia.com/mig-3g.20gb", name="trainer")
+    node.wait_running(trainer)
+    node.kubectl("label", "pod", trainer, "app=trainer")
+    budget = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": "keep-trainer", "namespace": "default"},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "trainer"}}},
+    }
+    node.kubectl("apply", "-f", "-", input=json.dumps(budget))
+    node.kubectl("label", "node", NODE, f"{CONFIG_LABEL}=no-3g", "--overwrite")
+    # Blocked by the trainer; cordoned; the budget refuses its eviction, so it keeps running.
+    poll("the node cordoned", lambda: _node(node)["spec"].get("unschedulable"), bool)
+    refused = poll(
+        "the refusal said",
+        lambda: _events(node, "Draining"),
+        lambda m: any("PodDisruptionBudget" in x for x in m),
+    )
+    assert any(f"default/{trainer}" in m for m in refused)
+    assert "true" == _node(node)["metadata"]["annotations"]["nvidia.com/gpu-sharing.cordoned"]
+    assert "Running" == node.pod(trainer)["status"]["phase"]
+    # The budget goes: the next re-check evicts the trainer, the change goes through, the node opens.
+    node.kubectl("delete", "pdb", "keep-trainer")
+    poll("the trainer evicted", lambda: _gone(node, trainer), bool, 60)
+    poll(
+        "the change applied",
+        lambda: {k: v for k, v in node.allocatable().items() if v != "0"},
+        lambda a: a == {"nvidia.com/mig-1g.5gb": "14", "nvidia.com/gpu": "2"},
+        90,
+    )
+    poll("uncordoned", lambda: not _node(node)["spec"].get("unschedulable"), bool)
+    after = _node(node)
+    assert "nvidia.com/gpu-sharing.cordoned" not in after["metadata"].get("annotations", {})
+    assert "success" == after["metadata"]["labels"]["nvidia.com/mig.config.state"]
+    assert _events(node, "Drained")
