@@ -106,6 +106,10 @@ class ApiClient:
         self._names = itertools.count()
         self.requests = 0
 
+    def close(self) -> None:
+        """Close the kept-alive connection (watches close their own when they end)."""
+        self._http.close()
+
     def get_node(self, name: str) -> NodeObject:
         """Read the Node."""
         return _node(self._json(f"read node {name}", "GET", f"/api/v1/nodes/{quote(name)}"))

@@ -34,6 +34,9 @@ class Library:
             self._call("GET", path, None, "application/json", (connect_timeout, read_timeout))
         )
 
+    def close(self) -> None:
+        self._api.close()
+
     def _call(
         self,
         method: str,
