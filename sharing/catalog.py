@@ -245,10 +245,15 @@ def differences(driver: Product, catalog: Product) -> tuple[str, ...]:
     return tuple(found)
 
 
+# libyaml's loader when PyYAML was built with it: the catalog loads in ~10 ms instead of ~100 ms
+# at every start of the agent and the CLI.
+_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def load_catalog(text: str) -> Catalog:
     """Parse catalog YAML text into a Catalog (pure; raises CatalogError on a broken file)."""
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_SAFE_LOADER)
         sources: Mapping[str, str] = data.get("sources") or {}
         layouts: Mapping[str, Any] = data["layouts"]
         products = tuple(
