@@ -58,7 +58,8 @@ class ConfigSources:
         self.memory = LastGood(settings.journal.with_name("last-good.json"))
         self._catalog = catalog
         self._strategy = MigStrategy(settings.default_mig_strategy)
-        self._parsed: tuple[object, ConfigSet] | None = None
+        self._parsed: list[tuple[object, ConfigSet]] = []  # per ConfigMap: (what it was parsed from, configs)
+        self._merged: ConfigSet | None = None
 
     def start(self, on_change: Callable[[], None]) -> None:
         """Start watching (from the event loop)."""
@@ -76,19 +77,28 @@ class ConfigSources:
         return [w.what for w in self.watches if w.current is None]
 
     async def configs(self, observed: NodeState) -> ConfigSet:
-        """The configs, parsed again only when a ConfigMap or the node's GPUs changed."""
-        maps = [w.current for w in self.watches]
+        """The configs; a ConfigMap is parsed again only when it or the node's GPUs changed (an edit
+        of the user's does not parse the presets again)."""
         hardware = tuple(
             (g.index, g.product, g.pci_device_id, g.pci_subsystem_id, g.profiles) for g in observed.gpus
         )
-        key = (tuple((m.resource_version, m.data is None) if m else None for m in maps), hardware)
-        if self._parsed is None or self._parsed[0] != key:
-            configs = await asyncio.to_thread(self._parse, self._texts(), observed.gpus)
-            if configs.warnings:  # said once per change of the ConfigMaps (or of the GPUs)
-                shown = [bounded(str(w), 200) for w in configs.warnings[:5]]
-                log.warning("config_warnings", count=len(configs.warnings), first=shown)
-            self._parsed = (key, configs)
-        return self._parsed[1]
+        changed = self._merged is None
+        for i, watched in enumerate(self.watches):
+            current = watched.current
+            key = ((current.resource_version, current.data is None) if current else None, hardware)
+            if i < len(self._parsed) and self._parsed[i][0] == key:
+                continue
+            text = dict(current.data or {}) if current else {}
+            parsed = (key, await asyncio.to_thread(self._parse_one, text, observed.gpus))
+            self._parsed[i:i + 1] = [parsed]  # fmt: skip
+            changed = True
+        if changed or self._merged is None:
+            sets = [configs for _, configs in self._parsed]
+            self._merged = merge(sets[0], sets[1]) if len(sets) > 1 else sets[0]
+            if self._merged.warnings:  # said once per change of the ConfigMaps (or of the GPUs)
+                shown = [bounded(str(w), 200) for w in self._merged.warnings[:5]]
+                log.warning("config_warnings", count=len(self._merged.warnings), first=shown)
+        return self._merged
 
     async def remember(self, name: str | None) -> None:
         """Keep the config last applied on disk, so a restart without the API server serves it."""
@@ -114,8 +124,8 @@ class ConfigSources:
         return [dict(w.current.data or {}) if w.current else {} for w in self.watches]
 
     def _parse(self, texts: list[dict[str, str]], gpus: tuple[Gpu, ...] | None) -> ConfigSet:
-        sets = [
-            parse_configmap(t, gpus=gpus, catalog=self._catalog, default_mig_strategy=self._strategy)
-            for t in texts
-        ]
+        sets = [self._parse_one(t, gpus) for t in texts]
         return merge(sets[0], sets[1]) if len(sets) > 1 else sets[0]
+
+    def _parse_one(self, text: dict[str, str], gpus: tuple[Gpu, ...] | None) -> ConfigSet:
+        return parse_configmap(text, gpus=gpus, catalog=self._catalog, default_mig_strategy=self._strategy)
