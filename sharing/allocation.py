@@ -8,18 +8,21 @@ field); devices named by UUID or by index (`0`, or `0:1` for MIG device 1 of GPU
 chosen strategy is CDI, no variable and no mount are added, as NVIDIA's plugin does.
 Replicas and MIG devices are spread over distinct physical GPUs by default (least-loaded GPU first;
 the NVIDIA plugin groups MIG devices by their own UUID and so cannot), or packed onto the busiest
-GPU; full GPUs are kept on one NUMA node when the node knows it. Pure: devices in, IDs out.
+GPU; full GPUs are kept on one NUMA node when the node knows it. Pure: devices in, IDs out (what
+is derived from a device list alone is kept per list, since the kubelet asks on every admission and
+the list rarely changes).
 """
 
 from __future__ import annotations
 
 import enum
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sharing.errors import PluginError
 from sharing.inventory import Device, DeviceId
+from sharing.model import GpuUuid
 from sharing.text import listed
 
 VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
@@ -100,6 +103,55 @@ class ContainerAllocation:
     annotations: tuple[tuple[str, str], ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class _Index:
+    """What the calls need of one device list, whatever the request."""
+
+    devices: Sequence[Device]
+    known: dict[str, Device]
+    ids: frozenset[str]
+    rank: dict[str, int]
+    whole: bool
+    """Every device is a full, unshared GPU."""
+    groups: dict[str, tuple[Device, ...]]
+    """The entries of each device (by UUID: its replicas, or itself), in inventory order."""
+    group_ids: dict[str, frozenset[str]]
+    gpu_of: dict[str, GpuUuid]
+    """The physical GPU of each device UUID."""
+    per_gpu: Counter[GpuUuid]
+    """Entries per physical GPU."""
+
+
+_INDEXES: dict[int, _Index] = {}
+_INDEXES_KEPT = 64  # one per resource's current list, and a few old ones
+
+
+def _index(devices: Sequence[Device]) -> _Index:
+    """The index of `devices`, built once per list object (kept alive by the cache, so its id is
+    not reused while cached)."""
+    found = _INDEXES.get(id(devices))
+    if found is not None and found.devices is devices:
+        return found
+    if len(_INDEXES) >= _INDEXES_KEPT:
+        _INDEXES.clear()
+    groups: dict[str, list[Device]] = {}
+    for d in devices:
+        groups.setdefault(d.uuid, []).append(d)
+    index = _Index(
+        devices=devices,
+        known={d.id: d for d in devices},
+        ids=frozenset(d.id for d in devices),
+        rank={d.id: n for n, d in enumerate(devices)},
+        whole=all(d.mig_uuid is None and d.replica is None for d in devices),
+        groups={u: tuple(g) for u, g in groups.items()},
+        group_ids={u: frozenset(d.id for d in g) for u, g in groups.items()},
+        gpu_of={u: g[0].gpu_uuid for u, g in groups.items()},
+        per_gpu=Counter(d.gpu_uuid for d in devices),
+    )
+    _INDEXES[id(devices)] = index
+    return index
+
+
 def preferred_allocation(
     resource: str,
     devices: Sequence[Device],
@@ -111,7 +163,8 @@ def preferred_allocation(
 ) -> tuple[DeviceId, ...]:
     """`size` device IDs from `available`, `must_include` first; IDs this plugin never advertised
     are never preferred."""
-    known: dict[str, Device] = {d.id: d for d in devices}
+    index = _index(devices)
+    known = index.known
     must = list(dict.fromkeys(must_include))
     unknown = [i for i in must if i not in known]
     if unknown:
@@ -128,23 +181,20 @@ def preferred_allocation(
         raise AllocationError(
             f"{resource}: allocation size {size} is invalid with {len(must)} must-include devices"
         )
-    # Inventory order, not the kubelet's (which is random): equal choices always come out the same.
-    rank = {d.id: n for n, d in enumerate(devices)}
-    pool = sorted((known[i] for i in set(available) if i in known), key=lambda d: rank[d.id])
-    candidates = [d for d in pool if d.id not in must]
+    usable = index.ids & offered  # available and advertised (must-include among them)
     needed = size - len(must)
-    if needed > len(candidates):
+    if needed > len(usable) - len(must):
         raise AllocationError(
-            f"{resource}: {size} devices asked for, but only {len(must) + len(candidates)} of the available"
+            f"{resource}: {size} devices asked for, but only {len(usable)} of the available"
             " ones are advertised by this node"
         )
     chosen = [known[i] for i in must]
-    if all(d.mig_uuid is None and d.replica is None for d in devices):
+    if index.whole:
+        # Inventory order, not the kubelet's (which is random): equal choices come out the same.
+        candidates = [d for d in devices if d.id in usable and d.id not in must]
         picks = _by_numa(chosen, candidates, needed)
     else:
-        picks = _by_physical_gpu(
-            devices, pool=pool, chosen=chosen, candidates=candidates, needed=needed, policy=policy
-        )
+        picks = _by_physical_gpu(index, usable=usable, chosen=chosen, needed=needed, policy=policy)
     return tuple(d.id for d in chosen + picks)
 
 
@@ -162,7 +212,7 @@ def allocate(
     duplicates = [i for i, n in Counter(requested).items() if n > 1]
     if duplicates:
         raise AllocationError(f"{resource}: the request names devices more than once: {_ids(duplicates)}")
-    known: dict[str, Device] = {d.id: d for d in devices}
+    known = _index(devices).known
     unknown = [i for i in requested if i not in known]
     if unknown:
         raise AllocationError(
@@ -216,44 +266,54 @@ def _by_numa(chosen: list[Device], candidates: list[Device], needed: int) -> lis
 
 
 def _by_physical_gpu(
-    devices: Sequence[Device],
+    index: _Index,
     *,
-    pool: list[Device],
+    usable: frozenset[str],
     chosen: list[Device],
-    candidates: list[Device],
     needed: int,
     policy: AllocationPolicy,
 ) -> list[Device]:
     """Shared devices: greedy by load (held by others + picked here) of the physical GPU, then of
-    the device itself (a MIG device's replicas), then inventory order."""
-    levels: tuple[Callable[[Device], str], ...] = (lambda d: d.gpu_uuid, lambda d: d.uuid)
-    total = [Counter(level(d) for d in devices) for level in levels]
-    free = [Counter(level(d) for d in pool) for level in levels]
-    picked = [Counter(level(d) for d in chosen) for level in levels]
-    rank = {d.id: n for n, d in enumerate(devices)}
+    the device itself (a MIG device's replicas), then inventory order.
+
+    Per device, not per entry: a device's free entries are counted by a set intersection and its
+    replicas share their loads, so the best of them is its first free one in inventory order; each
+    pick compares one head per device (8 for 8 GPUs x 64 replicas, not 512 entries).
+    """
+    must = {d.id for d in chosen}
+    free_dev = {u: len(ids & usable) for u, ids in index.group_ids.items()}
+    free_gpu: Counter[GpuUuid] = Counter()
+    for u, n in free_dev.items():
+        free_gpu[index.gpu_of[u]] += n
+    picked_gpu = Counter(d.gpu_uuid for d in chosen)
+    picked_dev = Counter(d.uuid for d in chosen)
     sign = -1 if policy is AllocationPolicy.PACKED else 1
+    heads = {u: 0 for u, n in free_dev.items() if n}
 
-    def key(d: Device) -> tuple[int, ...]:
-        loads: list[int] = []
-        for n, level in enumerate(levels):
-            k = level(d)
-            loads += [sign * (total[n][k] - free[n][k] + picked[n][k]), sign * picked[n][k]]
-        return (*loads, rank[d.id])
+    def head(u: str) -> Device | None:
+        """The device's first entry still free to pick (advertised, available, not must-include)."""
+        entries, at = index.groups[u], heads[u]
+        while at < len(entries) and (entries[at].id not in usable or entries[at].id in must):
+            at += 1
+        heads[u] = at
+        return entries[at] if at < len(entries) else None
 
-    # The candidates of one device (its replicas) share their loads, so the best of them is the
-    # first in inventory order: each pick compares one head per device, not every candidate.
-    queues: dict[str, list[Device]] = {}
-    for d in candidates:
-        queues.setdefault(d.uuid, []).append(d)
-    heads = dict.fromkeys(queues, 0)
+    def key(u: str, d: Device) -> tuple[int, ...]:
+        g = index.gpu_of[u]
+        return (
+            sign * (index.per_gpu[g] - free_gpu[g] + picked_gpu[g]), sign * picked_gpu[g],
+            sign * (len(index.groups[u]) - free_dev[u] + picked_dev[u]), sign * picked_dev[u],
+            index.rank[d.id],
+        )  # fmt: skip
+
     picks: list[Device] = []
     for _ in range(needed):
-        device = min((u for u in queues if heads[u] < len(queues[u])), key=lambda u: key(queues[u][heads[u]]))
-        best = queues[device][heads[device]]
-        heads[device] += 1
+        heads_now = [(u, d) for u in heads if (d := head(u)) is not None]
+        u, best = min(heads_now, key=lambda pair: key(*pair))
+        heads[u] += 1
         picks.append(best)
-        for n, level in enumerate(levels):
-            picked[n][level(best)] += 1
+        picked_gpu[best.gpu_uuid] += 1
+        picked_dev[u] += 1
     return picks
 
 
