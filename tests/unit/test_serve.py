@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
@@ -15,7 +16,7 @@ from sharing.kubeletapi import podresources_v1_pb2 as prapi
 from sharing.kubeletapi import podresources_v1_pb2_grpc as prapi_grpc
 from sharing.model import GpuUuid, HealthEvent, MigUuid
 from sharing.serve import Fleet, FleetSettings, PodResourcesClient
-from sharing.serve.service import DeviceFeed
+from sharing.serve.service import DeviceFeed, to_proto
 from tests.unit.fakekubelet import FakeKubelet, is_extended_resource_name
 
 GPU = "nvidia.com/gpu"
@@ -285,6 +286,26 @@ async def test_feed_sends_current_then_latest() -> None:
     feed.close()
     await asyncio.wait_for(task, 1)
     assert [1, 4] == seen
+
+
+def test_feed_response_is_what_the_kubelet_would_get_from_each_device() -> None:
+    """The response built from cached per-device bytes equals one built device by device: order,
+    health flips, NUMA or not, an ID long enough for a two-byte length, a device listed twice."""
+    long_id = Device(DeviceId("MIG-" + "f" * 200), Health.HEALTHY, None, GpuUuid("GPU-9"), MigUuid("MIG-x"))
+    devices = (*replicas("GPU-1", 3, numa=1), *replicas("GPU-2", 2), long_id)
+    feed = DeviceFeed(devices)
+
+    def plain(listed: tuple[Device, ...]) -> api.ListAndWatchResponse:
+        return api.ListAndWatchResponse(devices=[to_proto(d) for d in listed])
+
+    assert feed.response(devices) == plain(devices)
+    flipped = tuple(replace(d, health=Health.UNHEALTHY) if d.gpu_uuid == "GPU-1" else d for d in devices)
+    feed.publish(flipped)
+    assert feed.response(flipped) == plain(flipped)
+    assert [d.health for d in feed.response(flipped).devices][:3] == [Health.UNHEALTHY.value] * 3
+    twice = (*flipped, flipped[0])
+    feed.publish(twice)
+    assert feed.response(twice) == plain(twice)
 
 
 @pytest.mark.parametrize(
