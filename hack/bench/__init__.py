@@ -21,5 +21,5 @@ measures and how:
 The plumbing: ``cluster`` (the single-node control plane, harness and agent), ``clients`` (API,
 watches, harness), ``procs`` (processes, /proc figures), ``expect`` (what a config should give,
 computed from the catalog), ``report`` (targets, budgets, table, JSON). A full run takes about
-15 minutes on 2 cores; --quick about 3. Needs root and the Go binaries (built once).
+12 minutes on 2 cores; --quick about 3. Needs root and the Go binaries (built once).
 """
