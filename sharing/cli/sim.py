@@ -8,6 +8,7 @@ from pathlib import Path
 
 from sharing.catalog import default_catalog
 from sharing.cli.common import Subparsers, UsageError
+from sharing.cli.gpuargs import sim_state
 from sharing.errors import BackendError
 from sharing.gpu import simstate
 
@@ -25,7 +26,9 @@ def register(commands: Subparsers) -> None:
 
     def action(name: str, help_text: str) -> argparse.ArgumentParser:
         sub = actions.add_parser(name, help=help_text)
-        sub.add_argument("--state", required=True, type=Path, metavar="PATH", help="state file")
+        sub.add_argument(
+            "--sim-state", type=Path, default=None, metavar="PATH", help="state file [SHARING_SIM_STATE]"
+        )
         return sub
 
     init = action("init", "create idle GPUs with MIG off (replaces the state file)")
@@ -83,7 +86,7 @@ def parse_gpus(text: str) -> list[simstate.SimGpuSpec]:
 def _init(args: argparse.Namespace) -> int:
     specs = parse_gpus(args.gpus)
     state = simstate.init_state(
-        args.state, specs, pending_mode_changes=args.pending_mode_changes, seed=args.seed
+        _state(args), specs, pending_mode_changes=args.pending_mode_changes, seed=args.seed
     )
     for gpu in state["gpus"]:
         print(f"GPU {gpu['index']}  {gpu['name']}  {gpu['uuid']}")
@@ -91,22 +94,30 @@ def _init(args: argparse.Namespace) -> int:
 
 
 def _busy(args: argparse.Namespace) -> int:
-    simstate.set_busy(args.state, args.uuid, args.busy)
+    simstate.set_busy(_state(args), args.uuid, args.busy)
     return 0
 
 
 def _xid(args: argparse.Namespace) -> int:
-    simstate.inject_xid(args.state, args.uuid, args.xid)
+    simstate.inject_xid(_state(args), args.uuid, args.xid)
     return 0
 
 
 def _reset(args: argparse.Namespace) -> int:
-    for uuid in simstate.reset(args.state, args.uuid):
+    for uuid in simstate.reset(_state(args), args.uuid):
         print(f"reset {uuid}")
     return 0
 
 
 def _lost(args: argparse.Namespace) -> int:
-    uuid = simstate.set_lost(args.state, args.gpu, args.lost)
+    uuid = simstate.set_lost(_state(args), args.gpu, args.lost)
     print(f"GPU {args.gpu} ({uuid}) {'lost' if args.lost else 'found'}")
     return 0
+
+
+def _state(args: argparse.Namespace) -> Path:
+    """The state file: --sim-state, else SHARING_SIM_STATE, as every other command reads it."""
+    path = sim_state(args)
+    if path is None:
+        raise UsageError("sharing sim needs --sim-state PATH (or SHARING_SIM_STATE)")
+    return path

@@ -33,7 +33,7 @@ def open_backend(
         if sim_state is None:
             raise BackendError(
                 "the simulated backend needs a state file: pass --sim-state PATH "
-                "(create one with `sharing sim init --state PATH --gpus A100-SXM4-40GB:2`)"
+                "(create one with `sharing sim init --sim-state PATH --gpus A100-SXM4-40GB:2`)"
             )
         path = sim_state
 

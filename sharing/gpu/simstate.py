@@ -77,7 +77,7 @@ def locked(path: Path, *, create: bool = False) -> Iterator[None]:
     if not create and not path.exists():
         raise BackendError(
             f"no simulated GPUs at {path}: create them with "
-            f"`sharing sim init --state {path} --gpus A100-SXM4-40GB:2`"
+            f"`sharing sim init --sim-state {path} --gpus A100-SXM4-40GB:2`"
         )
     fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT, 0o644)
     try:

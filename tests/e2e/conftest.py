@@ -250,7 +250,7 @@ def gpu_node(
     sim = tmp_path / "gpus.json"
     kubeconfig = control_plane.token_kubeconfig(agent_token(control_plane, name), f"agent-{name}")
     node = GpuNode(name, control_plane, kubelet, kubeconfig, sim, tmp_path)
-    node.sharing("sim", "init", "--state", str(sim), "--gpus", GPUS)
+    node.sharing("sim", "init", "--sim-state", str(sim), "--gpus", GPUS)
     node.start_agent()
     yield node
     for agent in node.agents:

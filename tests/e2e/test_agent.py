@@ -163,7 +163,7 @@ def test_an_xid_marks_a_gpu_and_its_replicas_unhealthy_until_it_is_reset(gpu_nod
         gpu_node.sharing("export", "--backend", "sim", "--sim-state", str(gpu_node.sim), "--json")
     )
     h100s = [g["uuid"] for g in exported["gpus"] if "H100" in g["product"]]
-    sim = ("--state", str(gpu_node.sim))
+    sim = ("--sim-state", str(gpu_node.sim))
     gpu_node.sharing("sim", "xid", *sim, "--uuid", h100s[0], "--xid", "13")  # an application error: ignored
     gpu_node.sharing("sim", "xid", *sim, "--uuid", h100s[1], "--xid", "79")  # fallen off the bus
     resources = gpu_node.kubelet.wait_resources(

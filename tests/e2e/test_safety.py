@@ -181,7 +181,7 @@ def test_a_lost_gpu_does_not_block_the_others(gpu_node: GpuNode) -> None:
     gpu_node.label(DEMO)
     gpu_node.kubelet.wait_resources(mig_and_shared, timeout=60)
     lost = gpu_node.export()["gpus"][3]["uuid"]  # an H100, time-sliced 4 ways
-    gpu_node.sharing("sim", "lost", "--state", str(gpu_node.sim), "--gpu", "3")
+    gpu_node.sharing("sim", "lost", "--sim-state", str(gpu_node.sim), "--gpu", "3")
     gpu_node.label("all-1g")
     resources = gpu_node.kubelet.wait_resources(
         lambda r: capacity("nvidia.com/mig-1g.5gb", 14)(r) and capacity("nvidia.com/mig-1g.10gb", 7)(r),
@@ -193,7 +193,7 @@ def test_a_lost_gpu_does_not_block_the_others(gpu_node: GpuNode) -> None:
     event = gpu_node.wait_event("ConfigApplyFailed")
     assert "GPU 3: cannot be read" in event["message"]
     gpu_node.wait_labels(state_is("failed"))
-    gpu_node.sharing("sim", "found", "--state", str(gpu_node.sim), "--gpu", "3")
+    gpu_node.sharing("sim", "found", "--sim-state", str(gpu_node.sim), "--gpu", "3")
     gpu_node.kubelet.wait_resources(capacity("nvidia.com/mig-1g.10gb", 14), timeout=90)
     gpu_node.wait_labels(state_is("success"))
     assert lost == gpu_node.export()["gpus"][3]["uuid"]

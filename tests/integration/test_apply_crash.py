@@ -168,7 +168,7 @@ def test_killed_after_every_hardware_change_then_recovered(
     config.write_text(CONFIGMAP)
     wanted_config = load_config(config, target)
     initial = tmp_path / "initial.json"
-    done = sharing("sim", "init", "--state", str(initial), "--gpus", "A100-SXM4-40GB:2,T4:1")
+    done = sharing("sim", "init", "--sim-state", str(initial), "--gpus", "A100-SXM4-40GB:2,T4:1")
     assert done.returncode == 0, done.stderr
     busy = None
     if start is not None:

@@ -36,7 +36,7 @@ def _fresh_logging() -> Iterator[None]:
 @pytest.fixture
 def state(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Path:
     path = tmp_path / "gpus.json"
-    assert main(["sim", "init", "--state", str(path), "--gpus", "A100-SXM4-40GB,T4:1"]) == 0
+    assert main(["sim", "init", "--sim-state", str(path), "--gpus", "A100-SXM4-40GB,T4:1"]) == 0
     assert capsys.readouterr().out.count("GPU-") == 2
     return path
 
@@ -74,7 +74,7 @@ def test_apply_then_export(state: Path, config: Path, capsys: pytest.CaptureFixt
         ("3g.20gb", 4, 4, False),
     ]
     busy = instances[1]["uuid"]
-    assert main(["sim", "busy", "--state", str(state), "--uuid", busy]) == 0
+    assert main(["sim", "busy", "--sim-state", str(state), "--uuid", busy]) == 0
     assert main(["export", *sim]) == 0
     assert f"{busy}  busy" in capsys.readouterr().out
 
@@ -134,9 +134,10 @@ def test_apply_from_a_configmap_ignores_other_broken_keys(
         pytest.param(["export", "--backend", "sim"], "--sim-state", id="sim-without-state"),
         pytest.param(["export", "--backend", "cuda"], "invalid choice", id="unknown-backend"),
         pytest.param(
-            ["sim", "init", "--state", "s.json", "--gpus", "GeForce 256"], "cannot play", id="product"
+            ["sim", "init", "--sim-state", "s.json", "--gpus", "GeForce 256"], "cannot play", id="product"
         ),
-        pytest.param(["sim", "init", "--state", "s.json", "--gpus", "T4:0"], "PRODUCT:COUNT", id="count"),
+        pytest.param(["sim", "init", "--sim-state", "s.json", "--gpus", "T4:0"], "PRODUCT:COUNT", id="count"),
+        pytest.param(["sim", "init", "--gpus", "T4"], "SHARING_SIM_STATE", id="sim-without-state-file"),
         pytest.param(["apply", "--config", "missing.yaml", "--name", "x"], "cannot read", id="no-config"),
     ],
 )
@@ -145,13 +146,24 @@ def test_usage_errors_are_exit_2(argv: list[str], message: str, capsys: pytest.C
     assert message in capsys.readouterr().err
 
 
+def test_sim_reads_the_state_file_from_the_environment_like_every_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("SHARING_SIM_STATE", str(tmp_path / "env.json"))
+    monkeypatch.setenv("SHARING_BACKEND", "sim")
+    assert main(["sim", "init", "--gpus", "T4:2"]) == 0
+    capsys.readouterr()
+    assert main(["export", "--json"]) == 0
+    assert [g["product"] for g in json.loads(capsys.readouterr().out)["gpus"]] == ["Tesla T4", "Tesla T4"]
+
+
 def test_sim_hooks(state: Path, capsys: pytest.CaptureFixture[str]) -> None:
     gpu = simstate.read(state)["gpus"][0]["uuid"]
-    assert main(["sim", "xid", "--state", str(state), "--uuid", gpu, "--xid", "79"]) == 0
+    assert main(["sim", "xid", "--sim-state", str(state), "--uuid", gpu, "--xid", "79"]) == 0
     assert simstate.read(state)["events"][-1] == {"seq": 1, "gpu": 0, "xid": 79, "gi": None, "ci": None}
-    assert main(["sim", "reset", "--state", str(state), "--uuid", gpu]) == 0
+    assert main(["sim", "reset", "--sim-state", str(state), "--uuid", gpu]) == 0
     assert capsys.readouterr().out == f"reset {gpu}\n"
-    assert main(["sim", "idle", "--state", str(state), "--uuid", "GPU-nope"]) == 1
+    assert main(["sim", "idle", "--sim-state", str(state), "--uuid", "GPU-nope"]) == 1
 
 
 def test_a_lost_gpu_is_left_out_of_export_and_found_again(
@@ -159,12 +171,12 @@ def test_a_lost_gpu_is_left_out_of_export_and_found_again(
 ) -> None:
     sim = ["--backend", "sim", "--sim-state", str(state)]
     capsys.readouterr()
-    assert main(["sim", "lost", "--state", str(state), "--gpu", "1"]) == 0
+    assert main(["sim", "lost", "--sim-state", str(state), "--gpu", "1"]) == 0
     assert capsys.readouterr().out.startswith("GPU 1 (GPU-")
     assert main(["export", *sim, "--json"]) == 0
     assert ["NVIDIA A100-SXM4-40GB"] == [g["product"] for g in json.loads(capsys.readouterr().out)["gpus"]]
-    assert main(["sim", "found", "--state", str(state), "--gpu", "1"]) == 0
-    assert main(["sim", "lost", "--state", str(state), "--gpu", "7"]) == 1
+    assert main(["sim", "found", "--sim-state", str(state), "--gpu", "1"]) == 0
+    assert main(["sim", "lost", "--sim-state", str(state), "--gpu", "7"]) == 1
     assert "no simulated GPU 7" in capsys.readouterr().err
     assert main(["export", *sim, "--json"]) == 0
     assert 2 == len(json.loads(capsys.readouterr().out)["gpus"])
@@ -186,7 +198,7 @@ def test_export_as_mig_parted_applies_back_to_the_same_layout(
 ) -> None:
     """What `export --format mig-parted` writes, `apply` (and mig-parted) take back to the same layout."""
     state = tmp_path / "gpus.json"
-    assert main(["sim", "init", "--state", str(state), "--gpus", "A100-SXM4-40GB,H100-80GB-HBM3,T4"]) == 0
+    assert main(["sim", "init", "--sim-state", str(state), "--gpus", "A100-SXM4-40GB,H100-80GB-HBM3,T4"]) == 0
     sim = ["--backend", "sim", "--sim-state", str(state)]
     layout = tmp_path / "layout.yaml"
     layout.write_text(MIG_PARTED_LAYOUT)
