@@ -21,6 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "hack"))
 
+from generated import sync  # noqa: E402
 from lab.binaries import binaries  # noqa: E402
 
 CHART = ROOT / "deploy" / "helm" / "gpu-sharing"
@@ -77,25 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 when deploy/ is stale")
     args = parser.parse_args(argv)
-    wanted = render()
-    stale = [p for p, text in wanted.items() if not p.exists() or p.read_text("utf-8") != text]
-    extra = sorted(set(DEPLOY.glob("*.yaml")) - set(wanted))
-    if args.check:
-        for path in stale:
-            print(f"{path.relative_to(ROOT)} differs from the chart's default render", file=sys.stderr)
-        for path in extra:
-            print(f"{path.relative_to(ROOT)} is not rendered from the chart", file=sys.stderr)
-        if stale or extra:
-            print("deploy/ is stale: run `python hack/gen-deploy.py` and commit the result", file=sys.stderr)
-            return 1
-        return 0
-    for path in stale:
-        path.write_text(wanted[path], "utf-8")
-        print(f"wrote {path.relative_to(ROOT)}")
-    for path in extra:
-        path.unlink()
-        print(f"removed {path.relative_to(ROOT)}")
-    return 0
+    return sync(render(), DEPLOY.glob("*.yaml"), check=args.check, command="hack/gen-deploy.py")
 
 
 if __name__ == "__main__":

@@ -21,6 +21,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "hack"))
+
+from generated import sync  # noqa: E402
 
 from sharing.catalog import Catalog, Product, Profile, default_catalog  # noqa: E402
 from sharing.config import parse_config  # noqa: E402
@@ -163,26 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         parse_config(name, text, products=named_products(text, catalog), catalog=catalog)
     wanted = {PROFILES / f"{name}.yaml": text for name, text in texts.items()}
     wanted[CONFIGMAP] = configmap(texts)
-    stale = [p for p, text in wanted.items() if not p.exists() or p.read_text("utf-8") != text]
-    extra = sorted(set(PROFILES.glob("*.yaml")) - set(wanted))
-    if args.check:
-        if stale or extra:
-            for path in stale:
-                print(f"{path.relative_to(ROOT)} is out of date", file=sys.stderr)
-            for path in extra:
-                print(f"{path.relative_to(ROOT)} is not a generated preset", file=sys.stderr)
-            print("the generated presets are stale: run `python hack/gen-presets.py` and commit the result",
-                  file=sys.stderr)  # fmt: skip
-            return 1
-        return 0
-    for path in stale:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(wanted[path], "utf-8")
-        print(f"wrote {path.relative_to(ROOT)}")
-    for path in extra:
-        path.unlink()
-        print(f"removed {path.relative_to(ROOT)}")
-    return 0
+    return sync(wanted, PROFILES.glob("*.yaml"), check=args.check, command="hack/gen-presets.py")
 
 
 if __name__ == "__main__":
