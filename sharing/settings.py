@@ -79,75 +79,40 @@ class Settings:
         }
 
 
-# (field, flag, env var, help)
-_OPTIONS: tuple[tuple[str, str, str, str], ...] = (
-    ("node_name", "--node-name", "SHARING_NODE_NAME", "this node's name (DaemonSet: from the downward API)"),
-    ("namespace", "--namespace", "SHARING_NAMESPACE", "namespace of the ConfigMap of named configs"),
-    ("configmap", "--configmap", "SHARING_CONFIGMAP", "name of the user's ConfigMap of named configs"),
-    (
-        "presets_configmap",
-        "--presets-configmap",
-        "SHARING_PRESETS_CONFIGMAP",
-        "name of the ConfigMap of shipped presets ('' for none); the user's configs win per name",
+# Each setting: its flag is --name-with-dashes, its environment variable SHARING_NAME_IN_CAPITALS.
+_OPTIONS: dict[str, str] = {
+    "node_name": "this node's name (DaemonSet: from the downward API)",
+    "namespace": "namespace of the ConfigMap of named configs",
+    "configmap": "name of the user's ConfigMap of named configs",
+    "presets_configmap": (
+        "name of the ConfigMap of shipped presets ('' for none); the user's configs win per name"
     ),
-    ("default_config", "--default-config", "SHARING_DEFAULT_CONFIG", "config for a node without a label"),
-    (
-        "default_mig_strategy",
-        "--default-mig-strategy",
-        "SHARING_DEFAULT_MIG_STRATEGY",
-        "MIG strategy (none, single, mixed) of NVIDIA device-plugin configs that set none",
+    "default_config": "config for a node without a label",
+    "default_mig_strategy": (
+        "MIG strategy (none, single, mixed) of NVIDIA device-plugin configs that set none"
     ),
-    ("config_label", "--config-label", "SHARING_CONFIG_LABEL", "node label that names the config"),
-    ("fallback_label", "--fallback-label", "SHARING_FALLBACK_LABEL", "label used when the first is absent"),
-    ("backend", "--backend", "SHARING_BACKEND", "GPU backend: nvml or sim"),
-    ("sim_state", "--sim-state", "SHARING_SIM_STATE", "state file of the simulated GPUs (--backend sim)"),
-    (
-        "device_plugin_dir",
-        "--device-plugin-dir",
-        "SHARING_DEVICE_PLUGIN_DIR",
-        "the kubelet's device-plugin dir",
+    "config_label": "node label that names the config",
+    "fallback_label": "label used when the first is absent",
+    "backend": "GPU backend: nvml or sim",
+    "sim_state": "state file of the simulated GPUs (--backend sim)",
+    "device_plugin_dir": "the kubelet's device-plugin dir",
+    "pod_resources_socket": "the PodResources socket",
+    "journal": "journal of hardware steps (crash recovery)",
+    "kubeconfig": "kubeconfig file (default: in-cluster)",
+    "resync_seconds": "reconcile at least this often",
+    "blocked_recheck_seconds": "while devices in use block a change, look this often whether they are free",
+    "drain": "evict the pods that block a change, cordoning the node meanwhile (true/false)",
+    "watch_timeout_seconds": "watch renewal",
+    "ignored_xids": "XIDs that do not make a GPU unhealthy",
+    "allocation_policy": "replicas: distributed or packed",
+    "device_list_strategy": (
+        "how containers get devices: envvar, volume-mounts, cdi-annotations, cdi-cri (comma list)"
     ),
-    (
-        "pod_resources_socket",
-        "--pod-resources-socket",
-        "SHARING_POD_RESOURCES_SOCKET",
-        "the PodResources socket",
-    ),
-    ("journal", "--journal", "SHARING_JOURNAL", "journal of hardware steps (crash recovery)"),
-    ("kubeconfig", "--kubeconfig", "SHARING_KUBECONFIG", "kubeconfig file (default: in-cluster)"),
-    ("resync_seconds", "--resync-seconds", "SHARING_RESYNC_SECONDS", "reconcile at least this often"),
-    (
-        "blocked_recheck_seconds",
-        "--blocked-recheck-seconds",
-        "SHARING_BLOCKED_RECHECK_SECONDS",
-        "while devices in use block a change, look this often whether they are free",
-    ),
-    (
-        "drain",
-        "--drain",
-        "SHARING_DRAIN",
-        "evict the pods that block a change, cordoning the node meanwhile (true/false)",
-    ),
-    ("watch_timeout_seconds", "--watch-timeout-seconds", "SHARING_WATCH_TIMEOUT_SECONDS", "watch renewal"),
-    ("ignored_xids", "--ignored-xids", "SHARING_IGNORED_XIDS", "XIDs that do not make a GPU unhealthy"),
-    (
-        "allocation_policy",
-        "--allocation-policy",
-        "SHARING_ALLOCATION_POLICY",
-        "replicas: distributed or packed",
-    ),
-    (
-        "device_list_strategy",
-        "--device-list-strategy",
-        "SHARING_DEVICE_LIST_STRATEGY",
-        "how containers get devices: envvar, volume-mounts, cdi-annotations, cdi-cri (comma list)",
-    ),
-    ("device_id_strategy", "--device-id-strategy", "SHARING_DEVICE_ID_STRATEGY", "uuid or index"),
-    ("cdi_spec_dir", "--cdi-spec-dir", "SHARING_CDI_SPEC_DIR", "where the CDI spec is written"),
-    ("http_port", "--http-port", "SHARING_HTTP_PORT", "port of /healthz, /readyz, /metrics (0: none)"),
-    ("log_format", "--log-format", "SHARING_LOG_FORMAT", "auto, json or console"),
-)
-
+    "device_id_strategy": "uuid or index",
+    "cdi_spec_dir": "where the CDI spec is written",
+    "http_port": "port of /healthz, /readyz, /metrics (0: none)",
+    "log_format": "auto, json or console",
+}
 
 _EMPTY_ALLOWED = frozenset({"presets_configmap", "default_config"})
 """Settings where an empty value means "none" rather than "not set"."""
@@ -155,16 +120,24 @@ _EMPTY_ALLOWED = frozenset({"presets_configmap", "default_config"})
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add one flag per setting; unset flags fall back to the environment, then the default."""
-    for name, flag, env, help_text in _OPTIONS:
+    for name, help_text in _OPTIONS.items():
         default = Settings.__dataclass_fields__[name].default
         shown = "required" if name == "node_name" else _shown(default)
         parser.add_argument(
-            flag,
+            _flag(name),
             dest=name,
             default=None,
             metavar=name.split("_")[-1].upper(),
-            help=f"{help_text} [{env}; {shown}]",
+            help=f"{help_text} [{_env(name)}; {shown}]",
         )
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _env(name: str) -> str:
+    return "SHARING_" + name.upper()
 
 
 def _shown(default: object) -> str:
@@ -178,11 +151,11 @@ def _shown(default: object) -> str:
 def from_args(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> Settings:
     """Settings from parsed flags and the environment; ValueError names the bad setting."""
     values: dict[str, object] = {}
-    for name, flag, env, _ in _OPTIONS:
+    for name in _OPTIONS:
         raw = getattr(args, name, None)
-        source = flag
+        source = _flag(name)
         if raw is None:
-            raw, source = environ.get(env), env
+            raw, source = environ.get(_env(name)), _env(name)
         if raw is None and name == "kubeconfig":
             raw, source = environ.get("KUBECONFIG") or None, "KUBECONFIG"
         if raw is None or (raw == "" and name not in _EMPTY_ALLOWED):
