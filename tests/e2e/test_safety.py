@@ -16,8 +16,9 @@ from typing import Any
 import lab
 import pytest
 
-from tests.e2e.conftest import GpuNode, poll
+from tests.e2e.conftest import GpuNode
 from tests.e2e.test_agent import DEMO, capacity, mig_and_shared
+from tests.polling import poll
 
 pytestmark = pytest.mark.integration
 
@@ -134,8 +135,11 @@ def test_an_api_server_restart_leaves_an_idle_agent_quiet(gpu_node: GpuNode) -> 
     gpu_node.wait_labels(state_is("success"))
     gpu_node.control_plane.restart_apiserver()
     gpu_node.label("all-replicas-2")  # proves the watches came back
-    gpu_node.wait_labels(lambda labels: labels.get("nvidia.com/gpu.replicas") == "2", timeout=60)
-    time.sleep(2)  # let the watches settle after the change; the window below is what is measured
+    # The change is done (its labels and state written) before the measured window starts.
+    applied = state_is("success")
+    gpu_node.wait_labels(
+        lambda labels: labels.get("nvidia.com/gpu.replicas") == "2" and applied(labels), timeout=60
+    )
     start = time.time()
     poll("a 15 s idle window", time.time, lambda now: now - start >= 15, timeout=20)
     requests = gpu_node.agent_requests(start, time.time())
