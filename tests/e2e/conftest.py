@@ -13,7 +13,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 import uuid
@@ -24,6 +23,8 @@ from typing import Any
 
 import lab
 import pytest
+
+from tests.polling import poll
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGMAP = "gpu-sharing-config"
@@ -37,18 +38,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def poll(what: str, read: Callable[[], Any], ok: Callable[[Any], bool], timeout: float) -> Any:
-    """Read until `ok(value)`; a deadline, not a sleep, bounds it (the API has no change feed here)."""
-    deadline = time.monotonic() + timeout
-    value = read()
-    while not ok(value):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} not reached within {timeout}s; last: {value}")
-        time.sleep(0.1)
-        value = read()
-    return value
 
 
 @pytest.fixture(scope="session")

@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.e2e.conftest import GpuNode, poll
+from tests.e2e.conftest import GpuNode
 from tests.e2e.test_agent import DEMO, capacity, mig_and_shared
+from tests.polling import poll
 
 pytestmark = pytest.mark.integration
 

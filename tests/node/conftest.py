@@ -11,9 +11,8 @@ from __future__ import annotations
 import base64
 import json
 import os
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +22,7 @@ from lab import images
 from lab.helm import NAMESPACE, RELEASE, Helm, lab_values
 
 from sharing.kubeletapi import deviceplugin_v1beta1_pb2 as api
+from tests.polling import poll
 
 NODE = "gpu-node"
 CONFIG = "all-kinds"
@@ -52,18 +52,6 @@ EXPECTED = {
     "nvidia.com/gpu": "1",
     "nvidia.com/gpu.shared": "4",
 }
-
-
-def poll(what: str, read: Callable[[], Any], ok: Callable[[Any], bool], timeout: float = 60) -> Any:
-    """Read until ``ok(value)``; a deadline, not a sleep, bounds it."""
-    deadline = time.monotonic() + timeout
-    value = read()
-    while not ok(value):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} not reached within {timeout}s; last: {value}")
-        time.sleep(0.2)
-        value = read()
-    return value
 
 
 @dataclass

@@ -17,7 +17,8 @@ from pathlib import Path
 import lab
 import pytest
 
-from tests.node.conftest import NodeUnderTest, poll
+from tests.node.conftest import NodeUnderTest
+from tests.polling import poll
 
 pytestmark = pytest.mark.node
 

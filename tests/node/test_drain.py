@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 from lab.helm import NAMESPACE, lab_values
 
-from tests.node.conftest import ALL_KINDS, CONFIG, CONFIG_LABEL, NODE, NodeUnderTest, poll
+from tests.node.conftest import ALL_KINDS, CONFIG, CONFIG_LABEL, NODE, NodeUnderTest
+from tests.polling import poll
 
 pytestmark = pytest.mark.node
 
