@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 when deploy/ is stale")
     args = parser.parse_args(argv)
-    return sync(render(), DEPLOY.glob("*.yaml"), check=args.check, command="hack/gen-deploy.py")
+    return sync(render(), DEPLOY.glob("*.yaml"), check=args.check, command="hack/gen-deploy.py", root=ROOT)
 
 
 if __name__ == "__main__":

@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         parse_config(name, text, products=named_products(text, catalog), catalog=catalog)
     wanted = {PROFILES / f"{name}.yaml": text for name, text in texts.items()}
     wanted[CONFIGMAP] = configmap(texts)
-    return sync(wanted, PROFILES.glob("*.yaml"), check=args.check, command="hack/gen-presets.py")
+    return sync(wanted, PROFILES.glob("*.yaml"), check=args.check, command="hack/gen-presets.py", root=ROOT)
 
 
 if __name__ == "__main__":
