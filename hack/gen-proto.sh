@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Regenerates the kubelet API stubs in sharing/kubeletapi/ from proto/sharing/kubeletapi/*.proto
+# Regenerates the kubelet API stubs in sharing/kubelet/api/ from proto/sharing/kubelet/api/*.proto
 # (messages, .pyi stubs, gRPC services). Protos live under proto/<package path> and protoc runs with
-# -I proto, so generated imports are absolute (`from sharing.kubeletapi import ...`).
+# -I proto, so generated imports are absolute (`from sharing.kubelet.api import ...`).
 #   hack/gen-proto.sh          write the stubs
 #   hack/gen-proto.sh --check  fail (exit 1) when the committed stubs differ from fresh ones
 set -euo pipefail
@@ -10,7 +10,7 @@ cd "$root"
 if [ -z "${VIRTUAL_ENV:-}" ] && ! python -c 'import grpc_tools' 2>/dev/null; then
   PATH="$(hack/venv.sh)/bin:$PATH"
 fi
-out=sharing/kubeletapi
+out=sharing/kubelet/api
 check=false
 case "${1:-}" in
   --check) check=true ;;
@@ -22,7 +22,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 python -m grpc_tools.protoc -I proto \
   --python_out="$tmp" --pyi_out="$tmp" --grpc_python_out="$tmp" \
-  proto/sharing/kubeletapi/*.proto
+  proto/sharing/kubelet/api/*.proto
 
 generated() { (cd "$1" && find . -name '*_pb2*.py' -o -name '*_pb2*.pyi' | sort); }
 

@@ -1,8 +1,8 @@
 """The agent: one level-triggered reconcile loop from ConfigMaps + Node label to GPUs, plugins and labels.
 
 Triggers (Node label or ConfigMap change, SIGHUP, periodic resync, a retry) only wake the loop
-(GPU health goes straight to the plugins, `sharing.health`); bursts coalesce and every reconcile
-starts from fresh observations: select a config -> roll it out safely (`sharing.rollout`) ->
+(GPU health goes straight to the plugins, `sharing.rollout.health`); bursts coalesce and every reconcile
+starts from fresh observations: select a config -> roll it out safely (`sharing.rollout.rollout`) ->
 advertise -> labels, annotations and Events. Bad input leaves the node on its last good config with
 state `failed` and an Event that says why; the plugins keep serving whatever happens to the API
 server. A change that devices in use block is re-checked every few seconds (cheaply: who holds
@@ -20,29 +20,21 @@ import time
 import structlog
 
 from sharing import __version__
-from sharing.catalog import Catalog
-from sharing.drain import Drainer
+from sharing.cluster import ConfigSources, NodePublisher
+from sharing.config import Failed, MigStrategy, Selected, SharingConfig, select_config
+from sharing.deviceplugin import Fleet
 from sharing.errors import SharingError
-from sharing.gpu.backend import GpuBackend
-from sharing.health import follow_health
-from sharing.journal import Journal
+from sharing.gpu import GpuBackend
 from sharing.kube import KubeClient
+from sharing.kubelet import PodResourcesClient
 from sharing.labels import ConfigState
-from sharing.metrics import Metrics
+from sharing.mig import Catalog
 from sharing.model import NodeState
-from sharing.publish import NodePublisher
-from sharing.report import Reporter
-from sharing.rollout import Rollout
-from sharing.selection import Failed, Selected, select_config
-from sharing.serve.fleet import Fleet
-from sharing.serve.http import HttpServer
-from sharing.serve.podresources import PodResourcesClient
+from sharing.ops import ConfigStatus, HttpServer, Metrics, Reporter
+from sharing.rollout import Drainer, Retry, Rollout, Verdict, follow_health, held_back
 from sharing.settings import Settings
-from sharing.sources import ConfigSources
-from sharing.spec import SharingConfig
-from sharing.status import ConfigStatus
+from sharing.store import Journal
 from sharing.text import bounded
-from sharing.verdict import Retry, Verdict, held_back
 from sharing.watch import watch_node
 
 log = structlog.get_logger(__name__)
@@ -84,9 +76,17 @@ class Agent:
         )
         self.report = Reporter(settings.node_name, self.rollout, fleet, self.metrics, self._config_status)
         self.node = watch_node(kube, settings.node_name, settings.watch_timeout_seconds)
-        self.node_out = NodePublisher(kube, self.node, catalog, self.metrics)
+        self.node_out = NodePublisher(kube, self.node, catalog)
         self.drain = Drainer(kube, self.node, self.node_out.event, enabled=settings.drain)
-        self.sources = ConfigSources(kube, settings, catalog)
+        self.sources = ConfigSources(
+            kube,
+            catalog,
+            namespace=settings.namespace,
+            names=(settings.configmap, settings.presets_configmap),
+            watch_timeout_seconds=settings.watch_timeout_seconds,
+            last_good=settings.journal.with_name("last-good.json"),
+            default_mig_strategy=MigStrategy(settings.default_mig_strategy),
+        )
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._good: SharingConfig | None = None
@@ -289,9 +289,11 @@ class Agent:
         inventory = await self.rollout.advertise(observed, config)
         self.report.advertised = True
         verdict = held_back(verdict, self.rollout.withheld, config.name if config else "")
-        await self.node_out.publish(
+        outcome = await self.node_out.publish(
             observed, config, inventory, verdict, good=self._good, in_effect=self._in_effect()
         )
+        if outcome is not None:
+            self.metrics.changes.labels(outcome=outcome).inc()
         return verdict
 
     def _in_effect(self) -> dict[str, str | None]:

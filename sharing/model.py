@@ -2,16 +2,16 @@
 
 Every GPU backend (NVML, simulated) produces these; the applier, inventory and labels consume them.
 The driver is the authority on a GPU's MIG profiles (`Gpu.profiles`); the catalog fills in only
-where a backend did not read them (`geometry`).
+where a backend did not read them (`sharing.mig.geometry`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NewType
+from typing import TYPE_CHECKING, NewType
 
-from sharing.catalog import Catalog, PlainProduct, Product
-from sharing.spec import GpuIdentity
+if TYPE_CHECKING:
+    from sharing.mig import Product
 
 GpuUuid = NewType("GpuUuid", str)
 """`GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, as NVML reports it."""
@@ -139,34 +139,6 @@ class HealthEvent:
 def bounded(text: str, limit: int = MAX_ERROR_CHARS) -> str:
     """`text` cut to `limit` characters, saying so."""
     return text if len(text) <= limit else text[: limit - 15] + " ... (truncated)"
-
-
-def geometry(gpu: Gpu, catalog: Catalog) -> Product | None:
-    """The MIG profiles of a GPU: what its driver reported, else the catalog's (offline, old data)."""
-    if gpu.profiles is not None:
-        return gpu.profiles
-    if not gpu.mig_capable:
-        return None
-    found = catalog.for_gpu(gpu.product, gpu.pci_device_id)
-    return found if isinstance(found, Product) else None
-
-
-def catalog_name(gpu: Gpu, catalog: Catalog) -> str | None:
-    """The catalog's name for this GPU (by PCI id, then NVML name), or None when it is not known."""
-    found = catalog.for_gpu(gpu.product, gpu.pci_device_id)
-    return found.name if isinstance(found, Product | PlainProduct) else None
-
-
-def identity(gpu: Gpu, catalog: Catalog) -> GpuIdentity:
-    """What config rules match this GPU on: index, catalog and NVML names, PCI ids, UUID."""
-    return GpuIdentity(
-        index=gpu.index,
-        product=catalog_name(gpu, catalog) or gpu.product,
-        nvml_name=gpu.product,
-        pci_device_id=gpu.pci_device_id,
-        pci_subsystem_id=gpu.pci_subsystem_id,
-        uuid=gpu.uuid,
-    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from sharing.allocation import DeviceIdStrategy, DeviceListStrategy, Injection
-from sharing.journal import DEFAULT_PATH as DEFAULT_JOURNAL
+from sharing.devices import APPLICATION_XIDS, DeviceIdStrategy, DeviceListStrategy, Injection
+from sharing.store import DEFAULT_JOURNAL
 
 DEFAULT_POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 
@@ -44,7 +44,7 @@ class Settings:
     drain: bool = False
     """Cordon the Node and evict the pods that block a change (Eviction API), then uncordon."""
     watch_timeout_seconds: int = 300
-    ignored_xids: tuple[int, ...] = (13, 31, 43, 45, 68, 109)
+    ignored_xids: tuple[int, ...] = tuple(sorted(APPLICATION_XIDS))
     allocation_policy: str = "distributed"
     device_list_strategy: str = "envvar"
     """Comma list of envvar, volume-mounts, cdi-annotations, cdi-cri (NVIDIA's names)."""

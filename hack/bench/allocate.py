@@ -30,8 +30,8 @@ from bench.clients import Harness
 from bench.cluster import Cluster
 from bench.expect import nothing_allocatable
 from bench.report import Budget, Results, percentile, say
-from sharing.kubeletapi import deviceplugin_v1beta1_pb2 as api
-from sharing.kubeletapi import deviceplugin_v1beta1_pb2_grpc as api_grpc
+from sharing.kubelet.api import deviceplugin_v1beta1_pb2 as api
+from sharing.kubelet.api import deviceplugin_v1beta1_pb2_grpc as api_grpc
 
 STUB_RESOURCE = "bench.example.com/stub"
 OURS = "nvidia.com/gpu"

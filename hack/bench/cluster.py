@@ -21,11 +21,11 @@ from bench.clients import CONFIG_LABEL, NAMESPACE, Api, Watch, node_view
 from bench.expect import Inventory, expected_inventory, expected_labels, labels_match, resources_match
 from bench.procs import REPO, free_port, start_agent, stop_process
 from bench.report import say
-from sharing.catalog import Catalog, default_catalog
 from sharing.cli.sim import parse_gpus
 from sharing.config import parse_configmap
+from sharing.config.spec import SharingConfig
 from sharing.gpu import simstate
-from sharing.spec import SharingConfig
+from sharing.mig.catalog import Catalog, default_catalog
 
 NODE = "bench-gpu-node"
 AGENT_USER = "system:serviceaccount:gpu-sharing:gpu-sharing"

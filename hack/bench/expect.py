@@ -9,8 +9,8 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from sharing.catalog import Catalog
-from sharing.spec import MigMode, MigStrategy, SharingConfig
+from sharing.config.spec import MigMode, MigStrategy, SharingConfig
+from sharing.mig.catalog import Catalog
 
 STATE_LABEL = "nvidia.com/mig.config.state"
 CONFIG_ANNOTATION = "nvidia.com/gpu-sharing.config"

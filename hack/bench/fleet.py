@@ -43,10 +43,10 @@ from bench.expect import (
 )
 from bench.procs import cpu_seconds, free_port, rss_mb, start_agent, stop_all
 from bench.report import Budget, Results, percentile, say
-from sharing.catalog import default_catalog
 from sharing.cli.sim import parse_gpus
 from sharing.config import parse_config
 from sharing.gpu import simstate
+from sharing.mig.catalog import default_catalog
 
 GPUS = "A100-SXM4-40GB:8"
 LAYOUTS = ({"1g.5gb": 7}, {"3g.20gb": 2})

@@ -30,11 +30,11 @@ import lab
 from bench.allocate import plugin_socket
 from bench.procs import REPO, die_with_parent, stop_process
 from bench.report import Budget, Results, percentile, say
-from sharing.inventory import Device, DeviceId, Health, inventory_from
-from sharing.kubeletapi import deviceplugin_v1beta1_pb2 as api
-from sharing.kubeletapi import deviceplugin_v1beta1_pb2_grpc as api_grpc
+from sharing.deviceplugin.fleet import Fleet, FleetSettings
+from sharing.devices.inventory import Device, DeviceId, Health, inventory_from
+from sharing.kubelet.api import deviceplugin_v1beta1_pb2 as api
+from sharing.kubelet.api import deviceplugin_v1beta1_pb2_grpc as api_grpc
 from sharing.model import GpuUuid, HealthEvent
-from sharing.serve.fleet import Fleet, FleetSettings
 
 GPUS, REPLICAS = 8, 256
 OURS, STUB = "bench.example.com/gpu", "bench.example.com/stub"

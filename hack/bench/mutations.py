@@ -13,11 +13,11 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from bench.report import Results
-from sharing.apply import apply_config
-from sharing.catalog import Product, default_catalog
+from sharing.config.spec import MigMode, MigStrategy, Rule, Selector, SharingConfig
 from sharing.gpu import open_backend, simstate
-from sharing.journal import Journal
-from sharing.spec import MigMode, MigStrategy, Rule, Selector, SharingConfig
+from sharing.mig.catalog import Product, default_catalog
+from sharing.rollout.apply import apply_config
+from sharing.store.journal import Journal
 
 # 19 layouts of the 8-slice geometry, by profile kind; the H100 walks them from another offset.
 _KINDS = {0: "1g", 7: "1g+me", 9: "1g-double", 1: "2g", 2: "3g", 3: "4g", 4: "7g"}

@@ -13,9 +13,9 @@ import random
 import time
 
 from bench.report import Budget, Results, percentile, say
-from sharing.catalog import default_catalog
-from sharing.plan import Existing, plan_gpu
-from sharing.plan import Plan as GpuPlan
+from sharing.mig.catalog import default_catalog
+from sharing.mig.plan import Existing, plan_gpu
+from sharing.mig.plan import Plan as GpuPlan
 
 TRANSITIONS = 1000
 SEED = 20240607

@@ -27,8 +27,8 @@ from lab.helm import Helm, lab_values
 from bench.clients import CONFIG_LABEL, Api, Watch, node_view, pod_view
 from bench.expect import allocatable_match, expected_inventory, expected_labels, labels_match
 from bench.report import Budget, Results, percentile, say
-from sharing.catalog import default_catalog
 from sharing.config import parse_configmap
+from sharing.mig.catalog import default_catalog
 
 NODE = "bench-real-node"
 GPUS = ["A100-SXM4-40GB", "A100-SXM4-40GB", "H100-80GB-HBM3", "H100-80GB-HBM3"]

@@ -37,12 +37,11 @@ def run(args: argparse.Namespace) -> int:
 async def _serve(config: settings.Settings) -> None:
     # Imported here: the other commands should not pay for grpc and the kubernetes client.
     from sharing.agent import Agent
-    from sharing.allocation import AllocationPolicy
-    from sharing.catalog import default_catalog
+    from sharing.deviceplugin import AllocationPolicy, Fleet, FleetSettings
     from sharing.gpu import open_backend
     from sharing.kube import ApiClient
-    from sharing.serve.fleet import Fleet, FleetSettings
-    from sharing.serve.podresources import PodResourcesClient
+    from sharing.kubelet import PodResourcesClient
+    from sharing.mig import default_catalog
 
     catalog = default_catalog()
     config.journal.parent.mkdir(parents=True, exist_ok=True)

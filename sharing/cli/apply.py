@@ -9,15 +9,13 @@ import sys
 from pathlib import Path
 
 from sharing import logs
-from sharing.apply import ApplyReport, apply_config
-from sharing.catalog import default_catalog
 from sharing.cli.common import Subparsers, UsageError, print_json
 from sharing.cli.gpuargs import add_backend_arguments, backend_kind, open_from_args, sim_state
-from sharing.config import InvalidConfigError, load_yaml, parse_configmap, parse_file
-from sharing.journal import DEFAULT_PATH as DEFAULT_JOURNAL
-from sharing.journal import Journal
+from sharing.config import InvalidConfigError, SharingConfig, load_yaml, parse_configmap, parse_file
+from sharing.mig import default_catalog
+from sharing.rollout import ApplyReport, apply_config
 from sharing.settings import DEFAULT_POD_RESOURCES_SOCKET
-from sharing.spec import SharingConfig
+from sharing.store import DEFAULT_JOURNAL, Journal
 
 
 def register(commands: Subparsers) -> None:
@@ -74,8 +72,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _apply(args: argparse.Namespace, config: SharingConfig, journal: Journal) -> ApplyReport:
-    from sharing.holders import read_holders
-    from sharing.serve.podresources import PodResourcesClient
+    from sharing.kubelet import PodResourcesClient
+    from sharing.rollout import read_holders
 
     backend = open_from_args(args)
     try:

@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any, TypeAlias
 
-from sharing.catalog import AnyProduct, PlainProduct, Product, default_catalog
+from sharing.mig import AnyProduct, PlainProduct, Product, default_catalog
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 

@@ -9,10 +9,9 @@ import argparse
 import os
 from pathlib import Path
 
-from sharing.catalog import default_catalog
 from sharing.cli.common import UsageError
-from sharing.gpu import BACKENDS, open_backend
-from sharing.gpu.backend import GpuBackend
+from sharing.gpu import BACKENDS, GpuBackend, open_backend
+from sharing.mig import default_catalog
 
 
 def add_backend_arguments(parser: argparse.ArgumentParser) -> None:

@@ -6,9 +6,8 @@ import argparse
 import re
 from collections import Counter
 
-from sharing.catalog import Product
 from sharing.cli.common import Subparsers, UsageError, print_json, product_arg
-from sharing.plan import Existing, Infeasible, Placement, Plan, plan_gpu
+from sharing.mig import Existing, Infeasible, Placement, Plan, Product, plan_gpu
 
 _WANT = re.compile(r"^(?P<profile>[^=\s,]+)=(?P<count>\d+)$")
 _HAVE = re.compile(r"^(?P<profile>[^@\s,]+)@(?P<start>\d+)(?P<busy>:busy)?$")

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import argparse
 
-from sharing.catalog import PlainProduct, Product
 from sharing.cli.common import Subparsers, gpu_arg, print_json
+from sharing.mig import PlainProduct, Product
 
 
 def register(commands: Subparsers) -> None:

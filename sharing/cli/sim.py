@@ -6,11 +6,11 @@ import argparse
 import re
 from pathlib import Path
 
-from sharing.catalog import default_catalog
 from sharing.cli.common import Subparsers, UsageError
 from sharing.cli.gpuargs import sim_state
 from sharing.errors import BackendError
 from sharing.gpu import simstate
+from sharing.mig import default_catalog
 
 _GPU_ITEM = re.compile(r"^(?P<product>[^:]+?)(?::(?P<count>\d+))?$")
 

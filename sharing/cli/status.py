@@ -69,10 +69,10 @@ def _from_agent(port: int) -> dict[str, Any] | None:
 
 
 async def _observed(args: argparse.Namespace) -> dict[str, Any]:
-    from sharing.holders import read_holders
-    from sharing.inventory import build_inventory
-    from sharing.serve.podresources import PodResourcesClient
-    from sharing.status import ConfigStatus, status_document
+    from sharing.devices import build_inventory
+    from sharing.kubelet import PodResourcesClient
+    from sharing.ops import ConfigStatus, status_document
+    from sharing.rollout import read_holders
 
     backend = open_from_args(args)
     try:

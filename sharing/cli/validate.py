@@ -11,12 +11,21 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sharing.catalog import PlainProduct, default_catalog
 from sharing.cli.common import Subparsers, UsageError, gpu_arg, print_json
-from sharing.config import ConfigSet, InvalidConfigError, Problem, load_yaml, parse_configmap
-from sharing.config.document import MAX_BYTES
-from sharing.config.node import node_from_names
-from sharing.spec import MigMode, Rule, Selector, SharingConfig
+from sharing.config import (
+    MAX_BYTES,
+    ConfigSet,
+    InvalidConfigError,
+    MigMode,
+    Problem,
+    Rule,
+    Selector,
+    SharingConfig,
+    load_yaml,
+    node_from_names,
+    parse_configmap,
+)
+from sharing.mig import PlainProduct, default_catalog
 
 
 def register(commands: Subparsers) -> None:

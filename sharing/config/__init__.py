@@ -15,7 +15,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sharing.catalog import Catalog, default_catalog
 from sharing.config.check import DraftConfig, finish
 from sharing.config.document import MAX_BYTES, describe, load_document
 from sharing.config.migparted import is_migparted, read_migparted
@@ -23,18 +22,45 @@ from sharing.config.native import read_native
 from sharing.config.node import NodeGpu, node_from_gpus, node_from_names
 from sharing.config.nvidia import is_nvidia, read_nvidia
 from sharing.config.problems import CONFIGMAP, InvalidConfigError, Problem, Report, key
+from sharing.config.spec import (
+    GpuIdentity,
+    MigMode,
+    MigStrategy,
+    PciFilter,
+    Replicas,
+    Rule,
+    Selector,
+    SharingConfig,
+    identity,
+    target_for,
+)
+from sharing.mig import Catalog, default_catalog
 from sharing.model import Gpu
-from sharing.spec import MigStrategy, SharingConfig
 
 __all__ = [
     "CONFIGMAP",
+    "MAX_BYTES",
     "ConfigSet",
+    "Failed",
+    "GpuIdentity",
     "InvalidConfigError",
+    "MigMode",
+    "MigStrategy",
+    "PciFilter",
     "Problem",
+    "Replicas",
+    "Rule",
+    "Selected",
+    "Selector",
+    "SharingConfig",
+    "identity",
     "load_yaml",
+    "node_from_names",
     "parse_config",
     "parse_configmap",
     "parse_file",
+    "select_config",
+    "target_for",
 ]
 
 _KEY = re.compile(r"^[-._a-zA-Z0-9]{1,253}$")
@@ -227,3 +253,7 @@ def _size(value: object) -> int:
     if isinstance(value, str):
         return len(value.encode("utf-8", "replace"))
     return 0
+
+
+# Last: selection reads ConfigSet, defined above.
+from sharing.config.selection import Failed, Selected, select_config  # noqa: E402

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sharing.catalog import Catalog
 from sharing.config.node import NodeGpu, catalog_targets, layout_problems
 from sharing.config.problems import Report
 from sharing.config.rules import GPU, check_rename, check_replicas, check_strategy, covers, reachability
-from sharing.spec import MigMode, MigStrategy, Replicas, Rule, Selector, SharingConfig
+from sharing.config.spec import MigMode, MigStrategy, Replicas, Rule, Selector, SharingConfig
+from sharing.mig import Catalog
 
 __all__ = ["GPU", "DraftConfig", "DraftRule", "covers", "finish"]
 

@@ -12,13 +12,13 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from sharing.catalog import NVIDIA_VENDOR
 from sharing.config.check import DraftConfig, DraftRule
 from sharing.config.document import describe
 from sharing.config.native import add_gpu_index
 from sharing.config.problems import Report, item, key
 from sharing.config.schema import boolean, choice, fields, integer
-from sharing.spec import MigMode, MigStrategy, PciFilter, Selector
+from sharing.config.spec import MigMode, MigStrategy, PciFilter, Selector
+from sharing.mig import NVIDIA_VENDOR
 
 _NUMBER = re.compile(r"^(0[xX][0-9a-fA-F]{1,8}|[0-9]{1,10})$")
 _ATTR = r"(me|me\.all|gfx)"

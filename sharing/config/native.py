@@ -8,7 +8,7 @@ from sharing.config.check import DraftConfig, DraftRule
 from sharing.config.document import describe
 from sharing.config.problems import Report, item, key
 from sharing.config.schema import boolean, choice, fields, integer, resource_name, string
-from sharing.spec import MigMode, MigStrategy, Selector
+from sharing.config.spec import MigMode, MigStrategy, Selector
 
 MAX_REPLICAS = 256
 MAX_GPU_INDEX = 255

@@ -12,10 +12,18 @@ import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sharing.catalog import NVIDIA_VENDOR, Catalog, PlainProduct, Product, parse_pci_id
-from sharing.model import Gpu, geometry, identity
-from sharing.plan import Infeasible, plan_gpu
-from sharing.spec import GpuIdentity, Selector
+from sharing.config.spec import GpuIdentity, Selector, identity
+from sharing.mig import (
+    NVIDIA_VENDOR,
+    Catalog,
+    Infeasible,
+    PlainProduct,
+    Product,
+    geometry,
+    parse_pci_id,
+    plan_gpu,
+)
+from sharing.model import Gpu
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ from sharing.config.native import MAX_REPLICAS, STRATEGIES
 from sharing.config.nvidiaflags import read_flags, read_imex, read_resources
 from sharing.config.problems import Report, item, key
 from sharing.config.schema import boolean, choice, fields, integer
-from sharing.spec import MigMode, MigStrategy, Selector
+from sharing.config.spec import MigMode, MigStrategy, Selector
 
 DEFAULT = "*"
 """Contribution key of `nvidia.com/gpu` under none/single: every device the rule produces."""

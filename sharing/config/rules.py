@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sharing.catalog import Catalog, product_key
 from sharing.config.node import NodeGpu
 from sharing.config.problems import Report
-from sharing.spec import MigMode, MigStrategy, Selector
+from sharing.config.spec import MigMode, MigStrategy, Selector
+from sharing.mig import Catalog, product_key
 
 if TYPE_CHECKING:
     from sharing.config.check import DraftConfig, DraftRule

@@ -10,11 +10,15 @@ from __future__ import annotations
 from collections.abc import Collection
 from pathlib import Path
 
-from sharing.catalog import Catalog
+from sharing.devices import APPLICATION_XIDS
 from sharing.errors import BackendError
 from sharing.gpu import nvml, simnvml, simstate
 from sharing.gpu.backend import GpuBackend
+from sharing.gpu.cdi import build_spec, write_spec
 from sharing.gpu.devfiles import SimFiles
+from sharing.mig import Catalog
+
+__all__ = ["BACKENDS", "GpuBackend", "build_spec", "open_backend", "write_spec"]
 
 BACKENDS = ("nvml", "sim")
 
@@ -24,7 +28,7 @@ def open_backend(
     catalog: Catalog,
     *,
     sim_state: Path | None = None,
-    ignored_xids: Collection[int] = nvml.APPLICATION_XIDS,
+    ignored_xids: Collection[int] = APPLICATION_XIDS,
 ) -> GpuBackend:
     """The backend called `kind` (`nvml` or `sim`); `sim` needs the path of its state file."""
     if kind == "nvml":

@@ -6,7 +6,7 @@ same way; this module keeps the compute-instance side the backend needs.
 
 from __future__ import annotations
 
-from sharing.catalog import profile_name
+from sharing.mig import profile_name
 
 __all__ = ["CI_ENUM_FOR_SLICES", "gi_profile_name"]
 

@@ -22,7 +22,7 @@ from typing import TypeVar
 
 import structlog
 
-from sharing.catalog import Catalog, Product, differences
+from sharing.devices import APPLICATION_XIDS
 from sharing.errors import BackendError
 from sharing.gpu.backend import NvmlUnavailableError
 from sharing.gpu.devfiles import DeviceFiles, DriverFiles
@@ -30,15 +30,13 @@ from sharing.gpu.naming import CI_ENUM_FOR_SLICES
 from sharing.gpu.nvmlapi import Handle, Nvml, code, optional_int
 from sharing.gpu.nvmlerrors import backend_error
 from sharing.gpu.nvmlread import NvmlReader
+from sharing.mig import Catalog, Product, differences
 from sharing.model import GpuInstance, GpuUuid, HealthEvent, NodeState
 
 T = TypeVar("T")
 log = structlog.get_logger(__name__)
 
 _NOT_ATTRIBUTED = 0xFFFFFFFF
-# Application errors (bad kernel, page fault in user code) say nothing about the GPU's health;
-# NVIDIA's device plugin skips the same list.
-APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 DMI_PRODUCT_NAME = Path("/sys/class/dmi/id/product_name")
 
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import ctypes
 from dataclasses import replace
 
-from sharing.catalog import MIB, Engines, Product, Profile, profile_name, split_pci
 from sharing.gpu.nvmlapi import Handle, Nvml, code
+from sharing.mig import MIB, Engines, Product, Profile, profile_name, split_pci
 
 
 def read_table(nvml: Nvml, device: Handle, name: str) -> Product:

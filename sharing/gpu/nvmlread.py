@@ -13,10 +13,10 @@ from __future__ import annotations
 import ctypes
 from dataclasses import replace
 
-from sharing.catalog import MIB, Product
 from sharing.gpu.backend import GpuNotFoundError
 from sharing.gpu.nvmlapi import Handle, Nvml, code
 from sharing.gpu.nvmlprofiles import read_table, with_identity
+from sharing.mig import MIB, Product
 from sharing.model import (
     ComputeInstance,
     DriverInfo,

@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
-from sharing.catalog import Product, Profile
 from sharing.gpu import simstate
 from sharing.gpu.simspec import State, table_of
 from sharing.gpu.simtypes import (
@@ -27,6 +26,7 @@ from sharing.gpu.simtypes import (
     NVMLError_NotSupported,
     NVMLError_Uninitialized,
 )
+from sharing.mig import Product, Profile
 
 T = TypeVar("T")
 

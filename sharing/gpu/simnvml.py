@@ -16,7 +16,6 @@ import ctypes
 import time
 from pathlib import Path
 
-from sharing.catalog import Catalog
 from sharing.gpu import simstate, simtypes
 from sharing.gpu.nvmlapi import nvmlPciInfoExt_v1_t
 from sharing.gpu.simcore import GPU, MIG, decode, handle
@@ -42,6 +41,7 @@ from sharing.gpu.simtypes import (
     nvmlEventTypeXidCriticalError,
     nvmlPciInfo_t,
 )
+from sharing.mig import Catalog
 
 
 class SimNvml(SimInstances):

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sharing.catalog import NVIDIA_VENDOR, Catalog, Engines, Product, Profile
 from sharing.errors import BackendError
+from sharing.mig import NVIDIA_VENDOR, Catalog, Engines, Product, Profile
 
 State = dict[str, Any]
 

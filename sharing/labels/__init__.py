@@ -14,8 +14,8 @@ import enum
 import re
 from collections.abc import Mapping
 
-from sharing.catalog import Catalog, default_catalog
-from sharing.inventory import Inventory
+from sharing.config import MigStrategy, SharingConfig
+from sharing.devices import Inventory
 from sharing.labels.gfd import (
     ENGINES,
     PREFIX,
@@ -26,10 +26,20 @@ from sharing.labels.gfd import (
     sanitise,
     single_labels,
 )
+from sharing.labels.layout import layout
+from sharing.mig import Catalog, default_catalog
 from sharing.model import NodeState
-from sharing.spec import MigStrategy, SharingConfig
 
-__all__ = ["PREFIX", "STATE_LABEL", "ConfigState", "label_patch", "node_labels", "owned", "sanitise"]
+__all__ = [
+    "PREFIX",
+    "STATE_LABEL",
+    "ConfigState",
+    "label_patch",
+    "layout",
+    "node_labels",
+    "owned",
+    "sanitise",
+]
 
 STATE_LABEL = "nvidia.com/mig.config.state"
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-from sharing.catalog import Catalog, Profile
-from sharing.inventory import GPU_RESOURCE, Device, Inventory
-from sharing.model import DriverInfo, Gpu, GpuInstance, NodeState, geometry
+from sharing.devices import GPU_RESOURCE, Device, Inventory
+from sharing.mig import Catalog, Profile, geometry
+from sharing.model import DriverInfo, Gpu, GpuInstance, NodeState
 
 PREFIX = "nvidia.com/"
 ENGINES = ("copy", "decoder", "encoder", "jpeg", "ofa")

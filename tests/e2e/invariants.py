@@ -17,8 +17,8 @@ from typing import Any
 
 import grpc
 
-from sharing.kubeletapi import podresources_v1_pb2 as podresources
-from sharing.kubeletapi import podresources_v1_pb2_grpc as podresources_grpc
+from sharing.kubelet.api import podresources_v1_pb2 as podresources
+from sharing.kubelet.api import podresources_v1_pb2_grpc as podresources_grpc
 
 GPU = "nvidia.com/gpu"
 MIG_PREFIX = "nvidia.com/mig-"

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from sharing.catalog import Product, default_catalog, differences
+from sharing.devices.inventory import build_inventory
 from sharing.gpu.nvml import NvmlBackend
-from sharing.inventory import build_inventory
 from sharing.labels import node_labels, owned
+from sharing.mig.catalog import Product, default_catalog, differences
 
 CATALOG = default_catalog()
 _CHANGES = ("Set", "Create", "Destroy", "Reset", "Clear", "Register")

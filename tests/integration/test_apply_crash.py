@@ -21,13 +21,13 @@ from pathlib import Path
 
 import pytest
 
-from sharing.apply import apply_config
-from sharing.catalog import default_catalog
 from sharing.cli.apply import load_config
+from sharing.config.spec import SharingConfig
 from sharing.gpu import open_backend, simstate
-from sharing.journal import Journal
+from sharing.mig.catalog import default_catalog
 from sharing.model import Gpu
-from sharing.spec import SharingConfig
+from sharing.rollout.apply import apply_config
+from sharing.store.journal import Journal
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -18,12 +18,13 @@ import grpc
 import lab
 import pytest
 
-from sharing.inventory import HealthState, Inventory, build_inventory
-from sharing.kubeletapi import deviceplugin_v1beta1_pb2 as api
-from sharing.kubeletapi import deviceplugin_v1beta1_pb2_grpc as api_grpc
+from sharing.config.spec import MigStrategy, Replicas, Rule, Selector, SharingConfig
+from sharing.deviceplugin import Fleet, FleetSettings, PluginStatus
+from sharing.devices.inventory import HealthState, Inventory, build_inventory
+from sharing.kubelet import PodResourcesClient
+from sharing.kubelet.api import deviceplugin_v1beta1_pb2 as api
+from sharing.kubelet.api import deviceplugin_v1beta1_pb2_grpc as api_grpc
 from sharing.model import ComputeInstance, Gpu, GpuInstance, GpuUuid, HealthEvent, MigUuid, NodeState
-from sharing.serve import Fleet, FleetSettings, PluginStatus, PodResourcesClient
-from sharing.spec import MigStrategy, Replicas, Rule, Selector, SharingConfig
 
 pytestmark = pytest.mark.integration
 

@@ -21,7 +21,7 @@ import pytest
 from lab import images
 from lab.helm import NAMESPACE, RELEASE, Helm, lab_values
 
-from sharing.kubeletapi import deviceplugin_v1beta1_pb2 as api
+from sharing.kubelet.api import deviceplugin_v1beta1_pb2 as api
 from tests.polling import poll
 
 NODE = "gpu-node"

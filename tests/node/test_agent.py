@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 from lab.helm import NAMESPACE, RELEASE, lab_values
 
-from sharing.kubeletapi import deviceplugin_v1beta1_pb2 as api
+from sharing.kubelet.api import deviceplugin_v1beta1_pb2 as api
 from tests.node.conftest import ALL_KINDS, CONFIG, NodeUnderTest
 
 pytestmark = pytest.mark.node

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sharing.serve import Fleet, FleetSettings
+from sharing.deviceplugin import Fleet, FleetSettings
 from tests.unit.fakekubelet import FakeKubelet
 
 

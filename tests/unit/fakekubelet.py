@@ -1,4 +1,4 @@
-"""A fake kubelet device manager in Python, for fast tests of sharing.serve.
+"""A fake kubelet device manager in Python, for fast tests of sharing.deviceplugin.
 
 It mirrors the kubelet rules the plugins must satisfy (the device manager of k8s.io/kubernetes
 pkg/kubelet/cm/devicemanager, which the Go harness runs for real): Register
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import grpc
 
-from sharing.kubeletapi import deviceplugin_v1beta1_pb2 as api
-from sharing.kubeletapi import deviceplugin_v1beta1_pb2_grpc as api_grpc
+from sharing.kubelet.api import deviceplugin_v1beta1_pb2 as api
+from sharing.kubelet.api import deviceplugin_v1beta1_pb2_grpc as api_grpc
 
 SUPPORTED_VERSIONS = ("v1beta1",)
 _QUALIFIED = re.compile(

@@ -15,16 +15,16 @@ from typing import Any
 
 import pytest
 
-from sharing import sources as sources_module
 from sharing.agent import Agent
-from sharing.catalog import default_catalog
+from sharing.cluster import sources as sources_module
+from sharing.deviceplugin import Fleet, FleetSettings
 from sharing.errors import BackendError
 from sharing.gpu import simstate
 from sharing.gpu.nvml import NvmlBackend
 from sharing.gpu.simnvml import SimNvml
-from sharing.kubeletapi import deviceplugin_v1beta1_pb2 as api
+from sharing.kubelet.api import deviceplugin_v1beta1_pb2 as api
+from sharing.mig.catalog import default_catalog
 from sharing.model import HealthEvent
-from sharing.serve import Fleet, FleetSettings
 from sharing.settings import Settings
 from tests.unit.fakekube import FakeKube
 from tests.unit.fakekubelet import FakeKubelet

@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from sharing.allocation import (
+from sharing.deviceplugin.allocation import (
     AllocationError,
     AllocationPolicy,
     ContainerAllocation,
-    DeviceIdStrategy,
-    DeviceListStrategy,
-    Injection,
     Mount,
     allocate,
     preferred_allocation,
 )
-from sharing.inventory import Device, DeviceId, Health
+from sharing.devices.injection import DeviceIdStrategy, DeviceListStrategy, Injection
+from sharing.devices.inventory import Device, DeviceId, Health
 from sharing.model import GpuUuid, MigUuid
 
 DISTRIBUTED, PACKED = AllocationPolicy.DISTRIBUTED, AllocationPolicy.PACKED

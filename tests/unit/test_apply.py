@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from sharing.apply import ApplyReport, apply_config
-from sharing.catalog import default_catalog
-from sharing.change import Outcome, Target
+from sharing.config.spec import MigMode, Replicas, Rule, Selector, SharingConfig
 from sharing.gpu import simstate
 from sharing.gpu.nvml import NvmlBackend
 from sharing.gpu.simnvml import SimNvml
-from sharing.journal import Journal
+from sharing.mig.catalog import default_catalog
+from sharing.mig.change import Outcome, Target
 from sharing.model import Gpu, GpuUuid, NodeState
-from sharing.spec import MigMode, Replicas, Rule, Selector, SharingConfig
+from sharing.rollout.apply import ApplyReport, apply_config
+from sharing.store.journal import Journal
 
 CATALOG = default_catalog()
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from sharing.catalog import (
+from sharing.errors import CatalogError
+from sharing.mig.catalog import (
     INFERRED,
     PlainProduct,
     Product,
@@ -22,7 +23,6 @@ from sharing.catalog import (
     parse_pci_id,
     profile_name,
 )
-from sharing.errors import CatalogError
 
 CATALOG = default_catalog()
 PRODUCTS = CATALOG.products
@@ -262,6 +262,6 @@ def test_the_wheel_carries_the_catalog_and_the_console_script(tmp_path: Path) ->
         names = set(archive.namelist())
         entry_points = next(n for n in names if n.endswith("entry_points.txt"))
         assert "sharing = sharing.cli:main" in archive.read(entry_points).decode()
-    assert "sharing/catalog.yaml" in names
+    assert "sharing/mig/catalog.yaml" in names
     assert "sharing/py.typed" in names
     assert "sharing/labels/gfd.py" in names

@@ -13,8 +13,8 @@ import structlog
 
 from sharing.cli import main
 from sharing.gpu import simstate
-from sharing.kubeletapi import podresources_v1_pb2 as api
-from sharing.kubeletapi import podresources_v1_pb2_grpc as api_grpc
+from sharing.kubelet.api import podresources_v1_pb2 as api
+from sharing.kubelet.api import podresources_v1_pb2_grpc as api_grpc
 
 CONFIG = """\
 version: v1

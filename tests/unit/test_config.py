@@ -11,10 +11,10 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sharing.catalog import load_catalog
 from sharing.config import CONFIGMAP, ConfigSet, InvalidConfigError, Problem, parse_config, parse_configmap
+from sharing.config.spec import MigMode, MigStrategy, Replicas, Rule, Selector, SharingConfig
 from sharing.errors import ConfigError
-from sharing.spec import MigMode, MigStrategy, Replicas, Rule, Selector, SharingConfig
+from sharing.mig.catalog import load_catalog
 
 
 def test_the_design_example_parses_to_frozen_values() -> None:

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from sharing.catalog import default_catalog
 from sharing.config import parse_config, parse_configmap, parse_file
+from sharing.config.spec import MigMode, MigStrategy, PciFilter, Replicas, Rule, Selector, SharingConfig
+from sharing.mig.catalog import default_catalog
 from sharing.model import Gpu, GpuUuid
-from sharing.spec import MigMode, MigStrategy, PciFilter, Replicas, Rule, Selector, SharingConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "nvidia"

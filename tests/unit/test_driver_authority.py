@@ -13,16 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from sharing.apply import apply_config
-from sharing.catalog import Engines, Product, Profile, default_catalog
 from sharing.config import parse_file
+from sharing.devices.inventory import build_inventory
 from sharing.gpu import nvmlapi, simstate
 from sharing.gpu.nvml import NvmlBackend
 from sharing.gpu.simnvml import SimNvml
 from sharing.gpu.simspec import spec_of
-from sharing.inventory import build_inventory
-from sharing.journal import Journal
 from sharing.labels import node_labels
+from sharing.mig.catalog import Engines, Product, Profile, default_catalog
+from sharing.rollout.apply import apply_config
+from sharing.store.journal import Journal
 
 CATALOG = default_catalog()
 

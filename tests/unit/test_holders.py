@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from sharing.holders import Holders
-from sharing.inventory import Device, DeviceId, Health, Inventory, inventory_from, reformed
+from sharing.devices.inventory import Device, DeviceId, Health, Inventory, inventory_from, reformed
 from sharing.labels import ConfigState
 from sharing.model import GpuUuid, Holding, MigUuid
-from sharing.verdict import Retry, Verdict, held_back
+from sharing.rollout.holders import Holders
+from sharing.rollout.verdict import Retry, Verdict, held_back
 
 GPU = "nvidia.com/gpu"
 SHARED = "nvidia.com/gpu.shared"

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sharing.errors import PluginError
-from sharing.inventory import (
+from sharing.config.spec import MigStrategy, Replicas, Rule, Selector, SharingConfig
+from sharing.devices.inventory import (
     Health,
     HealthState,
     build_inventory,
@@ -20,8 +20,8 @@ from sharing.inventory import (
     with_health,
     withdraw,
 )
+from sharing.errors import PluginError
 from sharing.model import ComputeInstance, Gpu, GpuInstance, GpuUuid, HealthEvent, MigUuid, NodeState
-from sharing.spec import MigStrategy, Replicas, Rule, Selector, SharingConfig
 
 A100 = "NVIDIA A100-SXM4-40GB"
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from sharing.change import Target
-from sharing.journal import Journal, JournalCorruptError, JournalLockedError
-from sharing.memory import LastGood, LastGoodError, Remembered
+from sharing.mig.change import Target
 from sharing.model import GpuUuid
+from sharing.store.journal import Journal, JournalCorruptError, JournalLockedError
+from sharing.store.memory import LastGood, LastGoodError, Remembered
 
 GPU = GpuUuid("GPU-5f1c3a52-0c1d-4d3e-9f00-2b8a1e6c7d90")
 BEGIN = json.dumps({"event": "begin", "targets": {GPU: {"mig": True, "instances": [["1g.5gb", 2]]}}})

@@ -6,12 +6,12 @@ import dataclasses
 
 import pytest
 
-from sharing.catalog import Engines, Product, Profile
-from sharing.inventory import build_inventory
+from sharing.config.spec import MigMode, MigStrategy, Replicas, Rule, Selector, SharingConfig
+from sharing.devices.inventory import build_inventory
 from sharing.labels import ConfigState, label_patch, node_labels, owned, sanitise
 from sharing.labels.gfd import family
+from sharing.mig.catalog import Engines, Product, Profile
 from sharing.model import ComputeInstance, DriverInfo, Gpu, GpuInstance, GpuUuid, MigUuid, NodeState
-from sharing.spec import MigMode, MigStrategy, Replicas, Rule, Selector, SharingConfig
 
 
 def a100(index: int, *instances: tuple[str, int, int]) -> Gpu:

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from sharing.catalog import Catalog, default_catalog, differences
 from sharing.errors import BackendError
 from sharing.gpu import open_backend, simspec, simstate
 from sharing.gpu.backend import (
@@ -23,6 +22,7 @@ from sharing.gpu.backend import (
 )
 from sharing.gpu.nvml import NvmlBackend
 from sharing.gpu.simnvml import SimNvml
+from sharing.mig.catalog import Catalog, default_catalog, differences
 from sharing.model import DriverInfo, GpuUuid, HealthEvent
 
 CATALOG = default_catalog()

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from sharing.catalog import Product, default_catalog
-from sharing.plan import Existing, Infeasibility, Infeasible, Plan, plan_gpu
+from sharing.mig.catalog import Product, default_catalog
+from sharing.mig.plan import Existing, Infeasibility, Infeasible, Plan, plan_gpu
 
 PRODUCTS = [p for p in default_catalog().products if p.profiles]
 Layout = tuple[tuple[str, int], ...]

@@ -9,9 +9,9 @@ from types import ModuleType
 import pytest
 import yaml
 
-from sharing.catalog import default_catalog
 from sharing.config import parse_config, parse_configmap
-from sharing.spec import MigMode, MigStrategy, Selector
+from sharing.config.spec import MigMode, MigStrategy, Selector
+from sharing.mig.catalog import default_catalog
 
 ROOT = Path(__file__).resolve().parents[2]
 PRESETS = sorted(p.stem for p in (ROOT / "profiles").glob("*.yaml"))

@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from sharing.config import parse_configmap
-from sharing.selection import CONFIG_LABEL, MIG_CONFIG_LABEL, Failed, Selected, Unmanaged, select_config
+from sharing.config.selection import (
+    CONFIG_LABEL,
+    MIG_CONFIG_LABEL,
+    Failed,
+    Selected,
+    Unmanaged,
+    select_config,
+)
 
 V1 = "version: v1\n"
 CONFIGS = parse_configmap(

@@ -1,4 +1,4 @@
-"""sharing.serve against the Python fake kubelet: registration, updates, restarts, health, RPCs."""
+"""sharing.deviceplugin against the Python fake kubelet: registration, updates, restarts, health, RPCs."""
 
 from __future__ import annotations
 
@@ -10,13 +10,14 @@ from pathlib import Path
 import grpc
 import pytest
 
-from sharing.inventory import Device, DeviceId, Health, Inventory, inventory_from
-from sharing.kubeletapi import deviceplugin_v1beta1_pb2 as api
-from sharing.kubeletapi import podresources_v1_pb2 as prapi
-from sharing.kubeletapi import podresources_v1_pb2_grpc as prapi_grpc
+from sharing.deviceplugin import Fleet, FleetSettings
+from sharing.deviceplugin.service import DeviceFeed, to_proto
+from sharing.devices.inventory import Device, DeviceId, Health, Inventory, inventory_from
+from sharing.kubelet import PodResourcesClient
+from sharing.kubelet.api import deviceplugin_v1beta1_pb2 as api
+from sharing.kubelet.api import podresources_v1_pb2 as prapi
+from sharing.kubelet.api import podresources_v1_pb2_grpc as prapi_grpc
 from sharing.model import GpuUuid, HealthEvent, MigUuid
-from sharing.serve import Fleet, FleetSettings, PodResourcesClient
-from sharing.serve.service import DeviceFeed, to_proto
 from tests.unit.fakekubelet import FakeKubelet, is_extended_resource_name
 
 GPU = "nvidia.com/gpu"

@@ -12,9 +12,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from sharing.inventory import inventory_from
-from sharing.kubeletapi import deviceplugin_v1beta1_pb2 as api
-from sharing.serve import Fleet, FleetSettings
+from sharing.deviceplugin import Fleet, FleetSettings
+from sharing.devices.inventory import inventory_from
+from sharing.kubelet.api import deviceplugin_v1beta1_pb2 as api
 from tests.unit.fakekubelet import FakeKubelet
 from tests.unit.test_serve import GPU, MIG, migs, replicas
 

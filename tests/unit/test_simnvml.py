@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from sharing.catalog import default_catalog
 from sharing.errors import BackendError
 from sharing.gpu import simstate
 from sharing.gpu.simnvml import SimNvml
+from sharing.mig.catalog import default_catalog
 
 CATALOG = default_catalog()
 REPO = Path(__file__).resolve().parents[2]

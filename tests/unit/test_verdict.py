@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from sharing.apply import ApplyReport, GpuReport
-from sharing.change import Outcome, Step, StepKind
-from sharing.holders import Holders
+from sharing.config.spec import SharingConfig
+from sharing.mig.change import Outcome, Step, StepKind
 from sharing.model import GpuUuid, Holding, NodeState, UnreadableGpu
-from sharing.spec import SharingConfig
+from sharing.rollout.apply import ApplyReport, GpuReport
+from sharing.rollout.holders import Holders
+from sharing.rollout.verdict import EVENT_LIMIT, Retry, verdict
 from sharing.text import summary
-from sharing.verdict import EVENT_LIMIT, Retry, verdict
 
 A100 = "NVIDIA A100-SXM4-40GB"
 CONFIG = SharingConfig(name="all-1g")

@@ -1,0 +1,105 @@
+"""The CDI spec of the devices the agent advertises, for the CDI device-list strategies.
+
+With `cdi-annotations` or `cdi-cri`, Allocate names devices as `k8s.gpu-sharing.io/gpu=<name>` and
+the container runtime (containerd >= 1.7, CRI-O) resolves those names in the specs of its CDI
+directories (/etc/cdi, /var/run/cdi): https://github.com/cncf-tags/container-device-interface.
+The agent keeps one spec of its own there, listing exactly the devices it advertises: each device
+gives the container its device files and a variable that names it. The spec is rewritten,
+atomically, before the plugins advertise a change, so a name the kubelet hands out always resolves
+and a device that is gone never stays in it. Device files come from the GPU backend
+(`sharing.gpu.devfiles`); assembling the spec is pure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from sharing.devices import CDI_KIND, Device, DeviceIdStrategy, Inventory, device_name
+from sharing.gpu.devfiles import DeviceFile, DeviceFiles
+from sharing.model import NodeState
+
+CDI_VERSION = "0.6.0"
+"""Device nodes with a `hostPath` (needed for simulated GPUs) came with CDI spec 0.5.0."""
+SPEC_FILE = CDI_KIND.replace("/", "-") + ".json"
+DEVICE_ENV = "GPU_SHARING_DEVICE_"
+
+
+def build_spec(
+    inventory: Inventory, node: NodeState, files: DeviceFiles, ids: DeviceIdStrategy
+) -> dict[str, Any]:
+    """The spec for every physical device in the inventory (replicas share their device's entry)."""
+    entries: dict[str, dict[str, Any]] = {}
+    for device in _physical(inventory):
+        name = device_name(device, ids)
+        if name in entries:
+            continue
+        entries[name] = {
+            "name": name,
+            "containerEdits": {
+                "env": [f"{DEVICE_ENV}{_env_suffix(name)}={device.uuid}"],
+                "deviceNodes": [_node(f) for f in _files(device, node, files)],
+            },
+        }
+    return {
+        "cdiVersion": CDI_VERSION,
+        "kind": CDI_KIND,
+        "devices": [entries[n] for n in sorted(entries)],
+        "containerEdits": {"deviceNodes": [_node(f) for f in files.common()]},
+    }
+
+
+def write_spec(directory: Path, spec: dict[str, Any] | None) -> bool:
+    """Write the spec atomically (None removes it); True when the file changed."""
+    path = directory / SPEC_FILE
+    if spec is None:
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            return False
+        return True
+    text = json.dumps(spec, indent=1, sort_keys=True) + "\n"
+    try:
+        if path.read_text("utf-8") == text:
+            return False
+    except OSError:
+        pass
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / f".{SPEC_FILE}.tmp"
+    with open(tmp, "w", encoding="utf-8") as out:
+        out.write(text)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, path)  # a runtime reading the directory sees the old spec or the new one
+    return True
+
+
+def _physical(inventory: Inventory) -> Iterable[Device]:
+    return (d for _, devices in inventory.resources for d in devices)
+
+
+def _files(device: Device, node: NodeState, files: DeviceFiles) -> tuple[DeviceFile, ...]:
+    gpu = node.gpu(device.gpu_uuid)
+    if gpu is None:
+        return ()
+    if device.mig_uuid is None:
+        return files.for_gpu(gpu)
+    for gi, ci in gpu.mig_devices:
+        if ci.uuid == device.mig_uuid:
+            return files.for_mig(gpu, gi, ci)
+    return ()
+
+
+def _node(f: DeviceFile) -> dict[str, str]:
+    entry = {"path": f.path, "permissions": "rw"}
+    if f.host_path != f.path:
+        entry["hostPath"] = f.host_path
+    return entry
+
+
+def _env_suffix(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]", "_", name).upper()

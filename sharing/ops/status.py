@@ -1,0 +1,109 @@
+"""What an operator asks of a node: its GPUs, every slice, who holds it, and the config in effect.
+
+Pure: one document (plain JSON values) from what the agent knows: the observed GPUs, what the
+plugins advertise (with health), who holds which device (PodResources), the config selected and
+the configs in effect per GPU, the state and the last change. `sharing status` prints it for people
+or as JSON, `/status` serves it, and the metrics are computed from the same document, so the
+three never disagree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sharing.devices import REPLICA_SEPARATOR, Device, Inventory
+from sharing.model import Gpu, Holding, NodeState
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigStatus:
+    """The config side of the status: what the node asks for and what is in effect."""
+
+    selected: str | None = None
+    """The config the node's label (or `default`) names; None: no config applies."""
+    source: str = ""
+    state: str | None = None
+    """The `nvidia.com/mig.config.state` value (pending, success, failed)."""
+    in_effect: Mapping[str, str | None] = field(default_factory=dict)
+    """Per GPU UUID, the name of the config last applied to it."""
+    last_change: Mapping[str, str] = field(default_factory=dict)
+    """time, reason, message of the last Event-worthy outcome."""
+
+
+def status_document(
+    node_name: str,
+    node: NodeState,
+    inventory: Inventory,
+    holders: Sequence[Holding] | None,
+    config: ConfigStatus,
+    *,
+    holders_error: str = "",
+    unhealthy: frozenset[str] = frozenset(),
+) -> dict[str, Any]:
+    """The status of a node; `holders` None means they could not be read (`holders_error` says why).
+
+    `unhealthy` names the GPUs a health event (XID) took down and that have not recovered.
+    """
+    owners = _owners(holders or ())
+    profiles = {ci.uuid: gi.profile for g in node.gpus for gi, ci in g.mig_devices}
+    slices: dict[str, list[dict[str, Any]]] = {}
+    for resource, devices in inventory.resources:
+        for device in devices:
+            entry = _slice(resource, device, owners.get(device.id))
+            entry["profile"] = profiles.get(device.mig_uuid) if device.mig_uuid else None
+            slices.setdefault(device.gpu_uuid, []).append(entry)
+    return {
+        "node": node_name,
+        "config": {
+            "selected": config.selected,
+            "source": config.source,
+            "state": config.state,
+            "inEffect": sorted({n for n in config.in_effect.values() if n}),
+        },
+        "lastChange": dict(config.last_change),
+        "holders": {"known": holders is not None, "error": holders_error},
+        "gpus": [
+            _gpu(g, slices.get(g.uuid, []), config.in_effect.get(g.uuid), g.uuid not in unhealthy)
+            for g in node.gpus
+        ],
+        "unreadable": [{"index": u.index, "uuid": u.uuid, "error": u.error} for u in node.unreadable],
+    }
+
+
+def _owners(holders: Sequence[Holding]) -> dict[str, dict[str, str]]:
+    return {
+        device: {"namespace": h.namespace, "pod": h.pod, "container": h.container}
+        for h in holders
+        for device in h.device_ids
+    }
+
+
+def _gpu(gpu: Gpu, slices: list[dict[str, Any]], config: str | None, healthy: bool) -> dict[str, Any]:
+    if not gpu.mig_capable:
+        mig = "unsupported"
+    else:
+        mig = "on" if gpu.mig_enabled else "off"
+        if gpu.mig_pending != gpu.mig_enabled:
+            mig += f" ({'on' if gpu.mig_pending else 'off'} after a reset)"
+    return {
+        "index": gpu.index,
+        "uuid": gpu.uuid,
+        "product": gpu.product,
+        "mig": mig,
+        "health": "Healthy" if healthy else "Unhealthy",
+        "config": config,
+        "slices": slices,
+    }
+
+
+def _slice(resource: str, device: Device, owner: dict[str, str] | None) -> dict[str, Any]:
+    return {
+        "resource": resource,
+        "id": device.id,
+        "device": device.id.partition(REPLICA_SEPARATOR)[0],
+        "replica": device.replica,
+        "health": device.health.value,
+        "pod": owner,
+    }

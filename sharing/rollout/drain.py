@@ -1,0 +1,102 @@
+"""Drain mode (off by default): evict the pods that block a change, apply it, and let pods back in.
+
+When a change waits for devices pods hold, the agent cordons its Node (so nothing new lands on
+it), asks the Eviction API to evict exactly the pods that hold the blocking devices (so
+PodDisruptionBudgets hold: a refused eviction is retried at the next re-check), and once the change
+is applied uncordons the Node. It only ever uncordons a cordon it made itself, recorded in the
+annotation `nvidia.com/gpu-sharing.cordoned` so an agent restarted mid-drain finishes the job.
+The extra permissions (pods/eviction, a Node's spec.unschedulable) are granted only when the
+chart's `drain.enabled` is set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import structlog
+
+from sharing.errors import SharingError
+from sharing.kube import KubeClient, NodeObject
+from sharing.labels import ConfigState
+from sharing.rollout.holders import Holders
+from sharing.rollout.verdict import Retry, Verdict
+from sharing.text import bounded, listed
+from sharing.watch import Watched
+
+log = structlog.get_logger(__name__)
+CORDONED = "nvidia.com/gpu-sharing.cordoned"
+
+EventSink = Callable[[str, str, str], Awaitable[None]]
+
+
+class Drainer:
+    """Cordons, evicts blockers, uncordons; does nothing unless enabled."""
+
+    def __init__(
+        self, kube: KubeClient, node: Watched[NodeObject], event: EventSink, *, enabled: bool
+    ) -> None:
+        self.kube = kube
+        self.node = node
+        self.event = event
+        self.enabled = enabled
+        self._evicted: set[str] = set()
+        self._said = ""
+
+    async def after(self, verdict: Verdict, holders: Callable[[], Awaitable[Holders]]) -> None:
+        """Act on a reconcile's verdict: drain for a blocked change, release once it is through."""
+        node = self.node.current
+        if not self.enabled or node is None:
+            return
+        if verdict.retry is Retry.BLOCKED:
+            await self._drain(node, verdict, await holders())
+        elif verdict.state is ConfigState.SUCCESS and node.annotations.get(CORDONED) == "true":
+            await self._release(node)
+
+    async def _drain(self, node: NodeObject, verdict: Verdict, holders: Holders) -> None:
+        if holders.unknown:
+            return  # who to evict cannot be told: evict nobody
+        pods = holders.pods_holding(verdict.blockers)
+        if not pods:
+            return
+        try:
+            if not node.unschedulable:
+                await asyncio.to_thread(self.kube.patch_node_labels, node.name, {}, {CORDONED: "true"})
+                self.node.current = await asyncio.to_thread(self.kube.set_unschedulable, node.name, True)
+                log.info("node_cordoned", reason="drain mode: a change waits for pods")
+            refused = []
+            for pod in pods:
+                namespace, _, name = pod.partition("/")
+                if not await asyncio.to_thread(self.kube.evict, namespace, name):
+                    refused.append(pod)
+                elif pod not in self._evicted:
+                    self._evicted.add(pod)
+                    log.info("pod_evicted", pod=pod)
+        except SharingError as err:
+            log.warning("drain_failed", error=bounded(str(err)))
+            await self.event("Warning", "DrainFailed", f"drain mode could not evict the blocking pods: {err}")
+            return
+        evicting = [p for p in pods if p not in refused]
+        message = "drain mode: node cordoned"
+        if evicting:
+            message += f"; evicting {listed(evicting)}"
+        if refused:
+            message += f"; a PodDisruptionBudget refuses evicting {listed(refused)} for now (retried)"
+        if message != self._said:  # said once per situation, not on every re-check
+            self._said = message
+            await self.event("Normal" if not refused else "Warning", "Draining", message)
+
+    async def _release(self, node: NodeObject) -> None:
+        try:
+            if node.unschedulable:
+                self.node.current = await asyncio.to_thread(self.kube.set_unschedulable, node.name, False)
+            self.node.current = await asyncio.to_thread(
+                self.kube.patch_node_labels, node.name, {}, {CORDONED: None}
+            )
+        except SharingError as err:
+            log.warning("uncordon_failed", error=bounded(str(err)))
+            return
+        self._evicted.clear()
+        self._said = ""
+        log.info("node_uncordoned")
+        await self.event("Normal", "Drained", "drain mode: the change is applied; node uncordoned")

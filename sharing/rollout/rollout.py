@@ -1,0 +1,288 @@
+"""Rolling a config out to the GPUs without ever handing out, destroying or advertising a slice wrongly.
+
+Per GPU, for every change that destroys or alters a device:
+1. plan from a fresh observation and the devices in use (`sharing.rollout.holders`: pods per PodResources,
+   the plugins' own recent Allocates, NVML processes; all counted as held when PodResources
+   cannot be read);
+2. withdraw the devices the plan removes from what the plugins advertise, push that to the
+   kubelet, and wait until the kubelet's PodResources no longer lists them as allocatable: from
+   then on no pod can be admitted to them (an Allocate already in flight is refused: the plugin no
+   longer knows the ID). If the kubelet cannot confirm, nothing is destroyed (fail closed);
+3. observe and read the holders again, and plan again: a plan that now removes more is withdrawn
+   again first;
+4. run the steps (journaled) under the journal's lock, re-observe and verify;
+5. advertise only what the hardware has: a GPU whose change did not happen keeps its devices under
+   the names of the config last applied to it, and a GPU in MIG mode is never a whole GPU.
+Devices withdrawn but not destroyed come back with the next advertisement.
+
+A config can also change how a device is offered without touching the hardware (replicas, names).
+The kubelet tracks allocations by resource and device ID, so such a device is withdrawn and
+confirmed gone first; then a device a pod holds in a form the new one does not keep (held as `X`,
+now `X::0`...; held as `X::0`, now `X`, or under another name) stays withheld until it is free,
+and the verdict says it waits for those pods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from pathlib import Path
+
+import structlog
+
+from sharing.config import SharingConfig
+from sharing.deviceplugin import Fleet
+from sharing.devices import ENVVAR_BY_UUID, Health, Injection, Inventory, build_inventory, reformed, withdraw
+from sharing.gpu import GpuBackend, build_spec, write_spec
+from sharing.kubelet import PodResourcesClient
+from sharing.labels import ConfigState
+from sharing.mig import Catalog, Outcome
+from sharing.model import Gpu, GpuUuid, NodeState
+from sharing.ops import Metrics
+from sharing.rollout.apply import ApplyReport, NodePlan, execute, plan_node
+from sharing.rollout.holders import Holders, read_holders
+from sharing.rollout.verdict import Retry, Verdict, verdict
+from sharing.store import Journal, JournalCorruptError
+from sharing.text import bounded, listed
+
+log = structlog.get_logger(__name__)
+
+RECENT_ALLOCATE_S = 30.0
+"""How long a device counts as held after Allocate handed it out (PodResources catches up long before)."""
+LISTED_WITHIN_S = 2.0
+"""How soon after Allocate returns the kubelet lists the allocation in PodResources (it does so at once:
+it records it as Allocate returns). An Allocate older than that which PodResources does not list
+belongs to a pod that has gone."""
+CONFIRM_TIMEOUT_S = 10.0
+"""How long the kubelet gets to stop offering withdrawn devices."""
+WITHDRAW_ROUNDS = 3
+
+
+class Rollout:
+    """The hardware side of the agent: applies configs safely and keeps the fleet's devices true."""
+
+    def __init__(
+        self,
+        *,
+        backend: GpuBackend,
+        fleet: Fleet,
+        catalog: Catalog,
+        journal: Journal,
+        pod_resources: PodResourcesClient | None,
+        injection: Injection = ENVVAR_BY_UUID,
+        cdi_spec_dir: Path | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.metrics = metrics
+        self.backend = backend
+        self.injection = injection
+        self.cdi_spec_dir = cdi_spec_dir
+        self.fleet = fleet
+        self.catalog = catalog
+        self.journal = journal
+        self.pod_resources = pod_resources
+        self.effective: dict[GpuUuid, SharingConfig | None] = {}
+        """The config last applied to each GPU (absent: none yet, advertised as it is)."""
+        self.advertised = Inventory()
+        """What the fleet was last told to advertise (health aside)."""
+        self.withheld: dict[str, tuple[str, ...]] = {}
+        """Devices held in a form the config in effect does not keep -> `namespace/pod` holding each."""
+        self._seen: dict[GpuUuid, Gpu] = {}
+        self.node = NodeState(())
+        """The node the advertised inventory was built from (for the CDI spec)."""
+
+    async def holders(self) -> Holders:
+        """Who holds which device right now."""
+        loop = asyncio.get_running_loop()
+        asked = loop.time()
+
+        def recent() -> frozenset[str]:
+            if self.pod_resources is None:  # no kubelet to list them: the whole window counts
+                return self.fleet.recently_allocated(RECENT_ALLOCATE_S)
+            unlisted = loop.time() - asked + LISTED_WITHIN_S
+            return self.fleet.recently_allocated(min(RECENT_ALLOCATE_S, unlisted))
+
+        holders = await read_holders(self.pod_resources, recent)
+        if not holders.unknown:
+            # Listed by the kubelet: PodResources tracks them from now on (and says when they are free).
+            self.fleet.forget_allocated(frozenset(i for h in holders.pods for i in h.device_ids))
+        return holders
+
+    async def roll_out(
+        self, config: SharingConfig, observed: NodeState, on_pending: Callable[[], Awaitable[None]]
+    ) -> tuple[Verdict, NodeState]:
+        """Make the GPUs match `config` as far as is safe; the verdict and the node afterwards.
+
+        `on_pending` runs just before the first hardware step (the agent sets the state label).
+        """
+        with self.journal.locked():
+            try:
+                unfinished = await asyncio.to_thread(self.journal.unfinished)
+            except JournalCorruptError as err:
+                log.error("journal_corrupt", error=bounded(str(err)))
+                return Verdict(
+                    ConfigState.FAILED, "JournalCorrupt", str(err), "journal", retry=Retry.BACKOFF
+                ), observed
+            withdrawn: frozenset[str] = frozenset()
+            started = time.monotonic()
+            for round_ in range(WITHDRAW_ROUNDS + 1):
+                if round_:  # after a withdrawal: what is there and who holds it, again
+                    observed = await self.backend.observe()
+                holders = await self.holders()
+                plan = plan_node(
+                    observed, config, catalog=self.catalog, busy_uuids=holders.busy_uuids(observed),
+                    unfinished=unfinished,
+                )  # fmt: skip
+                removed = plan.removed()
+                if removed <= withdrawn:
+                    break
+                if round_ == WITHDRAW_ROUNDS:
+                    plan = _hold(
+                        plan, "the devices in use kept changing while their withdrawal was confirmed"
+                    )
+                    break
+                withdrawn |= removed
+                problem = await self._withdraw(withdrawn)
+                if problem:
+                    plan = _hold(plan, problem)
+                    break
+            if plan.runnable:
+                await on_pending()
+                report = await execute(self.backend, self.journal, plan, config=config.name)
+                self._count(report, time.monotonic() - started)
+            else:
+                report = ApplyReport(plan.reports(), resumed=unfinished is not None)
+        after = report.after or observed
+        for gpu in report.gpus:
+            if gpu.outcome in (Outcome.APPLIED, Outcome.UNCHANGED):
+                self.effective[gpu.uuid] = config
+            if gpu.steps and after.gpu(gpu.uuid) is None:
+                # Changed, then unreadable: what it had before is no longer known to exist.
+                self._seen.pop(gpu.uuid, None)
+        return verdict(config, report, holders, after), after
+
+    async def advertise(self, observed: NodeState, config: SharingConfig | None) -> Inventory:
+        """Tell the fleet what the hardware has, each GPU under the config in effect on it.
+
+        `config` names the node's config (allocation rules); GPUs it was not applied to keep theirs.
+        A GPU that cannot be read keeps its last known devices, advertised unhealthy. A device offered
+        in a new form (replicas, names) is withdrawn first; one held in a form it loses is withheld.
+        """
+        self._seen.update((g.uuid, g) for g in observed.gpus)
+        lost = [
+            self._seen[u.uuid]
+            for u in observed.unreadable
+            if u.uuid is not None and u.uuid in self._seen and observed.gpu(u.uuid) is None
+        ]
+        gpus = tuple(sorted((*observed.gpus, *lost), key=lambda g: g.index))
+        inventory = build_inventory(
+            replace(observed, gpus=gpus), config, catalog=self.catalog, per_gpu=self.effective
+        )
+        if lost:
+            inventory = _unhealthy(inventory, frozenset(g.uuid for g in lost))
+        for warning in inventory.warnings:
+            log.warning("inventory_warning", warning=bounded(warning))
+        self.node = replace(observed, gpus=gpus)
+        changed = reformed(self.advertised, inventory)
+        unconfirmed = ""
+        if changed:
+            # Never in between: neither their old form nor (for what is still withheld) the new one.
+            unconfirmed = await self._withdraw(changed, showing=withdraw(inventory, set(self.withheld)))
+        holders = await self.holders()
+        withheld = holders.reoffered(inventory)
+        if (unconfirmed or holders.unknown) and (changed or self.withheld):
+            # Nobody can tell who holds them: what changes form (or was withheld) stays out (fail closed).
+            withheld |= changed | frozenset(self.withheld)
+            log.warning(
+                "reformed_devices_withheld", devices=len(withheld), why=unconfirmed or holders.unknown
+            )
+        self.withheld = {uuid: holders.pods_holding({uuid}) for uuid in sorted(withheld)}
+        inventory = withdraw(inventory, withheld)
+        self.advertised = inventory
+        await self._publish(inventory)
+        return inventory
+
+    async def _publish(self, inventory: Inventory) -> None:
+        """The CDI spec first (every name Allocate can hand out resolves), then the plugins."""
+        if self.cdi_spec_dir is not None:
+            spec = (
+                build_spec(inventory, self.node, self.backend.device_files, self.injection.ids)
+                if self.injection.cdi
+                else None
+            )
+            try:
+                if await asyncio.to_thread(write_spec, self.cdi_spec_dir, spec):
+                    log.info(
+                        "cdi_spec_written",
+                        dir=str(self.cdi_spec_dir),
+                        devices=len(spec["devices"]) if spec else 0,
+                    )
+            except OSError as err:
+                # The plugins still advertise: a container using CDI names would fail to start,
+                # and the kubelet says so on the pod; the log says why here.
+                log.error("cdi_spec_not_written", dir=str(self.cdi_spec_dir), error=bounded(str(err)))
+        self.fleet.update(inventory)
+
+    def _count(self, report: ApplyReport, seconds: float) -> None:
+        if self.metrics is None:
+            return
+        self.metrics.apply_seconds.observe(seconds)
+        for gpu in report.gpus:
+            for step in gpu.steps:
+                self.metrics.steps.labels(kind=step.kind.value, result="done").inc()
+            if gpu.failed_step is not None:
+                self.metrics.steps.labels(kind=gpu.failed_step.kind.value, result="failed").inc()
+
+    def forget(self) -> None:
+        """No config manages the GPUs any more: advertise each as it is."""
+        self.effective.clear()
+
+    async def _withdraw(self, uuids: frozenset[str], showing: Inventory | None = None) -> str:
+        """Stop advertising these devices and wait until the kubelet stops offering them; why not, or "".
+
+        `showing`: what to advertise meanwhile (default: what is advertised now), less these devices.
+        """
+        ids = {d.id for _, devices in self.advertised.resources for d in devices if d.uuid in uuids}
+        await self._publish(withdraw(self.advertised if showing is None else showing, uuids))
+        await self.fleet.sync()
+        if not ids or self.pod_resources is None:
+            return ""
+        log.info("devices_withdrawn", devices=len(ids))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + CONFIRM_TIMEOUT_S
+        delay = 0.01
+        while True:
+            try:
+                offered = await self.pod_resources.allocatable()
+            except Exception as err:  # any failure to confirm means: do not destroy
+                why = bounded(str(err))
+                return f"the kubelet could not confirm that the devices to change are withdrawn ({why})"
+            still = ids & {i for devices in offered.values() for i in devices}
+            if not still:
+                return ""
+            if loop.time() >= deadline:
+                late = listed(sorted(still))
+                return f"the kubelet still offers {late} {CONFIRM_TIMEOUT_S:.0f} s after their withdrawal"
+            await asyncio.sleep(delay)  # polling the kubelet's own answer, with a deadline
+            delay = min(delay * 2, 0.2)
+
+
+def _hold(plan: NodePlan, why: str) -> NodePlan:
+    """The plan with every runnable change held back (blocked) for `why`."""
+    held = tuple(
+        replace(c, steps=(), failure=Outcome.BLOCKED, reason=why, blockers=tuple(sorted(c.removed())))
+        if c.steps and c.failure is None
+        else c
+        for c in plan.changes
+    )
+    return replace(plan, changes=held)
+
+
+def _unhealthy(inventory: Inventory, gpus: frozenset[GpuUuid]) -> Inventory:
+    resources = tuple(
+        (name, tuple(replace(d, health=Health.UNHEALTHY) if d.gpu_uuid in gpus else d for d in devices))
+        for name, devices in inventory.resources
+    )
+    return replace(inventory, resources=resources)
