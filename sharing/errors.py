@@ -16,10 +16,6 @@ class ConfigError(SharingError):
     """A sharing config that cannot be parsed or is invalid."""
 
 
-class PlanError(SharingError):
-    """A wanted MIG layout that cannot be placed on a GPU."""
-
-
 class BackendError(SharingError):
     """A GPU backend (NVML or simulated) refused or failed an operation."""
 

@@ -246,10 +246,6 @@ class Nvml(Protocol):
     def nvmlEventSetFree(self, eventSet: Handle, /) -> None: ...
 
 
-OPTIONAL = ("nvmlEventTypeGpuRecoveryAction",)
-"""Names read with a fallback: older pynvml releases lack them."""
-
-
 def code(err: BaseException) -> int | None:
     """The NVML return code of a pynvml error (`.value`), or None."""
     value = getattr(err, "value", None)

@@ -8,7 +8,7 @@ instances and for a busy compute instance, caller-allocated arrays (INSUFFICIENT
 from __future__ import annotations
 
 from sharing.gpu import simstate
-from sharing.gpu.simcore import CI, GI, GPU, MIG, SimCore, decode, deref, handle
+from sharing.gpu.simcore import CI, GI, GPU, MIG, SimCore, deref, handle
 from sharing.gpu.simspec import State
 from sharing.gpu.simtypes import (
     NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
@@ -250,7 +250,3 @@ class SimInstances(SimCore):
             return NVML_SUCCESS
 
         return self._mutate(change)
-
-    @staticmethod
-    def _kind_of(ref: object) -> int:
-        return decode(ref, GPU, MIG)[0]
