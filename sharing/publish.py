@@ -19,7 +19,7 @@ from sharing.catalog import Catalog
 from sharing.errors import SharingError
 from sharing.inventory import Inventory
 from sharing.kube import KubeClient, NodeObject
-from sharing.labels import STATE_LABEL, ConfigState, label_patch, node_labels
+from sharing.labels import STATE_LABEL, ConfigState, label_patch, node_labels, refused
 from sharing.metrics import Metrics
 from sharing.model import NodeState
 from sharing.spec import SharingConfig
@@ -56,6 +56,7 @@ class NodePublisher:
         self.last_change: dict[str, str] = {}
         self._reported: tuple[str, str] | None = None
         self._disagreement: tuple[str, str] | None = None
+        self._refused: dict[str, str] = {}
 
     async def publish(
         self,
@@ -73,7 +74,11 @@ class NodePublisher:
         node = self.node.current
         if node is None:
             return
-        patch = label_patch(node.labels, node_labels(observed, config, inventory, self.state, self.catalog))
+        desired = node_labels(observed, config, inventory, self.state, self.catalog)
+        if (bad := refused(desired)) and bad != self._refused:
+            log.warning("labels_left_out", reason="not valid label values", labels=bad)
+        self._refused = bad
+        patch = label_patch(node.labels, desired)
         notes = {
             CONFIG_ANNOTATION: good.name if good else None,
             LAYOUT_ANNOTATION: bounded(layout(observed, inventory, in_effect), LAYOUT_LIMIT) or None,
