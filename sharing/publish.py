@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 import structlog
 
 from sharing.catalog import Catalog
+from sharing.config import ConfigSet
 from sharing.errors import SharingError
 from sharing.inventory import Inventory
 from sharing.kube import KubeClient, NodeObject
@@ -57,6 +58,7 @@ class NodePublisher:
         self._reported: tuple[str, str] | None = None
         self._disagreement: tuple[str, str] | None = None
         self._refused: dict[str, str] = {}
+        self._invalid: tuple[str, ...] = ()
 
     async def publish(
         self,
@@ -129,6 +131,19 @@ class NodePublisher:
             f"{primary}={first} and {fallback}={second} name different configs: {first!r} is used "
             f"({primary} wins)",
         )
+
+    async def invalid_configs(self, configs: ConfigSet, selected: str | None) -> None:
+        """Keys with errors that this node does not select, each with its first error: said once per
+        change (the selected one gets ConfigRejected); the node goes on with its own config."""
+        first = {p.config: str(p) for p in reversed(configs.errors) if p.config != selected}
+        shown = tuple(first[name] for name in configs.invalid if name in first)
+        if shown == self._invalid:
+            return
+        self._invalid = shown
+        if shown:
+            message = "ConfigMap keys with errors, not selected by this node: " + "; ".join(shown)
+            log.warning("config_invalid", message=bounded(message))
+            await self.event("Warning", "ConfigInvalid", bounded(message, 1000))
 
     async def event(self, kind: str, reason: str, message: str) -> None:
         """Record an Event about the Node (a failure to do so is logged, never raised)."""

@@ -17,7 +17,7 @@ from typing import Any
 
 from sharing.catalog import Catalog, default_catalog
 from sharing.config.check import DraftConfig, finish
-from sharing.config.document import MAX_BYTES, describe, load_document
+from sharing.config.document import MAX_BYTES, MAX_CONFIG_BYTES, describe, load_document
 from sharing.config.migparted import is_migparted, read_migparted
 from sharing.config.native import read_native
 from sharing.config.node import NodeGpu, node_from_gpus, node_from_names
@@ -198,7 +198,7 @@ def _parse_key(
     if not isinstance(value, str | bytes):
         report.error("", f"expected the config as text, got {describe(value)}")
         return []
-    ok, doc = load_document(report, value)
+    ok, doc = load_document(report, value, MAX_CONFIG_BYTES)
     if not ok:
         return []
     if not isinstance(doc, dict):
