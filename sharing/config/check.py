@@ -116,7 +116,7 @@ def _targets(
     """The GPUs the rule is checked on; None: offline, any catalog product."""
     if node is not None:
         matched = [g for g in node if rule.selector.matches(g.identity)]
-        if not matched and (rule.selector.product is not None or rule.selector.pci):
+        if not matched and (rule.selector.product is not None or rule.selector.pci or rule.selector.indices):
             names = ", ".join(dict.fromkeys(g.name for g in node)) or "none"
             what = "skipped, as mig-parted skips it" if draft.migparted else "the rule does nothing here"
             report.warn(
