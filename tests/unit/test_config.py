@@ -229,10 +229,18 @@ INVALID: list[tuple[str, str | bytes, str, str, str, list[str] | None]] = [
     ),
     ("mig-profile-int", rule("devices: all\nmig: {1: 2}"), "c", "gpus[0].mig", "is not a string", None),
     (
-        "profile-unknown-anywhere",
+        "profile-unknown-on-a-known-gpu",
         rule("devices: all\nmig: {9g.99gb: 1}"),
         "c",
         "gpus[0].mig.9g.99gb",
+        f"unknown MIG profile '9g.99gb' on {A100}",
+        [A100],
+    ),
+    (
+        "not-a-gpu-instance-profile",
+        rule("devices: all\nmig: {1c.9g.99gb: 1}"),
+        "c",
+        "gpus[0].mig.1c.9g.99gb",
         "no product in the hardware catalog has it",
         None,
     ),
@@ -766,6 +774,14 @@ def test_a_hostile_key_leaves_the_other_configs_of_the_configmap(shape: str) -> 
     assert ("mine",) == result.names
     assert ("hostile",) == result.invalid
     assert str(result.errors[0]).startswith("hostile: ")
+
+
+def test_offline_a_profile_no_catalog_product_has_is_left_to_the_driver() -> None:
+    result = parse_configmap({"c": rule("devices: all\nmig: {9g.99gb: 1}")})
+    assert ("c",) == result.names
+    assert [("gpus[0].mig.9g.99gb", True)] == [
+        (p.path, "the driver of each GPU decides" in p.message) for p in result.warnings
+    ]
 
 
 def test_a_config_name_that_no_label_can_hold_is_a_warning() -> None:
