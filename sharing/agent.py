@@ -234,10 +234,7 @@ class Agent:
             fallback=self.settings.fallback_label,
             default=self.settings.default_config,
         )
-        chosen = selection.name if isinstance(selection, Failed) else None
-        if isinstance(selection, Selected):
-            chosen = selection.config.name
-        await self.node_out.invalid_configs(configs, chosen)
+        await self.node_out.invalid_configs(configs, selection)
         if isinstance(selection, Failed):
             self._selected = (selection.name, "")
             verdict = Verdict(ConfigState.FAILED, "ConfigRejected", selection.reason, selection.reason)

@@ -23,6 +23,7 @@ from sharing.kube import KubeClient, NodeObject
 from sharing.labels import STATE_LABEL, ConfigState, label_patch, node_labels, refused
 from sharing.metrics import Metrics
 from sharing.model import NodeState
+from sharing.selection import Failed, Selected, Selection
 from sharing.spec import SharingConfig
 from sharing.status import layout
 from sharing.text import bounded
@@ -132,9 +133,12 @@ class NodePublisher:
             f"({primary} wins)",
         )
 
-    async def invalid_configs(self, configs: ConfigSet, selected: str | None) -> None:
+    async def invalid_configs(self, configs: ConfigSet, selection: Selection) -> None:
         """Keys with errors that this node does not select, each with its first error: said once per
         change (the selected one gets ConfigRejected); the node goes on with its own config."""
+        selected = selection.name if isinstance(selection, Failed) else None
+        if isinstance(selection, Selected):
+            selected = selection.config.name
         first = {p.config: str(p) for p in reversed(configs.errors) if p.config != selected}
         shown = tuple(first[name] for name in configs.invalid if name in first)
         if shown == self._invalid:
