@@ -2,9 +2,10 @@
 
     $(hack/venv.sh)/bin/python hack/bench [--quick] [--json PATH] [--fleet N] [--only PART,...]
 
-Parts, in order: planner, mutations, listandwatch, cluster (startup, reconcile, configmap,
-allocate, idle, preferred), realnode, fleet. A part that fails is reported and the others still
-run; the exit code is 1 when any failed. Ctrl-C or SIGTERM stops everything it started.
+Parts, in order: planner, hostile (parsing hostile ConfigMap keys), mutations, listandwatch,
+cluster (startup, reconcile, configmap, allocate, idle, preferred), realnode, fleet. A part that
+fails is reported and the others still run; the exit code is 1 when any failed. Ctrl-C or SIGTERM
+stops everything it started.
 """
 
 from __future__ import annotations
@@ -26,11 +27,11 @@ if __package__ in (None, ""):  # `python hack/bench`: import `bench`, `lab` and 
 
 import structlog
 
-from bench import allocate, fleet, idle, listandwatch, mutations, planner, realnode, reconcile
+from bench import allocate, fleet, hostile, idle, listandwatch, mutations, planner, realnode, reconcile
 from bench.cluster import Cluster, running_cluster
 from bench.report import FULL, QUICK, Budget, Results, as_json, machine, print_table, say
 
-PARTS = ("planner", "mutations", "listandwatch", "cluster", "realnode", "fleet")
+PARTS = ("planner", "hostile", "mutations", "listandwatch", "cluster", "realnode", "fleet")
 
 
 def quiet_logs() -> None:
@@ -103,6 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         tmp = Path(tmp_name)
         parts: list[tuple[str, Callable[[], None]]] = [
             ("planner", lambda: planner.bench_plan(budget, results)),
+            ("hostile", lambda: hostile.bench_hostile(results)),
             ("mutations", lambda: mutations.bench_mutations(tmp, results)),
             ("listandwatch", lambda: listandwatch.bench_listandwatch(tmp, budget, results)),
             ("cluster", lambda: cluster_parts(tmp / "cluster", budget, results)),

@@ -54,6 +54,8 @@ TARGETS: dict[str, Target] = {
     "listandwatch_ms_p95": Target("ms", "< 100 ms", lambda v: v < 100),
     "listandwatch_vs_stub_p95": RATIO,
     "agent_rss_mb": Target("MB", "< 60 MB", lambda v: v < 60),
+    "hostile_configmap_mb": Target("MB", "< 30 MB", lambda v: v < 30),
+    "hostile_configmap_s": Target("s", "< 1 s", lambda v: v < 1),
     "idle_cpu_pct": Target("%", "< 0.3 %", lambda v: v < 0.3),
     "idle_api_requests": Target("", "~0 (<= 1)", lambda v: v <= 1),
     "pod_start_vs_plain_p50": Target("x", "<= 1.2", lambda v: v <= 1.2),

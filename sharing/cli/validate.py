@@ -25,7 +25,7 @@ from sharing.config import (
     node_from_names,
     parse_configmap,
 )
-from sharing.mig import PlainProduct, default_catalog
+from sharing.mig import default_catalog
 
 
 def register(commands: Subparsers) -> None:
@@ -106,33 +106,29 @@ def _print(result: ConfigSet, errors: list[Problem], products: list[str] | None)
 
 
 def summary(config: SharingConfig, products: list[str] | None = None) -> str:
-    """One line: what the config does, per rule (or per given product)."""
+    """One line: what the config does, per rule, or per given GPU (each named once: GPUs of one
+    product that are treated alike are one part, with their indices when the product's GPUs differ)."""
     head = f"[{config.mig_strategy.value}]"
-    if products:
-        parts = [f"{_selector(r.devices)}: {_action(r)}" for r in config.rules if r.devices.indices]
-        for product in products:
-            rule = next(
-                (r for r in config.rules if not r.devices.indices and _matches(r.devices, product)), None
-            )
-            found = gpu_arg(product)
-            skipped = (
-                rule is not None
-                and rule.skip_without_mig
-                and rule.mig is MigMode.ENABLED
-                and isinstance(found, PlainProduct)
-            )
-            action = _action(rule) if rule and not skipped else "left as it is"
-            parts.append(f"{found.name}: {action}")
-    else:
+    if not products:
         parts = [f"{_selector(r.devices)}: {_action(r)}" for r in config.rules]
-    return f"{head} " + ("; ".join(parts) if parts else "no rules: every GPU is left as it is")
-
-
-def _matches(selector: Selector, product: str) -> bool:
-    """True when a rule for all, a product or PCI ids (not by index) selects this named GPU."""
-    if selector.indices or selector.uuids:
-        return False
-    return any(selector.matches(g.identity) for g in node_from_names([product], default_catalog()))
+        return f"{head} " + ("; ".join(parts) if parts else "no rules: every GPU is left as it is")
+    node = node_from_names(products, default_catalog())
+    groups: dict[tuple[str, str], list[int]] = {}
+    for index in range(len(products)):
+        entries = [g for g in node if g.identity.index == index]  # one per PCI id the product may have
+        rule = next((r for r in config.rules if any(r.devices.matches(g.identity) for g in entries)), None)
+        mig = entries[0].geometry is not None
+        skipped = rule is not None and rule.skip_without_mig and rule.mig is MigMode.ENABLED and not mig
+        action = _action(rule) if rule and not skipped else "left as it is"
+        groups.setdefault((entries[0].name, action), []).append(index)
+    shared = [name for name, _ in groups]
+    parts = []
+    for (name, action), indices in groups.items():
+        where = ""
+        if shared.count(name) > 1:
+            where = f" (GPU{'s' if len(indices) > 1 else ''} {', '.join(map(str, indices))})"
+        parts.append(f"{name}{where}: {action}")
+    return f"{head} " + "; ".join(parts)
 
 
 def _selector(selector: Selector) -> str:

@@ -16,11 +16,11 @@ from typing import Protocol
 
 import structlog
 
-from sharing.config import SharingConfig
+from sharing.config import ConfigSet, Failed, Selected, Selection, SharingConfig
 from sharing.devices import Inventory
 from sharing.errors import SharingError
 from sharing.kube import KubeClient, NodeObject
-from sharing.labels import STATE_LABEL, ConfigState, label_patch, layout, node_labels
+from sharing.labels import STATE_LABEL, ConfigState, label_patch, layout, node_labels, refused
 from sharing.mig import Catalog
 from sharing.model import NodeState
 from sharing.text import bounded
@@ -69,6 +69,8 @@ class NodePublisher:
         self.last_change: dict[str, str] = {}
         self._reported: tuple[str, str] | None = None
         self._disagreement: tuple[str, str] | None = None
+        self._refused: dict[str, str] = {}
+        self._invalid: tuple[str, ...] = ()
 
     async def publish(
         self,
@@ -89,7 +91,11 @@ class NodePublisher:
         node = self.node.current
         if node is None:
             return None
-        patch = label_patch(node.labels, node_labels(observed, config, inventory, self.state, self.catalog))
+        desired = node_labels(observed, config, inventory, self.state, self.catalog)
+        if (bad := refused(desired)) and bad != self._refused:
+            log.warning("labels_left_out", reason="not valid label values", labels=bad)
+        self._refused = bad
+        patch = label_patch(node.labels, desired)
         notes = {
             CONFIG_ANNOTATION: good.name if good else None,
             LAYOUT_ANNOTATION: bounded(layout(observed, inventory, in_effect), LAYOUT_LIMIT) or None,
@@ -140,6 +146,22 @@ class NodePublisher:
             f"{primary}={first} and {fallback}={second} name different configs: {first!r} is used "
             f"({primary} wins)",
         )
+
+    async def invalid_configs(self, configs: ConfigSet, selection: Selection) -> None:
+        """Keys with errors that this node does not select, each with its first error: said once per
+        change (the selected one gets ConfigRejected); the node goes on with its own config."""
+        selected = selection.name if isinstance(selection, Failed) else None
+        if isinstance(selection, Selected):
+            selected = selection.config.name
+        first = {p.config: str(p) for p in reversed(configs.errors) if p.config != selected}
+        shown = tuple(first[name] for name in configs.invalid if name in first)
+        if shown == self._invalid:
+            return
+        self._invalid = shown
+        if shown:
+            message = "ConfigMap keys with errors, not selected by this node: " + "; ".join(shown)
+            log.warning("config_invalid", message=bounded(message))
+            await self.event("Warning", "ConfigInvalid", bounded(message, 1000))
 
     async def event(self, kind: str, reason: str, message: str) -> None:
         """Record an Event about the Node (a failure to do so is logged, never raised)."""

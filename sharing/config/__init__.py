@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sharing.config.check import DraftConfig, finish
-from sharing.config.document import MAX_BYTES, describe, load_document
+from sharing.config.document import MAX_BYTES, MAX_CONFIG_BYTES, describe, load_document
 from sharing.config.migparted import is_migparted, read_migparted
 from sharing.config.native import read_native
 from sharing.config.node import NodeGpu, node_from_gpus, node_from_names
@@ -51,6 +51,7 @@ __all__ = [
     "Replicas",
     "Rule",
     "Selected",
+    "Selection",
     "Selector",
     "SharingConfig",
     "identity",
@@ -224,7 +225,7 @@ def _parse_key(
     if not isinstance(value, str | bytes):
         report.error("", f"expected the config as text, got {describe(value)}")
         return []
-    ok, doc = load_document(report, value)
+    ok, doc = load_document(report, value, MAX_CONFIG_BYTES)
     if not ok:
         return []
     if not isinstance(doc, dict):
@@ -256,4 +257,4 @@ def _size(value: object) -> int:
 
 
 # Last: selection reads ConfigSet, defined above.
-from sharing.config.selection import Failed, Selected, select_config  # noqa: E402
+from sharing.config.selection import Failed, Selected, Selection, select_config  # noqa: E402

@@ -10,6 +10,7 @@ A mig-parted draft keeps mig-parted's meaning: an entry that matches no GPU of t
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from sharing.config.node import NodeGpu, catalog_targets, layout_problems
@@ -19,6 +20,9 @@ from sharing.config.spec import MigMode, MigStrategy, Replicas, Rule, Selector, 
 from sharing.mig import Catalog
 
 __all__ = ["GPU", "DraftConfig", "DraftRule", "covers", "finish"]
+
+_GI_PROFILE = re.compile(r"^[0-9]+g\.[0-9]+gb([+-][a-z.]+)?$")
+"""The form of a GPU-instance profile name (go-nvlib): `3g.139gb`, `1g.35gb+me`, `1g.24gb-me`."""
 
 
 @dataclass(slots=True)
@@ -116,7 +120,7 @@ def _targets(
     """The GPUs the rule is checked on; None: offline, any catalog product."""
     if node is not None:
         matched = [g for g in node if rule.selector.matches(g.identity)]
-        if not matched and (rule.selector.product is not None or rule.selector.pci):
+        if not matched and (rule.selector.product is not None or rule.selector.pci or rule.selector.indices):
             names = ", ".join(dict.fromkeys(g.name for g in node)) or "none"
             what = "skipped, as mig-parted skips it" if draft.migparted else "the rule does nothing here"
             report.warn(
@@ -164,20 +168,31 @@ def _check_mig(
                 if not rule.skip_without_mig:
                     soft(rule.mig_path, f"{target.name} has no MIG (not a MIG product)", config=name)
                 continue
+            if not target.geometry.profiles:
+                report.warn(
+                    rule.mig_path,
+                    f"the hardware catalog knows no MIG profiles of {target.name}: the layout is checked "
+                    "against what its driver reports when the agent runs on it",
+                    config=name,
+                )
+                continue
             per_profile, whole = layout_problems(target.geometry, rule.instances)
             for path, message in per_profile:
                 soft(path, message, config=name)
             if whole is not None:
                 soft(rule.mig_path, whole, config=name)
         return
-    # `all` or index rules with no GPUs given: the layout must be valid on some catalog product.
+    # `all` or index rules with no GPUs given: the layout must be valid on some catalog product. A
+    # profile no catalog product has may be a GPU's the catalog lacks: its driver decides on the node
+    # (as mig-parted lets it; with --gpu naming a product the catalog knows, it is an error).
     unknown = [p for p in rule.instances if not any(prod.profile(p) for prod in catalog.products)]
     for profile in unknown:
-        report.error(
-            rule.instances[profile][1],
-            f"unknown MIG profile {profile!r}: no product in the hardware catalog has it",
-            config=name,
-        )
+        problem = f"unknown MIG profile {profile!r}: no product in the hardware catalog has it"
+        if _GI_PROFILE.match(profile):
+            report.warn(rule.instances[profile][1], f"{problem}; the driver of each GPU decides on the node",
+                        config=name)  # fmt: skip
+        else:  # not a GPU-instance profile name at all (`1c.2g.10gb` is a compute-instance profile)
+            report.error(rule.instances[profile][1], problem, config=name)
     if unknown or not rule.instances:
         return
     candidates = [p for p in catalog.products if all(p.profile(n) for n in rule.instances)]

@@ -1,10 +1,12 @@
 """Untrusted bytes to a YAML value, safely: size and node limits, duplicate keys, errors with positions.
 
 A ConfigMap is written by people and by tools; whatever it holds, reading it must end in a value or
-in problems, never in an exception, a hang or a memory blow-up. PyYAML's safe loader builds aliases
-as shared objects, so an "alias bomb" is cheap to load but exponential to walk: the composed node
-graph is measured (aliases expanded) before anything is constructed. PyYAML also keeps the last of
-duplicate keys silently; here a duplicate is an error.
+in problems, never in an exception, a hang or a memory blow-up. The limits are checked before
+anything is built: the byte size, then a stream of the parser's events (libyaml's when PyYAML has
+it) counted against the node and depth limits, with aliases expanded (PyYAML builds aliases as
+shared objects, so an "alias bomb" is cheap to load but exponential to walk). Building one graph of
+PyYAML nodes costs about 0.7 KB per node: 480,000 list items took an agent past 256 MiB. PyYAML also
+keeps the last of duplicate keys silently; here a duplicate is an error.
 """
 
 from __future__ import annotations
@@ -17,9 +19,14 @@ from sharing.config.problems import Report, item, key
 
 MAX_BYTES = 1024 * 1024
 """Kubernetes refuses a ConfigMap whose data exceeds 1 MiB; no single document can be bigger."""
-MAX_NODES = 100_000
-"""Nodes after expanding aliases; a real config has a few hundred."""
+MAX_CONFIG_BYTES = 256 * 1024
+"""One config (one ConfigMap key); NVIDIA's default mig-parted file, 81 configs, is 12 KB."""
+MAX_NODES = 20_000
+"""Nodes after expanding aliases; a real config has a few hundred (NVIDIA's default file 1,123)."""
 MAX_DEPTH = 64
+
+_FAST = getattr(yaml, "CSafeLoader", None)
+"""libyaml's parser and composer, when PyYAML was built with it (its wheels are)."""
 
 
 class _TooBig(Exception):
@@ -27,24 +34,68 @@ class _TooBig(Exception):
 
 
 class _Loader(yaml.SafeLoader):
-    """The safe loader, stopping at MAX_DEPTH while composing (PyYAML recurses once per level)."""
+    """The pure-Python safe loader, for exact error positions; stops at MAX_NODES and MAX_DEPTH while
+    composing too, should libyaml and PyYAML ever read a document differently."""
 
     _depth = 0
+    _nodes = 0
 
     def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
         self._depth += 1
+        self._nodes += 1
         try:
             if self._depth > MAX_DEPTH:
                 raise _TooBig(f"nested deeper than {MAX_DEPTH} levels")
+            if self._nodes > MAX_NODES:
+                raise _TooBig(f"more than {MAX_NODES} nodes")
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
 
 
-def load_document(report: Report, raw: str | bytes) -> tuple[bool, Any]:
+def _scan(text: str, loader: type[Any]) -> None:
+    """Stream the parser's events and raise _TooBig at the first past a limit; nothing is built."""
+    frames: list[tuple[int, int, str | None]] = []  # per open collection: nodes before it, level, anchor
+    deepest: list[int] = []  # per open collection: the deepest level reached inside it
+    anchored: dict[str, tuple[int, int]] = {}  # per anchor: expanded nodes, levels below it
+    total = 0
+    for event in yaml.parse(text, Loader=loader):
+        level = len(frames)
+        if isinstance(event, yaml.CollectionEndEvent):
+            before, start, anchor = frames.pop()
+            low = deepest.pop()
+            if anchor is not None:
+                anchored[anchor] = (total - before, low - start)
+            if deepest:
+                deepest[-1] = max(deepest[-1], low)
+            continue
+        if isinstance(event, yaml.AliasEvent):
+            if any(anchor == event.anchor for _, _, anchor in frames):
+                raise _TooBig("an alias refers to a node that contains it (a recursive structure)")
+            size, below = anchored.get(event.anchor or "", (1, 0))
+        elif isinstance(event, yaml.ScalarEvent | yaml.CollectionStartEvent):
+            size, below = 1, 0
+        else:
+            continue
+        total += size
+        if total > MAX_NODES:
+            raise _TooBig(f"more than {MAX_NODES} nodes" + (" once aliases are expanded" if size > 1 else ""))
+        if level + below >= MAX_DEPTH:
+            raise _TooBig(f"nested deeper than {MAX_DEPTH} levels")
+        if deepest:
+            deepest[-1] = max(deepest[-1], level + below)
+        if isinstance(event, yaml.CollectionStartEvent):
+            frames.append((total - 1, level, event.anchor))
+            deepest.append(level)
+        elif isinstance(event, yaml.ScalarEvent) and event.anchor is not None:
+            anchored[event.anchor] = (1, 0)
+
+
+def load_document(report: Report, raw: str | bytes, limit: int = MAX_BYTES) -> tuple[bool, Any]:
     """(True, value) for a readable YAML document, else (False, None) with the problems reported."""
-    if len(raw) > MAX_BYTES:
-        report.error("", f"the document is {len(raw)} bytes; the limit is {MAX_BYTES} (1 MiB)")
+    if len(raw) > limit:
+        what = "one config" if limit == MAX_CONFIG_BYTES else "a document"
+        report.error("", f"{len(raw)} bytes; the limit for {what} is {limit} ({limit // 1024} KiB)")
         return False, None
     if isinstance(raw, bytes):
         try:
@@ -56,11 +107,14 @@ def load_document(report: Report, raw: str | bytes) -> tuple[bool, Any]:
         text = raw
     loader = None
     try:
-        loader = _Loader(text)  # checks the characters already
+        fast = _FAST is not None and _scanned(text, _FAST)
+        if not fast:
+            _scan(text, yaml.SafeLoader)  # libyaml refused it: PyYAML's own parser says where and why
+        loader = _FAST(text) if fast and _FAST is not None else _Loader(text)
         node = loader.get_single_node()
         if node is None:
             return True, None
-        if not _measure(report, node):
+        if not _duplicates(report, node):
             return False, None
         return True, loader.construct_document(node)
     except _TooBig as err:
@@ -81,6 +135,15 @@ def load_document(report: Report, raw: str | bytes) -> tuple[bool, Any]:
         if loader is not None:
             loader.dispose()
     return False, None
+
+
+def _scanned(text: str, loader: type[Any]) -> bool:
+    """True when libyaml streams the document within the limits; False when it cannot read it."""
+    try:
+        _scan(text, loader)
+    except yaml.YAMLError:
+        return False
+    return True
 
 
 def _marked(err: yaml.MarkedYAMLError) -> str:
@@ -105,24 +168,17 @@ def _position(text: str, offset: int) -> tuple[int, int]:
     return line, offset - (before.rfind("\n") + 1) + 1
 
 
-def _measure(report: Report, root: yaml.Node) -> bool:
-    """Expanded node count and depth within limits, no recursive aliases; duplicate keys reported."""
-    sizes: dict[int, int] = {}
-    open_nodes: set[int] = set()
+def _duplicates(report: Report, root: yaml.Node) -> bool:
+    """Duplicate keys reported; False when there are any (the graph is within the limits already)."""
+    seen_nodes: set[int] = set()
 
-    def size(node: yaml.Node, path: str, depth: int) -> int:
-        ident = id(node)
-        if ident in sizes:
-            return sizes[ident]
-        if ident in open_nodes:
-            raise _TooBig("an alias refers to a node that contains it (a recursive structure)")
-        if depth > MAX_DEPTH:
-            raise _TooBig(f"nested deeper than {MAX_DEPTH} levels")
-        open_nodes.add(ident)
-        total = 1
+    def walk(node: yaml.Node, path: str) -> None:
+        if id(node) in seen_nodes:
+            return
+        seen_nodes.add(id(node))
         if isinstance(node, yaml.SequenceNode):
             for i, child in enumerate(node.value):
-                total += size(child, item(path, i), depth + 1)
+                walk(child, item(path, i))
         elif isinstance(node, yaml.MappingNode):
             seen: set[tuple[str, str]] = set()
             for k, v in node.value:
@@ -136,19 +192,11 @@ def _measure(report: Report, root: yaml.Node) -> bool:
                             f"column {k.start_mark.column + 1}; YAML would keep only the last one",
                         )
                     seen.add((k.tag, k.value))
-                total += size(k, path, depth + 1) + size(v, child_path, depth + 1)
-        if total > MAX_NODES:
-            raise _TooBig(f"more than {MAX_NODES} nodes once aliases are expanded")
-        open_nodes.discard(ident)
-        sizes[ident] = total
-        return total
+                walk(k, path)
+                walk(v, child_path)
 
     errors = len(report.errors)
-    try:
-        size(root, "", 0)
-    except _TooBig as err:
-        report.error("", f"the document is too complex: {err}")
-        return False
+    walk(root, "")
     return len(report.errors) == errors
 
 

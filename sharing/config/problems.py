@@ -49,17 +49,21 @@ class Report:
         self.config = config
         self.errors: list[Problem] = []
         self.warnings: list[Problem] = []
+        self._seen: tuple[set[Problem], set[Problem]] = (set(), set())  # errors, warnings (a list scan
+        # per problem made a config of 8,000 bad rules take 19 s)
 
     def error(self, path: str, message: str, *, config: str | None = None) -> None:
         """Record an error at `path` (once: the same problem found twice is one problem)."""
         problem = Problem(config or self.config, path, message)
-        if problem not in self.errors:
+        if problem not in self._seen[0]:
+            self._seen[0].add(problem)
             self.errors.append(problem)
 
     def warn(self, path: str, message: str, *, config: str | None = None) -> None:
         """Record a warning at `path` (once)."""
         problem = Problem(config or self.config, path, message)
-        if problem not in self.warnings:
+        if problem not in self._seen[1]:
+            self._seen[1].add(problem)
             self.warnings.append(problem)
 
     def has_errors_for(self, config: str) -> bool:

@@ -122,7 +122,7 @@ def check_replicas(
         elif rule.mig is MigMode.ENABLED and kind not in rule.instances:
             wanted = ", ".join(rule.instances) or "none"
             problem = f"{kind} is not one of this rule's MIG instances ({wanted})"
-        elif not _profile_exists(kind, catalog, targets):
+        elif targets != [] and not _profile_exists(kind, catalog, targets):  # []: no GPU to ask
             problem = f"unknown MIG profile {kind!r} for the GPUs of this rule"
             if lenient:
                 report.warn(path, f"{problem}: nothing is replicated for it (NVIDIA's plugin skips it too)",

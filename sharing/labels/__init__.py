@@ -5,7 +5,9 @@ versions, the driver's MIG profiles) and what is advertised (the inventory: coun
 so schedulers see exactly the slices the kubelet sees, under the names GPU feature discovery uses
 (`gfd` builds them; docs/labels.md lists every one). The agent owns a fixed set of keys and
 computes a patch that sets what changed and removes owned labels that no longer apply; it never
-touches any other label (`nvidia.com/device-plugin.config`, `nvidia.com/gpu.deploy.*`, ...).
+touches any other label (`nvidia.com/device-plugin.config`, `nvidia.com/gpu.deploy.*`, ...). A
+label the API server would refuse is left out of the patch (`refused`), since one bad entry fails
+the whole request and with it the state label.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ __all__ = [
     "layout",
     "node_labels",
     "owned",
+    "refused",
     "sanitise",
 ]
 
@@ -88,6 +91,9 @@ _MIG_KEY = re.compile(
     + "|".join(re.escape(k) for k in _RESOURCE_KEYS)
     + r")$"
 )
+# The API server's rule for a label value and for the name part of a key (k8s.io/apimachinery
+# pkg/util/validation/validation.go: IsValidLabelValue, IsQualifiedName; at most 63 characters).
+_NAME = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
 
 
 class ConfigState(enum.Enum):
@@ -135,8 +141,22 @@ def node_labels(
     return labels
 
 
+def refused(labels: Mapping[str, str]) -> dict[str, str]:
+    """The labels the API server would refuse: a value, or a key's name, not of the label rule."""
+    return {
+        k: v
+        for k, v in labels.items()
+        if not all(len(t) <= 63 and _NAME.fullmatch(t) for t in (v, k.rpartition("/")[2])) or k.endswith("/")
+    }
+
+
 def label_patch(current: Mapping[str, str], desired: Mapping[str, str]) -> dict[str, str | None]:
-    """A merge patch for `metadata.labels`: changed owned labels, None for owned ones to remove."""
+    """A merge patch for `metadata.labels`: changed owned labels, None for owned ones to remove.
+
+    Labels the API server would refuse are treated as absent (an older value of theirs is removed).
+    """
+    bad = refused(desired)
+    desired = {k: v for k, v in desired.items() if k not in bad}
     patch: dict[str, str | None] = {k: v for k, v in desired.items() if current.get(k) != v}
     patch.update({k: None for k in current if owned(k) and k not in desired})
     return patch

@@ -19,12 +19,32 @@ from sharing.model import DriverInfo, Gpu, GpuInstance, NodeState
 PREFIX = "nvidia.com/"
 ENGINES = ("copy", "decoder", "encoder", "jpeg", "ofa")
 _LABEL_VALUE = re.compile(r"[^A-Za-z0-9._-]")
+VALUE_LIMIT = 63
+"""The API server's limit on a label value (k8s.io/apimachinery validation.LabelValueMaxLength)."""
 
 
 def sanitise(*parts: str) -> str:
     """GFD's product naming: drop characters outside [A-Za-z0-9-_. ], whitespace runs become '-'."""
     cleaned = (re.sub(r"\s+", "-", re.sub(r"[^A-Za-z0-9\-_. ]", "", part).strip()) for part in parts)
     return "-".join(c for c in cleaned if c)
+
+
+def product_value(*parts: str, shared: bool = False) -> str:
+    """GFD's product label: the sanitised parts joined, `-SHARED` when shared, at most 63 characters.
+
+    The rule of k8s-device-plugin's `limitProductName` (internal/lm/resource.go, NVIDIA/k8s-device-
+    plugin#1880): only the model (the first part) is cut, so `-MIG-<profile>` and `-SHARED` stay
+    whole; the cut model loses trailing `-`, `.` and `_` so the value still ends alphanumeric.
+    """
+    cleaned = [c for c in (sanitise(p) for p in parts) if c] + (["SHARED"] if shared else [])
+    full = "-".join(cleaned)
+    if len(full) <= VALUE_LIMIT:
+        return full
+    suffix = "-".join(cleaned[1:])
+    room = VALUE_LIMIT - len(suffix) - 1
+    if not suffix or room <= 0:
+        return full[:VALUE_LIMIT].rstrip("-._")
+    return cleaned[0][:room].rstrip("-._") + "-" + suffix
 
 
 def label_value(text: str) -> str:
@@ -96,7 +116,8 @@ def full_gpu_labels(node: NodeState, inventory: Inventory) -> dict[str, str]:
     gpus = [g for g in pool if g.product == model]
     count = sum(g.product == model for g in node.gpus)
     first = gpus[0]
-    labels = {"product": sanitise(model), "count": str(count), "replicas": "0", "sharing-strategy": "none"}
+    labels = {"product": product_value(model), "count": str(count), "replicas": "0"}
+    labels["sharing-strategy"] = "none"
     if off:
         uuids = {g.uuid for g in gpus}
         advertised = [
@@ -106,7 +127,7 @@ def full_gpu_labels(node: NodeState, inventory: Inventory) -> dict[str, str]:
         renamed = any(name != GPU_RESOURCE for name, d in advertised if d.replica is not None)
         shared = replicas > 1
         labels |= {
-            "product": sanitise(model) + ("-SHARED" if shared and not renamed else ""),
+            "product": product_value(model, shared=shared and not renamed),
             "replicas": str(replicas),
             "sharing-strategy": "time-slicing" if shared else "none",
         }
@@ -134,7 +155,7 @@ def _mig_labels(
     shared = replicas > 1
     name = gi.profile.replace("+", ".")
     labels = {
-        "product": sanitise(gpu.product, "MIG", name) + ("-SHARED" if shared and not renamed else ""),
+        "product": product_value(gpu.product, "MIG", name, shared=shared and not renamed),
         "count": str(len(physical)),
         "replicas": str(replicas),
         "sharing-strategy": "time-slicing" if shared else "none",
@@ -181,8 +202,8 @@ def single_labels(node: NodeState, inventory: Inventory, catalog: Catalog) -> di
     profiles = {gi.profile for g in enabled for gi, _ in g.mig_devices}
     valid = len(enabled) == len(node.gpus) and all(g.mig_devices for g in enabled) and len(profiles) == 1
     if not valid:
-        invalid = {"product": sanitise(enabled[0].product, "MIG", "INVALID"), "count": "0", "replicas": "0",
-                   "memory": "0"}  # fmt: skip
+        invalid = {"product": product_value(enabled[0].product, "MIG", "INVALID"), "count": "0",
+                   "replicas": "0", "memory": "0"}  # fmt: skip
         return {f"{PREFIX}gpu.{k}": v for k, v in invalid.items()}
     migs = _mig_devices(node)
     devices = [(name, d) for name, d in _advertised(inventory) if d.mig_uuid in migs]

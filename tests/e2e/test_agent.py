@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import GpuNode
+from tests.e2e.conftest import CONFIGMAP, NAMESPACE, GpuNode
 
 pytestmark = pytest.mark.integration
 
@@ -98,6 +98,32 @@ def test_invalid_yaml_fails_with_the_path_and_recovers_when_fixed(gpu_node: GpuN
     )
     gpu_node.kubelet.wait_resources(capacity("nvidia.com/gpu", 8), timeout=60)
     gpu_node.wait_labels(lambda labels: labels.get("nvidia.com/mig.config.state") == "success")
+
+
+def test_a_hostile_key_beside_the_selected_config_is_named_and_the_agent_keeps_serving(
+    gpu_node: GpuNode,
+) -> None:
+    """The demo node's crash loop: 480,000 list items (940 KB) in a key no node selects OOM-killed it."""
+    name = gpu_node.put_config("version: v1\ngpus:\n  - devices: all\n    replicas: 2\n")
+    gpu_node.label(name)
+    gpu_node.kubelet.wait_resources(capacity("nvidia.com/gpu", 8), timeout=60)
+    hostile = f"hostile-{name}"
+    gpu_node.configs.append(hostile)  # removed again after the test
+    patch = gpu_node.tmp / "hostile.json"  # too long for one command-line argument
+    patch.write_text(
+        json.dumps({"data": {hostile: "version: v1\ngpus: [" + ",".join(["0"] * 480_000) + "]\n"}})
+    )
+    gpu_node.kubectl(
+        "patch", "configmap", CONFIGMAP, "-n", NAMESPACE, "--type=merge", "--patch-file", str(patch)
+    )
+    event = gpu_node.wait_event("ConfigInvalid")
+    assert "Warning" == event["type"]
+    assert f"{hostile}: 960020 bytes; the limit for one config is 262144 (256 KiB)" in event["message"]
+    # Still serving, never restarted: the node's own config still changes the devices.
+    gpu_node.put_config("version: v1\ngpus:\n  - devices: all\n    replicas: 3\n", name=name)
+    gpu_node.kubelet.wait_resources(capacity("nvidia.com/gpu", 12), timeout=60)
+    assert gpu_node.agent.process.poll() is None
+    assert 200 == gpu_node.agent.get("/healthz")[0]
 
 
 def test_a_slice_a_pod_holds_is_never_destroyed(gpu_node: GpuNode) -> None:

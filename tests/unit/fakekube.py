@@ -7,12 +7,34 @@ order. Only for unit tests; the e2e tests run the agent against a real kube-apis
 from __future__ import annotations
 
 import queue
+import re
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
 
 from sharing.errors import KubeError
 from sharing.kube import ConfigMapObject, NodeObject, WatchEvent
+
+# The API server's rules for metadata (k8s.io/apimachinery pkg/util/validation/validation.go:
+# IsQualifiedName, IsValidLabelValue; pkg/api/validation/objectmeta.go: TotalAnnotationSizeLimitB).
+_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_PREFIX = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+ANNOTATIONS_LIMIT = 256 * 1024
+
+
+def metadata_problems(labels: Mapping[str, str], annotations: Mapping[str, str]) -> list[str]:
+    """What the API server rejects a Node update for (one bad entry rejects the whole request)."""
+    problems = []
+    for key, value in labels.items():
+        prefix, _, name = key.rpartition("/")
+        bad_prefix = prefix and (len(prefix) > 253 or not _PREFIX.match(prefix))
+        if len(name) > 63 or not _NAME.match(name) or bad_prefix:
+            problems.append(f"label key {key!r}")
+        if len(value) > 63 or (value and not _NAME.match(value)):
+            problems.append(f"label {key}={value!r}")
+    if sum(len(k.encode()) + len(v.encode()) for k, v in annotations.items()) > ANNOTATIONS_LIMIT:
+        problems.append("annotations over 256 KiB")
+    return problems
 
 
 class FakeKube:
@@ -77,6 +99,8 @@ class FakeKube:
             notes = {
                 k: v for k, v in {**self.node.annotations, **(annotations or {})}.items() if v is not None
             }
+            if problems := metadata_problems(labels, notes):
+                raise KubeError(f"422 Node {name!r} is invalid: {'; '.join(problems)}")
             self.node = replace(self.node, resource_version=self._next(), labels=labels, annotations=notes)
             self._push(("node",), WatchEvent("MODIFIED", self.node, self.node.resource_version))
             return self.node

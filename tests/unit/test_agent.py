@@ -130,3 +130,19 @@ async def test_parsing_a_configmap_never_blocks_the_grpc_servers(
     release.set()
     await running.kubelet.wait(lambda: running.kubelet.allocatable() == {GPU: 3}, timeout=10)
     assert [True] == released_by_test
+
+
+async def test_a_hostile_key_beside_the_selected_config_is_named_in_an_event_and_serving_goes_on(
+    running: Running,
+) -> None:
+    """The demo node's crash loop: 480,000 list items (940 KB) in a key no node selects."""
+    hostile = "version: v1\ngpus: [" + ",".join(["0"] * 480_000) + "]\n"
+    running.kube.set_configmap(NS, "gpu-sharing-config", {"mine": replicas(3), "hostile": hostile})
+    await running.kubelet.wait(lambda: running.kubelet.allocatable() == {GPU: 3}, timeout=10)
+    invalid = [m for k, r, m in running.kube.events if (k, r) == ("Warning", "ConfigInvalid")]
+    assert len(invalid) == 1
+    assert invalid[0].startswith("ConfigMap keys with errors, not selected by this node: hostile: ")
+    assert "the limit for one config is 262144" in invalid[0]
+    running.kube.set_configmap(NS, "gpu-sharing-config", {"mine": replicas(2), "hostile": hostile})
+    await running.kubelet.wait(lambda: running.kubelet.allocatable() == {GPU: 2}, timeout=10)
+    assert 1 == sum(r == "ConfigInvalid" for _, r, _ in running.kube.events)  # not news: said once

@@ -167,3 +167,34 @@ def test_the_gpus_given_are_the_nodes_gpus_in_index_order(
     assert (0 if ok else 1) == result.returncode
     errors = [line for line in result.stdout.splitlines() if "unknown MIG profile" in line]
     assert ([] if ok else [errors[0]]) == errors
+
+
+def test_a_rule_for_a_gpu_index_not_given_is_a_warning_not_an_error(tmp_path: Path) -> None:
+    """`devices: [2]` checked with one --gpu: nothing is there to check it on (the agent only warns)."""
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        "version: v1\nmigStrategy: mixed\ngpus:\n"
+        "  - devices: [2]\n    mig: {4g.20gb: 1}\n    replicas: {4g.20gb: 2}\n"
+        "  - {devices: all, replicas: 3}\n"
+    )
+    result = validate(str(config), "--gpu", "A100-SXM4-40GB")
+    assert (0, "c: [mixed] A100-SXM4-40GB: MIG off, 3 replicas each\n") == (result.returncode, result.stdout)
+    assert "warning: c: gpus[0].devices: matches none of the node's GPUs (A100-SXM4-40GB)" in result.stderr
+    assert "unknown MIG profile" not in result.stderr
+
+
+def test_the_summary_names_each_gpu_once(tmp_path: Path) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        "version: v1\nmigStrategy: mixed\ngpus:\n"
+        "  - devices: [2]\n    mig: {4g.20gb: 1}\n    replicas: {4g.20gb: 2}\n"
+        "  - {devices: all, replicas: 3}\n"
+    )
+    result = validate(str(config), *["--gpu", "A100-SXM4-40GB"] * 3, "--gpu", "T4")
+    assert 0 == result.returncode, result.stdout + result.stderr
+    assert (
+        "c: [mixed] A100-SXM4-40GB (GPUs 0, 1): MIG off, 3 replicas each; "
+        "A100-SXM4-40GB (GPU 2): MIG 1x 4g.20gb, replicas 4g.20gb=2; T4: MIG off, 3 replicas each\n"
+    ) == result.stdout
+    three = validate(str(PRESETS), *["--gpu", "A100-SXM4-40GB"] * 3)
+    assert "all-replicas-4: [none] A100-SXM4-40GB: MIG off, 4 replicas each" in three.stdout.splitlines()

@@ -229,10 +229,18 @@ INVALID: list[tuple[str, str | bytes, str, str, str, list[str] | None]] = [
     ),
     ("mig-profile-int", rule("devices: all\nmig: {1: 2}"), "c", "gpus[0].mig", "is not a string", None),
     (
-        "profile-unknown-anywhere",
+        "profile-unknown-on-a-known-gpu",
         rule("devices: all\nmig: {9g.99gb: 1}"),
         "c",
         "gpus[0].mig.9g.99gb",
+        f"unknown MIG profile '9g.99gb' on {A100}",
+        [A100],
+    ),
+    (
+        "not-a-gpu-instance-profile",
+        rule("devices: all\nmig: {1c.9g.99gb: 1}"),
+        "c",
+        "gpus[0].mig.1c.9g.99gb",
         "no product in the hardware catalog has it",
         None,
     ),
@@ -471,7 +479,7 @@ INVALID: list[tuple[str, str | bytes, str, str, str, list[str] | None]] = [
     ),
     ("bad-date", V1 + "when: 2024-02-30", "c", "", "a value cannot be read", None),
     ("python-tag", V1 + "x: !!python/object:os.system {}", "c", "", "invalid YAML at line 2", None),
-    ("alias-bomb", BOMB, "c", "", "more than 100000 nodes once aliases are expanded", None),
+    ("alias-bomb", BOMB, "c", "", "more than 20000 nodes once aliases are expanded", None),
     ("recursive-alias", "a: &a [*a]", "c", "", "a recursive structure", None),
     ("deep-nesting", "[" * 2000 + "]" * 2000, "c", "", "nested deeper than 64 levels", None),
     (
@@ -721,6 +729,59 @@ def test_an_oversized_configmap_is_refused() -> None:
             CONFIGMAP, "", "the data is 1200064 bytes; Kubernetes' limit for a ConfigMap is 1048576 (1 MiB)"
         ),
     )
+
+
+HOSTILE = {
+    # The shapes tried on the demo node: 480,000 zeros (940 KB) and 60,000 small mappings (900 KB).
+    "list-940kb": (V1 + "gpus: [" + ",".join(["0"] * 480_000) + "]", "the limit for one config is 262144"),
+    "mappings-900kb": (V1 + "gpus:\n" + "- {gpu: 1234}\n" * 64_000, "the limit for one config is 262144"),
+    # Under the byte limit: the streaming count refuses them.
+    "list-250kb": (V1 + "gpus: [" + ",".join(["0"] * 125_000) + "]", "more than 20000 nodes"),
+    "alias-bomb": (BOMB, "more than 20000 nodes once aliases are expanded"),
+    "alias-bomb-deep": (
+        "a: &a [[[[[[[[[[x]]]]]]]]]]\n"
+        + "".join(f"{c}: &{c} [[[[[[[[[[*{p}]]]]]]]]]]\n" for p, c in zip("abcdef", "bcdefg", strict=True)),
+        "nested deeper than 64 levels",
+    ),
+    "deep": ("[" * 100_000 + "]" * 100_000, "nested deeper than 64 levels"),
+}
+
+
+@pytest.mark.parametrize("shape", HOSTILE)
+def test_a_hostile_key_is_refused_before_anything_is_built(
+    shape: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Refused while streaming the parser's events: no YAML node (and no value) is made of it."""
+    text, message = HOSTILE[shape]
+    built = []
+    real = yaml.nodes.Node.__init__
+
+    def counting(self: yaml.nodes.Node, *args: Any, **kwargs: Any) -> None:
+        built.append(1)
+        real(self, *args, **kwargs)
+
+    monkeypatch.setattr(yaml.nodes.Node, "__init__", counting)
+    result = parse_configmap({"hostile": text})
+    assert [] == built
+    assert ("hostile",) == result.invalid
+    assert [("hostile", "")] == [(p.config, p.path) for p in result.errors]
+    assert message in result.errors[0].message
+
+
+@pytest.mark.parametrize("shape", HOSTILE)
+def test_a_hostile_key_leaves_the_other_configs_of_the_configmap(shape: str) -> None:
+    result = parse_configmap({"mine": rule("devices: all\nreplicas: 2"), "hostile": HOSTILE[shape][0]})
+    assert ("mine",) == result.names
+    assert ("hostile",) == result.invalid
+    assert str(result.errors[0]).startswith("hostile: ")
+
+
+def test_offline_a_profile_no_catalog_product_has_is_left_to_the_driver() -> None:
+    result = parse_configmap({"c": rule("devices: all\nmig: {9g.99gb: 1}")})
+    assert ("c",) == result.names
+    assert [("gpus[0].mig.9g.99gb", True)] == [
+        (p.path, "the driver of each GPU decides" in p.message) for p in result.warnings
+    ]
 
 
 def test_a_config_name_that_no_label_can_hold_is_a_warning() -> None:

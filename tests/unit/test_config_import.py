@@ -8,7 +8,10 @@ code; `# differs:` marks the few deliberate differences, with the reason.
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -276,6 +279,50 @@ def test_mig_parted_presets_equal_ours() -> None:
     assert theirs is not None
     assert ours.rules[0].mig == theirs.rules[0].mig
     assert ours.rules[0].devices == theirs.rules[0].devices
+
+
+DEFAULT_FILE = FIXTURES / "mig-parted" / "30-nvidias-default-file.yaml"
+OPERATOR_DEFAULT = FIXTURES / "gpu-operator" / "default-mig-parted-config.yaml"
+
+
+def test_nvidias_default_mig_file_is_valid_offline_with_warnings_for_profiles_the_catalog_lacks() -> None:
+    """mig-parted accepts it and lets the node's driver decide; so does `validate` without --gpu."""
+    result = parse_file("default", DEFAULT_FILE.read_bytes())
+    assert [] == [str(p) for p in result.errors]
+    assert 81 == len(result.configs)
+    lacked = [p.path for p in result.warnings if "no product in the hardware catalog" in p.message]
+    unknown = {path.partition(".mig-devices.")[2] for path in lacked}
+    assert {"3g.95gb", "4g.95gb", "7g.189gb"} == unknown  # GB200's names under its first drivers
+
+
+def test_the_gpu_operators_default_configmap_validates_offline() -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run(
+        [sys.executable, "-m", "sharing", "validate", str(OPERATOR_DEFAULT)],
+        check=False, capture_output=True, text=True, env=env, cwd=ROOT, timeout=60,
+    )  # fmt: skip
+    assert 0 == result.returncode, result.stdout + result.stderr
+    assert "81 valid, 0 invalid" in result.stderr
+    assert "warning: all-7g.189gb: mig-configs.all-7g.189gb[0].mig-devices.7g.189gb: unknown MIG profile" in (
+        result.stderr
+    )
+
+
+@pytest.mark.parametrize(
+    ("gpu", "config", "valid"),
+    [
+        pytest.param("A100-SXM4-40GB", "all-7g.189gb", False, id="a100-lacks-7g.189gb"),
+        pytest.param("GB300", "all-3g.139gb", True, id="gb300-has-3g.139gb"),
+        pytest.param("GB300", "all-1g.35gb.me", True, id="gb300-has-1g.35gb+me"),
+        pytest.param("GB300", "all-7g.189gb", False, id="gb300-lacks-7g.189gb"),
+        pytest.param("H100-SXM5-94GB", "all-1g.12gb", True, id="the-catalog-knows-no-profiles-of-it"),
+    ],
+)
+def test_on_a_gpu_the_catalog_knows_a_profile_it_lacks_stays_an_error(
+    gpu: str, config: str, valid: bool
+) -> None:
+    result = parse_file("default", DEFAULT_FILE.read_bytes(), products=[gpu])
+    assert valid == (config in result.names), [str(p) for p in result.errors_for(config)]
 
 
 def test_an_entry_named_like_another_key_is_an_error() -> None:

@@ -5,13 +5,20 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import structlog
 
+from sharing.cluster.publish import NodePublisher
 from sharing.config.spec import MigMode, MigStrategy, Replicas, Rule, Selector, SharingConfig
 from sharing.devices.inventory import build_inventory
 from sharing.labels import ConfigState, label_patch, node_labels, owned, sanitise
-from sharing.labels.gfd import family
-from sharing.mig.catalog import Engines, Product, Profile
+from sharing.labels.gfd import family, product_value
+from sharing.mig.catalog import Engines, Product, Profile, default_catalog
 from sharing.model import ComputeInstance, DriverInfo, Gpu, GpuInstance, GpuUuid, MigUuid, NodeState
+from sharing.rollout.verdict import Verdict
+from sharing.watch import Watched
+from tests.unit.fakekube import FakeKube, metadata_problems
+
+CATALOG = default_catalog()
 
 
 def a100(index: int, *instances: tuple[str, int, int]) -> Gpu:
@@ -274,3 +281,84 @@ def test_ownership_is_exact() -> None:
 def test_sanitise_like_gfd() -> None:
     assert "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb.me" == sanitise("NVIDIA A100-SXM4-40GB", "MIG", "1g.5gb.me")
     assert "Tesla-T4" == sanitise("Tesla  T4")
+
+
+def _catalog_names() -> list[tuple[str, Product | None]]:
+    """Every NVML name the catalog knows (its key where none was found), with its MIG product."""
+    mig = [(n, p) for p in CATALOG.products for n in p.nvml_names or ("NVIDIA " + p.name,)]
+    return mig + [(n, None) for p in CATALOG.plain for n in p.nvml_names or ("NVIDIA " + p.name,)]
+
+
+def _mig_gpu(name: str, product: Product, profile: Profile) -> Gpu:
+    ci = ComputeInstance(0, MigUuid("MIG-x"))
+    gi = GpuInstance(1, profile.name, profile.placements[0], profile.size, (ci,))
+    return Gpu(0, GpuUuid("GPU-x"), name, product.memory_mib, True, True, True, (gi,))
+
+
+@pytest.mark.parametrize(
+    ("name", "product", "profile"),
+    [pytest.param(n, p, f, id=f"{n}:{f.name}") for n, p in _catalog_names() if p for f in p.profiles],
+)
+def test_every_catalog_mig_profile_gives_valid_labels_under_every_suffix(
+    name: str, product: Product, profile: Profile
+) -> None:
+    """GFD's rule (k8s-device-plugin#1880): the model is cut, `-MIG-<profile>` and `-SHARED` stay whole."""
+    node = NodeState((_mig_gpu(name, product, profile),))
+    suffix = "-MIG-" + profile.name.replace("+", ".")
+    for strategy in (MigStrategy.MIXED, MigStrategy.SINGLE):
+        for replicas, shared in ((1, ""), (2, "-SHARED")):
+            rule = Rule(Selector(all=True), MigMode.ENABLED, ((profile.name, 1),), Replicas(replicas))
+            labels = labels_for(node, SharingConfig("x", strategy, rules=(rule,)), ConfigState.SUCCESS)
+            assert [] == metadata_problems(labels, {})
+            key = "gpu" if strategy is MigStrategy.SINGLE else "mig-" + profile.name.replace("+", ".")
+            value = labels[f"nvidia.com/{key}.product"]
+            assert value.endswith(suffix + shared)
+            assert sanitise(name).startswith(value.removesuffix(suffix + shared))
+
+
+@pytest.mark.parametrize(("name", "product"), [pytest.param(n, p, id=n) for n, p in _catalog_names()])
+def test_every_catalog_gpu_gives_valid_labels_shared_and_invalid(name: str, product: Product | None) -> None:
+    gpu = Gpu(0, GpuUuid("GPU-x"), name, 16384, product is not None, False, False)
+    shared = SharingConfig("x", rules=(Rule(Selector(all=True), replicas=Replicas(4)),))
+    labels = labels_for(NodeState((gpu,)), shared)
+    assert [] == metadata_problems(labels, {})
+    assert labels["nvidia.com/gpu.product"].endswith("-SHARED")
+    if product is not None:  # MIG on without instances under `single`: GFD's -MIG-INVALID
+        node = NodeState((dataclasses.replace(gpu, mig_enabled=True, mig_pending=True),))
+        labels = labels_for(node, SharingConfig("s", MigStrategy.SINGLE), ConfigState.SUCCESS)
+        assert [] == metadata_problems(labels, {})
+        assert labels["nvidia.com/gpu.product"].endswith("-MIG-INVALID")
+
+
+async def test_a_label_the_api_server_would_refuse_is_left_out_and_the_rest_written() -> None:
+    """One bad value must not fail the whole patch (and with it the state label)."""
+    kube = FakeKube("n1", {})
+    kube.label(**{"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"})
+    node = Watched("node", lambda: kube.get_node("n1"), lambda rv: kube.watch_node("n1", rv, 1), lambda n: n)
+    node.current = kube.node
+    publisher = NodePublisher(kube, node, CATALOG)
+    observed = NodeState((dataclasses.replace(h100(0), product="NVIDIA H100 -"),))  # sanitised: ends in '-'
+    inventory = build_inventory(observed, None)
+    with structlog.testing.capture_logs() as logs:
+        await publisher.publish(
+            observed, None, inventory, Verdict(ConfigState.SUCCESS), good=None, in_effect={}
+        )
+    assert "success" == kube.node.labels["nvidia.com/mig.config.state"]
+    assert "1" == kube.node.labels["nvidia.com/gpu.count"]
+    assert "nvidia.com/gpu.product" not in kube.node.labels  # the old value is not left standing either
+    left_out = [e["labels"] for e in logs if e["event"] == "labels_left_out"]
+    assert [{"nvidia.com/gpu.product": "NVIDIA-H100--"}] == left_out
+
+
+def test_gfd_shortening_keeps_short_values_and_cuts_only_the_model() -> None:
+    model = "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition"
+    assert "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb" == product_value("NVIDIA A100-SXM4-40GB", "MIG", "1g.5gb")
+    # The figures of GFD's own test (internal/lm/resource_test.go in k8s-device-plugin#1880).
+    cut = "NVIDIA-RTX-PRO-6000-Blackwell-Max-Q-Workstation"
+    assert cut + "-Edi-MIG-1g.24gb" == product_value(model, "MIG", "1g.24gb")
+    assert cut + "-MIG-1g.24gb.me" == product_value(model, "MIG", "1g.24gb.me")
+    assert "NVIDIA-RTX-PRO-6000-Blackwell-Max-Q-Workstat-MIG-1g.24gb-SHARED" == product_value(
+        model, "MIG", "1g.24gb", shared=True
+    )
+    assert "A" * 51 + "-MIG-1g.5gb" == product_value("A" * 51 + "." + "B" * 10, "MIG", "1g.5gb")
+    assert "A" * 63 == product_value("A" * 80)
