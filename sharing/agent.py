@@ -26,7 +26,7 @@ from sharing.errors import SharingError
 from sharing.gpu.backend import GpuBackend
 from sharing.health import follow_health
 from sharing.journal import Journal
-from sharing.kube import KubeClient
+from sharing.kube import KubeClient, watch_node
 from sharing.labels import ConfigState
 from sharing.metrics import Metrics
 from sharing.model import NodeState
@@ -43,7 +43,6 @@ from sharing.spec import SharingConfig
 from sharing.status import ConfigStatus
 from sharing.text import bounded
 from sharing.verdict import Retry, Verdict, held_back
-from sharing.watch import watch_node
 
 log = structlog.get_logger(__name__)
 

@@ -18,11 +18,10 @@ import structlog
 
 from sharing.errors import SharingError
 from sharing.holders import Holders
-from sharing.kube import KubeClient, NodeObject
+from sharing.kube import KubeClient, NodeObject, Watched
 from sharing.labels import ConfigState
 from sharing.text import bounded, listed
 from sharing.verdict import Retry, Verdict
-from sharing.watch import Watched
 
 log = structlog.get_logger(__name__)
 CORDONED = "nvidia.com/gpu-sharing.cordoned"

@@ -18,7 +18,7 @@ import structlog
 from sharing.catalog import Catalog
 from sharing.errors import SharingError
 from sharing.inventory import Inventory
-from sharing.kube import KubeClient, NodeObject
+from sharing.kube import KubeClient, NodeObject, Watched
 from sharing.labels import STATE_LABEL, ConfigState, label_patch, node_labels
 from sharing.metrics import Metrics
 from sharing.model import NodeState
@@ -26,7 +26,6 @@ from sharing.spec import SharingConfig
 from sharing.status import layout
 from sharing.text import bounded
 from sharing.verdict import Verdict
-from sharing.watch import Watched
 
 log = structlog.get_logger(__name__)
 

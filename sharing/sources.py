@@ -16,13 +16,12 @@ import structlog
 
 from sharing.catalog import Catalog
 from sharing.config import CONFIGMAP, ConfigSet, parse_configmap
-from sharing.kube import ConfigMapObject, KubeClient
+from sharing.kube import ConfigMapObject, KubeClient, Watched, watch_configmap
 from sharing.memory import LastGood, LastGoodError, Remembered
 from sharing.model import Gpu, NodeState
 from sharing.settings import Settings
 from sharing.spec import MigStrategy, SharingConfig
 from sharing.text import bounded
-from sharing.watch import Watched, watch_configmap
 
 log = structlog.get_logger(__name__)
 

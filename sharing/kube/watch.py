@@ -21,7 +21,7 @@ from typing import Generic, TypeVar
 import structlog
 
 from sharing.errors import KubeError
-from sharing.kube import ConfigMapObject, GoneError, KubeClient, NodeObject, WatchEvent
+from sharing.kube.api import ConfigMapObject, GoneError, KubeClient, NodeObject, WatchEvent
 from sharing.text import bounded
 
 T = TypeVar("T", NodeObject, ConfigMapObject)
@@ -70,7 +70,8 @@ class Watched(Generic[T]):
     def _run(self) -> None:
         read = False
         version = ""
-        failures = waits = 0
+        waits = 0
+        expired = False  # a 410 came since the last watch that worked
         while not self._stopped.is_set():
             wait = True
             try:
@@ -87,22 +88,25 @@ class Watched(Generic[T]):
                         event.resource_version or getattr(event.object, "resource_version", "") or version
                     )
                     events += 1
-                failures = waits = 0
+                waits, expired = 0, False
                 if not events:  # a server that ends watches at once must not make this spin
                     self._pause(EMPTY_WATCH_PAUSE_S)
                 continue
             except GoneError:
                 # Our version left the server's window: watch from the newest state, which the
-                # server sends first. Only a second 410 in a row waits.
+                # server sends first. The server answered, so an outage before (an API server
+                # restart) is over: the first 410 waits nothing and the backoff starts again from
+                # its minimum. Only another 410 before a watch works waits.
                 log.info("watch_expired", what=self.what)
                 version = ""
-                wait = failures > 0
+                wait = expired
+                if not expired:
+                    waits, expired = 0, True
             except KubeError as err:
                 log.warning("watch_failed", what=self.what, error=bounded(str(err)))
             except Exception as err:  # a bug or a surprise from the client must not end the watch
                 log.error("watch_crashed", what=self.what, error=f"{type(err).__name__}: {bounded(str(err))}")
                 read, version = False, ""
-            failures += 1
             if wait:
                 self._pause(min(self._backoff_max_s, BACKOFF_MIN_S * 2**waits))
                 waits += 1
