@@ -1,6 +1,7 @@
-"""The agent's Kubernetes client against a real kube-apiserver, once per way a kubeconfig can
-authenticate: a client certificate and a bearer token go over the standard library, an exec
-credential plugin over the official client. Each must read, watch, patch and report errors alike."""
+"""The agent's Kubernetes client (the official `kubernetes` client underneath) against a real
+kube-apiserver, once per way a kubeconfig can authenticate: a client certificate, a bearer token, an
+exec credential plugin. Each must read, watch, patch and report errors alike, and survive an API
+server restart."""
 
 from __future__ import annotations
 
@@ -103,6 +104,18 @@ def test_reads_patches_and_watches_the_node(
     assert first.kind == "MODIFIED"
     assert isinstance(first.object, NodeObject)
     assert first.object.labels["c"] == "3"
+
+
+def test_a_write_after_an_api_server_restart_is_not_lost(
+    client: ApiClient, control_plane: lab.ControlPlane, node: str
+) -> None:
+    """The restart leaves the client a kept-alive connection the server has dropped; the first write
+    after it (the agent's `pending` state label) failed with SSLEOFError and was lost."""
+    client.get_node(node)  # the connection stays open for the next request
+    control_plane.restart_apiserver()
+    patched = client.patch_node_labels(node, {"nvidia.com/mig.config.state": "pending"})
+    assert "pending" == patched.labels["nvidia.com/mig.config.state"]
+    assert "pending" == client.get_node(node).labels["nvidia.com/mig.config.state"]
 
 
 def test_events_land_on_the_node(client: ApiClient, control_plane: lab.ControlPlane, node: str) -> None:
