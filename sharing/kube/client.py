@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -218,6 +219,8 @@ def _official_client(kubeconfig: str | None) -> Any:
     from urllib3.util.retry import Retry  # noqa: PLC0415
 
     configuration = client.Configuration()
+    if kubeconfig and not os.path.isfile(kubeconfig):
+        raise ValueError("no such file")  # the client would say "No configuration found"
     if kubeconfig:
         config.load_kube_config(
             config_file=kubeconfig, client_configuration=configuration, persist_config=False
