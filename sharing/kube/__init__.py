@@ -9,6 +9,7 @@ from sharing.kube.api import (
     NodeObject,
     NotFoundError,
     RefusedByBudgetError,
+    UnreachableError,
     WatchBrokenError,
     WatchEvent,
 )
@@ -23,6 +24,7 @@ __all__ = [
     "NodeObject",
     "NotFoundError",
     "RefusedByBudgetError",
+    "UnreachableError",
     "WatchBrokenError",
     "WatchEvent",
     "Watched",

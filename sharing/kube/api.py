@@ -22,7 +22,11 @@ class RefusedByBudgetError(KubeError):
     """HTTP 429 from the Eviction API: a PodDisruptionBudget does not allow it now."""
 
 
-class WatchBrokenError(KubeError):
+class UnreachableError(KubeError):
+    """No answer from the API server (refused, reset, timed out, TLS cut off): it is down or restarting."""
+
+
+class WatchBrokenError(UnreachableError):
     """A watch stream broke after it started: resume from the last resource version seen."""
 
 

@@ -27,6 +27,7 @@ from sharing.kube.api import (
     NodeObject,
     NotFoundError,
     RefusedByBudgetError,
+    UnreachableError,
     WatchBrokenError,
     WatchEvent,
 )
@@ -151,7 +152,7 @@ class ApiClient:
             )
             response = self._api.call_api(*request, _request_timeout=timeout)
         except Exception as err:  # refused, TLS, timeouts (after the retry): the API server is unreachable
-            raise KubeError(f"{what}: {type(err).__name__}: {bounded(str(err))}") from err
+            raise UnreachableError(f"{what}: {type(err).__name__}: {bounded(str(err))}") from err
         return response.response
 
     def _json(
@@ -160,8 +161,8 @@ class ApiClient:
         response = self._call(what, method, path, body=body, content_type=content_type, timeout=self._timeout)
         try:
             raw = response.data
-        except Exception as err:
-            raise KubeError(f"{what}: {type(err).__name__}: {bounded(str(err))}") from err
+        except Exception as err:  # the connection broke while the answer came
+            raise UnreachableError(f"{what}: {type(err).__name__}: {bounded(str(err))}") from err
         if not 200 <= response.status < 300:
             raise _status_error(what, response.status, response.reason, raw)
         try:
