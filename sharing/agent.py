@@ -20,12 +20,11 @@ import time
 import structlog
 
 from sharing import __version__
-from sharing.cluster import ConfigSources, NodePublisher
 from sharing.config import Failed, MigStrategy, Selected, SharingConfig, select_config
 from sharing.deviceplugin import Fleet
 from sharing.errors import SharingError
 from sharing.gpu import GpuBackend
-from sharing.kube import KubeClient
+from sharing.kube import ConfigSources, KubeClient, NodePublisher, watch_node
 from sharing.kubelet import PodResourcesClient
 from sharing.labels import ConfigState
 from sharing.mig import Catalog
@@ -35,7 +34,6 @@ from sharing.rollout import Drainer, Retry, Rollout, Verdict, follow_health, hel
 from sharing.settings import Settings
 from sharing.store import Journal
 from sharing.text import bounded
-from sharing.watch import watch_node
 
 log = structlog.get_logger(__name__)
 

@@ -3,9 +3,9 @@
     $(hack/venv.sh)/bin/python hack/bench [--quick] [--json PATH] [--fleet N] [--only PART,...]
 
 Parts, in order: planner, hostile (parsing hostile ConfigMap keys), mutations, listandwatch,
-cluster (startup, reconcile, configmap, allocate, idle, preferred), realnode, fleet. A part that
-fails is reported and the others still run; the exit code is 1 when any failed. Ctrl-C or SIGTERM
-stops everything it started.
+cluster (startup, reconcile, configmap, allocate, idle, preferred, restart), realnode, fleet. A part
+that fails is reported and the others still run; the exit code is 1 when any failed. Ctrl-C or
+SIGTERM stops everything it started.
 """
 
 from __future__ import annotations
@@ -27,7 +27,18 @@ if __package__ in (None, ""):  # `python hack/bench`: import `bench`, `lab` and 
 
 import structlog
 
-from bench import allocate, fleet, hostile, idle, listandwatch, mutations, planner, realnode, reconcile
+from bench import (
+    allocate,
+    fleet,
+    hostile,
+    idle,
+    listandwatch,
+    mutations,
+    planner,
+    realnode,
+    reconcile,
+    restart,
+)
 from bench.cluster import Cluster, running_cluster
 from bench.report import FULL, QUICK, Budget, Results, as_json, machine, print_table, say
 
@@ -57,6 +68,7 @@ def cluster_parts(tmp: Path, budget: Budget, results: Results) -> None:
             ("configmap/allocate", configmap_and_allocate),
             ("idle", lambda env: idle.bench_idle(env, budget, results)),
             ("preferred", lambda env: allocate.bench_preferred(env, budget, results)),
+            ("restart", lambda env: restart.bench_restart(env, budget, results)),
         ]
         for name, step in steps:
             run(name, lambda step=step: step(env), results)  # type: ignore[misc]

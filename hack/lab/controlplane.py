@@ -138,11 +138,13 @@ class ControlPlane:
                 p.forget()
         self._apiserver = self._etcd = None
 
-    def restart_apiserver(self) -> None:
-        """Stop kube-apiserver and start it again on the same port and etcd data; wait until ready."""
+    def restart_apiserver(self, down_s: float = 0) -> None:
+        """Stop kube-apiserver, keep it down `down_s` (an outage its clients live through), start it
+        again on the same port and etcd data; wait until ready."""
         if self._apiserver is None:
             raise ClusterError("control plane not started")
         self._apiserver.stop()
+        time.sleep(down_s)
         self._apiserver.start()
         self._wait_apiserver_ready()
 

@@ -17,12 +17,11 @@ from collections.abc import Awaitable, Callable
 import structlog
 
 from sharing.errors import SharingError
-from sharing.kube import KubeClient, NodeObject
+from sharing.kube import KubeClient, NodeObject, Watched
 from sharing.labels import ConfigState
 from sharing.rollout.holders import Holders
 from sharing.rollout.verdict import Retry, Verdict
 from sharing.text import bounded, listed
-from sharing.watch import Watched
 
 log = structlog.get_logger(__name__)
 CORDONED = "nvidia.com/gpu-sharing.cordoned"

@@ -1,10 +1,13 @@
-"""The agent's Kubernetes client against a real kube-apiserver, once per way a kubeconfig can
-authenticate: a client certificate and a bearer token go over the standard library, an exec
-credential plugin over the official client. Each must read, watch, patch and report errors alike."""
+"""The agent's Kubernetes client (the official `kubernetes` client underneath) against a real
+kube-apiserver, once per way a kubeconfig can authenticate: a client certificate, a bearer token, an
+exec credential plugin. Each must read, watch, patch and report errors alike, and survive an API
+server restart."""
 
 from __future__ import annotations
 
+import datetime
 import json
+import types
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -105,6 +108,18 @@ def test_reads_patches_and_watches_the_node(
     assert first.object.labels["c"] == "3"
 
 
+def test_a_write_after_an_api_server_restart_is_not_lost(
+    client: ApiClient, control_plane: lab.ControlPlane, node: str
+) -> None:
+    """The restart leaves the client a kept-alive connection the server has dropped; the first write
+    after it (the agent's `pending` state label) failed with SSLEOFError and was lost."""
+    client.get_node(node)  # the connection stays open for the next request
+    control_plane.restart_apiserver()
+    patched = client.patch_node_labels(node, {"nvidia.com/mig.config.state": "pending"})
+    assert "pending" == patched.labels["nvidia.com/mig.config.state"]
+    assert "pending" == client.get_node(node).labels["nvidia.com/mig.config.state"]
+
+
 def test_events_land_on_the_node(client: ApiClient, control_plane: lab.ControlPlane, node: str) -> None:
     client.create_node_event(client.get_node(node), "Warning", "TransportCheck", "through this kubeconfig")
     listed = control_plane.kubectl(
@@ -136,3 +151,41 @@ def test_a_forbidden_request_says_so(control_plane: lab.ControlPlane, tmp_path: 
             api.get_node("anything")
         api.close()
         assert f"system:serviceaccount:{ns}:weak" in str(raised.value)
+
+
+def test_in_cluster_credentials_pick_up_a_rotated_token(
+    control_plane: lab.ControlPlane, admin_token: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In a pod the kubelet rewrites the ServiceAccount token before it expires; the client reads the
+    file again once a minute (kubernetes/config/incluster_config.py). The clock is moved on a minute
+    instead of waiting for it; the new token is a weaker ServiceAccount's, so its 403 shows it is used."""
+    from kubernetes.config import incluster_config  # noqa: PLC0415 - the in-cluster paths, pointed here
+
+    token, ca = tmp_path / "token", tmp_path / "ca.crt"
+    token.write_text(admin_token)
+    ca.write_bytes(control_plane.ca_path.read_bytes())
+    server = control_plane.server.removeprefix("https://")
+    host, port = server.rsplit(":", 1)
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", host)
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", port)
+    monkeypatch.setattr(incluster_config, "SERVICE_TOKEN_FILENAME", str(token))
+    monkeypatch.setattr(incluster_config, "SERVICE_CERT_FILENAME", str(ca))
+    api = ApiClient()
+    assert api.get_configmap("default", "none").data is None  # the admin token is accepted
+
+    ns = f"rotated-{uuid.uuid4().hex[:6]}"
+    control_plane.kubectl("create", "namespace", ns, check=True)
+    control_plane.kubectl("-n", ns, "create", "serviceaccount", "weak", check=True)
+    token.write_text(control_plane.kubectl("-n", ns, "create", "token", "weak", check=True).stdout.strip())
+
+    class Later(datetime.datetime):
+        @classmethod
+        def now(cls, tz: datetime.tzinfo | None = None) -> Later:
+            return super().now(tz) + datetime.timedelta(minutes=2)  # type: ignore[return-value]
+
+    clock = types.SimpleNamespace(datetime=Later, timedelta=datetime.timedelta)
+    monkeypatch.setattr(incluster_config, "datetime", clock)  # that module's clock only
+    with pytest.raises(KubeError, match="403") as raised:
+        api.get_node("anything")
+    api.close()
+    assert f"system:serviceaccount:{ns}:weak" in str(raised.value)

@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 
 from sharing.agent import Agent
-from sharing.cluster import sources as sources_module
 from sharing.deviceplugin import Fleet, FleetSettings
 from sharing.errors import BackendError
 from sharing.gpu import simstate
 from sharing.gpu.nvml import NvmlBackend
 from sharing.gpu.simnvml import SimNvml
+from sharing.kube import sources as sources_module
 from sharing.kubelet.api import deviceplugin_v1beta1_pb2 as api
 from sharing.mig.catalog import default_catalog
 from sharing.model import HealthEvent

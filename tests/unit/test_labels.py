@@ -7,15 +7,15 @@ import dataclasses
 import pytest
 import structlog
 
-from sharing.cluster.publish import NodePublisher
 from sharing.config.spec import MigMode, MigStrategy, Replicas, Rule, Selector, SharingConfig
 from sharing.devices.inventory import build_inventory
+from sharing.kube import Watched
+from sharing.kube.publish import NodePublisher
 from sharing.labels import ConfigState, label_patch, node_labels, owned, sanitise
 from sharing.labels.gfd import family, product_value
 from sharing.mig.catalog import Engines, Product, Profile, default_catalog
 from sharing.model import ComputeInstance, DriverInfo, Gpu, GpuInstance, GpuUuid, MigUuid, NodeState
 from sharing.rollout.verdict import Verdict
-from sharing.watch import Watched
 from tests.unit.fakekube import FakeKube, metadata_problems
 
 CATALOG = default_catalog()

@@ -11,8 +11,7 @@ import threading
 from collections.abc import Iterator
 
 from sharing.errors import KubeError
-from sharing.kube import GoneError, NodeObject, WatchBrokenError, WatchEvent
-from sharing.watch import Watched
+from sharing.kube import GoneError, NodeObject, UnreachableError, WatchBrokenError, Watched, WatchEvent
 
 
 def node(version: str, **labels: str) -> NodeObject:
@@ -103,6 +102,56 @@ async def test_a_410_starts_again_from_the_newest_state_without_a_spin() -> None
     assert ["", "5", "", "900"] == api.watch_versions
     assert [] == api.pauses  # a single 410 costs no wait
     assert watched.current == node("900", a="3")
+
+
+async def test_a_410_after_an_outage_waits_nothing() -> None:
+    """An API server restart: the watches fail while it is down (backing off), then the first answer
+    is 410. That answer ends the outage: watching again from now must not wait the outage's backoff
+    (it waited up to 30 s, so a label change made right after the restart was applied 34 s later)."""
+    outage: list[list[WatchEvent] | Exception] = [KubeError("connection refused") for _ in range(6)]
+    api = ScriptedApi(
+        gets=[node("1", a="1")],
+        watches=[[changed("5", a="2")], *outage, GoneError("too old"), [changed("900", a="3")]],
+    )
+    watched, _ = await run(api, changes=3)
+    assert ["", "5", "5", "5", "5", "5", "5", "5", "", "900"] == api.watch_versions
+    assert [0.2, 0.4, 0.8, 1.6, 3.2, 6.4] == api.pauses  # the outage's backoff, nothing after the 410
+    assert watched.current == node("900", a="3")
+
+
+async def test_while_the_api_server_does_not_answer_the_watch_tries_every_second() -> None:
+    """A 10 s outage: with the backoff growing to 30 s the watch came back up to 13 s after the
+    server did. Unanswered attempts cost the server nothing, so they wait at most a second; errors
+    the server answers (below) still back off to the maximum."""
+    outage: list[list[WatchEvent] | Exception] = [UnreachableError("connection refused") for _ in range(8)]
+    api = ScriptedApi(gets=[node("1", a="1")], watches=[*outage, [changed("9", a="2")]])
+    await run(api, changes=2)
+    assert [0.2, 0.4, 0.8, 1.0, 1.0, 1.0, 1.0, 1.0] == api.pauses
+
+
+async def test_errors_the_server_answers_back_off_to_the_maximum() -> None:
+    refused: list[list[WatchEvent] | Exception] = [KubeError("HTTP 403 Forbidden") for _ in range(10)]
+    api = ScriptedApi(gets=[node("1", a="1")], watches=[*refused, [changed("9", a="2")]])
+    await run(api, changes=2)
+    assert [0.2, 0.4, 0.8, 1.6, 3.2, 6.4, 12.8, 25.6, 30.0, 30.0] == api.pauses
+
+
+async def test_a_watch_that_worked_before_it_broke_starts_the_backoff_again() -> None:
+    served_then_broken: list[list[WatchEvent] | Exception] = [KubeError("HTTP 500") for _ in range(4)]
+    api = ScriptedApi(
+        gets=[node("1", a="1")],
+        watches=[*served_then_broken, [changed("5", a="2")], KubeError("HTTP 500"), [changed("6", a="3")]],
+    )
+    await run(api, changes=3)
+    assert [0.2, 0.4, 0.8, 1.6, 0.2] == api.pauses
+
+
+async def test_410s_between_failures_keep_backing_off() -> None:
+    """Only the first 410 after a working watch is free: 410s and failures alternating still back off."""
+    flaky: list[list[WatchEvent] | Exception] = [GoneError("too old"), KubeError("refused")] * 3
+    api = ScriptedApi(gets=[node("1", a="1")], watches=[*flaky, [changed("9", a="2")]])
+    await run(api, changes=2)
+    assert [0.2, 0.4, 0.8, 1.6, 3.2] == api.pauses
 
 
 async def test_repeated_failures_back_off_instead_of_spinning() -> None:

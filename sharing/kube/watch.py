@@ -4,9 +4,11 @@ Each watch runs on its own thread, because the official client blocks. It reads 
 (a missing ConfigMap reads as "no data"), then watches from the newest state (no resource
 version: the server sends the object as it is now, then every change), resumes from the last
 version it saw (events and bookmarks) after a broken connection, starts again from the newest state
-after `410 Gone`, and backs off on repeated failures of any kind. Starting from the object's own
-resource version would be wrong: an object unchanged for a while is older than the server's watch
-window (always so after an API server restart), and every watch from it would end in 410.
+after `410 Gone`, and backs off on repeated failures of any kind (to at most a second while the
+API server does not answer at all, so the watches are back soon after it restarts). Starting from
+the object's own resource version would be wrong: an object unchanged for a while is older than
+the server's watch window (always so after an API server restart), and every watch from it would
+end in 410.
 Only changes that matter (the Node's labels, the ConfigMap's data) trigger a reconcile, so the
 kubelet's status updates cost nothing.
 """
@@ -21,13 +23,16 @@ from typing import Generic, TypeVar
 import structlog
 
 from sharing.errors import KubeError
-from sharing.kube import ConfigMapObject, GoneError, KubeClient, NodeObject, WatchEvent
+from sharing.kube.api import ConfigMapObject, GoneError, KubeClient, NodeObject, UnreachableError, WatchEvent
 from sharing.text import bounded
 
 T = TypeVar("T", NodeObject, ConfigMapObject)
 log = structlog.get_logger(__name__)
 EMPTY_WATCH_PAUSE_S = 0.2
 BACKOFF_MIN_S = 0.2
+UNREACHABLE_BACKOFF_MAX_S = 1.0
+"""While nothing answers (the API server is down or restarting), try again at least every second: a
+refused connection costs the server nothing, and the watches are back within a second of it."""
 
 
 class Watched(Generic[T]):
@@ -70,9 +75,10 @@ class Watched(Generic[T]):
     def _run(self) -> None:
         read = False
         version = ""
-        failures = waits = 0
+        waits = 0
+        expired = False  # a 410 came since the last watch that worked
         while not self._stopped.is_set():
-            wait = True
+            wait, longest = True, self._backoff_max_s
             try:
                 if not read:
                     self._deliver(self._get())
@@ -81,31 +87,38 @@ class Watched(Generic[T]):
                 for event in self._watch(version):
                     if self._stopped.is_set():
                         return
+                    waits, expired = 0, False  # the server serves this watch: failures start over
                     if event.object is not None:
                         self._deliver(event.object)  # type: ignore[arg-type]
                     version = (
                         event.resource_version or getattr(event.object, "resource_version", "") or version
                     )
                     events += 1
-                failures = waits = 0
+                waits, expired = 0, False
                 if not events:  # a server that ends watches at once must not make this spin
                     self._pause(EMPTY_WATCH_PAUSE_S)
                 continue
             except GoneError:
                 # Our version left the server's window: watch from the newest state, which the
-                # server sends first. Only a second 410 in a row waits.
+                # server sends first. The server answered, so an outage before (an API server
+                # restart) is over: the first 410 waits nothing and the backoff starts again from
+                # its minimum. Only another 410 before a watch works waits.
                 log.info("watch_expired", what=self.what)
                 version = ""
-                wait = failures > 0
-            except KubeError as err:
+                wait = expired
+                if not expired:
+                    waits, expired = 0, True
+            except UnreachableError as err:
+                log.warning("watch_failed", what=self.what, error=bounded(str(err)))
+                longest = min(longest, UNREACHABLE_BACKOFF_MAX_S)
+            except KubeError as err:  # the server answered with an error: back off up to the maximum
                 log.warning("watch_failed", what=self.what, error=bounded(str(err)))
             except Exception as err:  # a bug or a surprise from the client must not end the watch
                 log.error("watch_crashed", what=self.what, error=f"{type(err).__name__}: {bounded(str(err))}")
                 read, version = False, ""
-            failures += 1
             if wait:
-                self._pause(min(self._backoff_max_s, BACKOFF_MIN_S * 2**waits))
-                waits += 1
+                self._pause(min(longest, BACKOFF_MIN_S * 2**waits))
+                waits = min(waits + 1, 16)
 
     def _deliver(self, obj: T) -> None:
         if self._loop is not None and not self._stopped.is_set():

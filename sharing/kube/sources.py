@@ -16,12 +16,12 @@ from pathlib import Path
 import structlog
 
 from sharing.config import CONFIGMAP, ConfigSet, MigStrategy, SharingConfig, parse_configmap
-from sharing.kube import ConfigMapObject, KubeClient
+from sharing.kube.api import ConfigMapObject, KubeClient
+from sharing.kube.watch import Watched, watch_configmap
 from sharing.mig import Catalog
 from sharing.model import Gpu, NodeState
 from sharing.store import LastGood, LastGoodError, Remembered
 from sharing.text import bounded
-from sharing.watch import Watched, watch_configmap
 
 log = structlog.get_logger(__name__)
 

@@ -1,104 +1,47 @@
-"""The Kubernetes API, behind one small Protocol: the agent's one door to the API server.
+"""The Kubernetes API over the official `kubernetes` client: the agent's one door to the API server.
 
 The agent needs little: its own Node (labels, watched), one ConfigMap (watched), label patches and
-Events on the Node. The calls block, so callers run these methods in threads (`sharing.watch`
-does); objects come back as plain frozen values, never client models. They go over
-`sharing.kubehttp` (the standard library), or over the official client's transport for a
-kubeconfig only that client understands (exec plugins and the like), imported only then.
+Events on the Node. The client loads the credentials (a kubeconfig with its contexts, exec plugins,
+auth providers, proxies and TLS server names, or the pod's ServiceAccount, whose rotated token it
+reads again) and keeps the connections (urllib3). The requests go through its raw `call_api` and the
+JSON is read into frozen values directly: no generated models. The calls block, so callers run them
+in threads (`sharing.kube.watch` does). `kubernetes` is imported only when a client is made, so
+`sharing plan` and `sharing validate` never load it.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import os
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Protocol
-from urllib.parse import quote, urlencode
+from typing import Any
+from urllib.parse import quote
 
-from sharing import __version__, kubehttp, kubelib
+from sharing import __version__
 from sharing.errors import KubeError
+from sharing.kube.api import (
+    ConfigMapObject,
+    GoneError,
+    NodeObject,
+    NotFoundError,
+    RefusedByBudgetError,
+    UnreachableError,
+    WatchBrokenError,
+    WatchEvent,
+)
 from sharing.text import bounded
 
-
-class GoneError(KubeError):
-    """The watch's resource version is too old (HTTP 410): list again, then watch from there."""
-
-
-@dataclass(frozen=True, slots=True)
-class NodeObject:
-    """What the agent reads of its Node."""
-
-    name: str
-    uid: str
-    resource_version: str
-    labels: Mapping[str, str] = field(default_factory=dict)
-    annotations: Mapping[str, str] = field(default_factory=dict)
-    unschedulable: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class ConfigMapObject:
-    """The ConfigMap of named configs; `data` is None when it does not exist."""
-
-    namespace: str
-    name: str
-    resource_version: str
-    data: Mapping[str, str] | None
-
-
-@dataclass(frozen=True, slots=True)
-class WatchEvent:
-    """One change seen by a watch: ADDED, MODIFIED or DELETED with the object after it, or BOOKMARK.
-
-    A BOOKMARK carries no object, only a newer resource version to resume from.
-    """
-
-    kind: str
-    object: NodeObject | ConfigMapObject | None
-    resource_version: str = ""
-
-
-class KubeClient(Protocol):
-    """The Kubernetes API calls the agent makes."""
-
-    requests: int
-    """Requests sent so far (watch starts included), so idle traffic can be measured."""
-
-    def get_node(self, name: str) -> NodeObject: ...
-
-    def watch_node(self, name: str, resource_version: str, timeout_s: int) -> Iterator[WatchEvent]: ...
-
-    def get_configmap(self, namespace: str, name: str) -> ConfigMapObject: ...
-
-    def watch_configmap(
-        self, namespace: str, name: str, resource_version: str, timeout_s: int
-    ) -> Iterator[WatchEvent]: ...
-
-    def patch_node_labels(
-        self, name: str, patch: Mapping[str, str | None], annotations: Mapping[str, str | None] | None = None
-    ) -> NodeObject: ...
-
-    def create_node_event(self, node: NodeObject, kind: str, reason: str, message: str) -> None: ...
-
-    def set_unschedulable(self, name: str, unschedulable: bool) -> NodeObject: ...
-
-    def evict(self, namespace: str, pod: str) -> bool: ...
+MERGE_PATCH = "application/merge-patch+json"
 
 
 class ApiClient:
-    """KubeClient from a kubeconfig file or in-cluster; the JSON is read into frozen values directly
-    (no generated API classes or models)."""
+    """KubeClient from a kubeconfig file or in-cluster."""
 
     def __init__(self, kubeconfig: str | None = None, *, request_timeout_s: float = 10.0) -> None:
-        agent = f"gpu-sharing/{__version__}"
         try:
-            try:
-                credentials = kubehttp.from_kubeconfig(kubeconfig) if kubeconfig else kubehttp.in_cluster()
-                self._http: kubehttp.Http | kubelib.Library = kubehttp.Http(credentials, agent)
-            except kubehttp.Unsupported:
-                self._http = kubelib.Library(kubeconfig)
+            self._api = _official_client(kubeconfig)
         except Exception as err:
             where = kubeconfig or "the in-cluster service account"
             raise KubeError(f"cannot load Kubernetes credentials from {where}: {err}") from err
@@ -107,8 +50,8 @@ class ApiClient:
         self.requests = 0
 
     def close(self) -> None:
-        """Close the kept-alive connection (watches close their own when they end)."""
-        self._http.close()
+        """Close the kept-alive connections (watches close their own when they end)."""
+        self._api.close()
 
     def get_node(self, name: str) -> NodeObject:
         """Read the Node."""
@@ -140,12 +83,8 @@ class ApiClient:
         body: dict[str, Any] = {"metadata": {"labels": dict(patch)}}
         if annotations:
             body["metadata"]["annotations"] = dict(annotations)
-        return _node(
-            self._json(
-                f"patch labels of node {name}", "PATCH", f"/api/v1/nodes/{quote(name)}", body=body,
-                content_type="application/merge-patch+json",
-            )
-        )  # fmt: skip
+        path = f"/api/v1/nodes/{quote(name)}"
+        return _node(self._json(f"patch labels of node {name}", "PATCH", path, body, MERGE_PATCH))
 
     def create_node_event(self, node: NodeObject, kind: str, reason: str, message: str) -> None:
         """Record an Event about the Node (in `default`, where the kubelet puts node events)."""
@@ -164,14 +103,13 @@ class ApiClient:
             "lastTimestamp": stamp,
             "count": 1,
         }
-        self._json(f"create event {reason}", "POST", "/api/v1/namespaces/default/events", body=event)
+        self._json(f"create event {reason}", "POST", "/api/v1/namespaces/default/events", event)
 
     def set_unschedulable(self, name: str, unschedulable: bool) -> NodeObject:
         """Cordon (True) or uncordon (False) the Node, as `kubectl cordon` does (drain mode only)."""
         body = {"spec": {"unschedulable": unschedulable or None}}
-        path = f"/api/v1/nodes/{quote(name)}"
         what = f"{'cordon' if unschedulable else 'uncordon'} node {name}"
-        return _node(self._json(what, "PATCH", path, body=body, content_type="application/merge-patch+json"))
+        return _node(self._json(what, "PATCH", f"/api/v1/nodes/{quote(name)}", body, MERGE_PATCH))
 
     def evict(self, namespace: str, pod: str) -> bool:
         """Ask the Eviction API to evict a pod; False when a PodDisruptionBudget refuses it (HTTP 429)."""
@@ -182,30 +120,51 @@ class ApiClient:
             "metadata": {"name": pod, "namespace": namespace},
         }
         try:
-            self._json(f"evict pod {namespace}/{pod}", "POST", path, body=body)
+            self._json(f"evict pod {namespace}/{pod}", "POST", path, body)
         except NotFoundError:
             return True  # already gone
         except RefusedByBudgetError:
             return False
         return True
 
-    def _json(
+    def _call(
         self,
         what: str,
         method: str,
         path: str,
         *,
-        body: object = None,
-        content_type: str = "application/json",
-    ) -> dict[str, Any]:
+        body: object,
+        content_type: str,
+        timeout: float | tuple[float, float],
+        query: list[tuple[str, str]] | None = None,
+    ) -> Any:
+        """The client's raw request (its urllib3 response, body not read yet); KubeError if unreachable."""
         self.requests += 1
-        data = None if body is None else json.dumps(body).encode()
+        headers = {"Accept": "application/json", "Content-Type": content_type}
         try:
-            status, reason, raw = self._http.request(method, path, data, content_type, self._timeout)
-        except kubehttp.TransportError as err:  # refused, TLS, timeouts: the API server is unreachable
-            raise KubeError(f"{what}: {bounded(str(err))}") from err
-        if not 200 <= status < 300:
-            raise _status_error(what, status, reason, raw)
+            request = self._api.param_serialize(
+                method,
+                path,
+                query_params=query,
+                header_params=headers,
+                body=body,
+                auth_settings=["BearerToken"],
+            )
+            response = self._api.call_api(*request, _request_timeout=timeout)
+        except Exception as err:  # refused, TLS, timeouts (after the retry): the API server is unreachable
+            raise UnreachableError(f"{what}: {type(err).__name__}: {bounded(str(err))}") from err
+        return response.response
+
+    def _json(
+        self, what: str, method: str, path: str, body: object = None, content_type: str = "application/json"
+    ) -> dict[str, Any]:
+        response = self._call(what, method, path, body=body, content_type=content_type, timeout=self._timeout)
+        try:
+            raw = response.data
+        except Exception as err:  # the connection broke while the answer came
+            raise UnreachableError(f"{what}: {type(err).__name__}: {bounded(str(err))}") from err
+        if not 200 <= response.status < 300:
+            raise _status_error(what, response.status, response.reason, raw)
         try:
             value: dict[str, Any] = json.loads(raw)
         except ValueError as err:
@@ -224,15 +183,16 @@ class ApiClient:
         if resource_version:
             query.append(("resourceVersion", resource_version))
         what = f"watch {field_selector}"
-        self.requests += 1
+        timeouts = (self._timeout, timeout_s + self._timeout)
+        response = self._call(
+            what, "GET", path, body=None, content_type="application/json", timeout=timeouts, query=query
+        )
         try:
-            stream = self._http.watch(f"{path}?{urlencode(query)}", self._timeout, timeout_s + self._timeout)
-        except kubehttp.TransportError as err:
-            raise KubeError(f"{what}: {bounded(str(err))}") from err
-        try:
-            if not 200 <= stream.status < 300:
-                raise _status_error(what, stream.status, stream.reason, stream.body())
-            for line in stream.lines():
+            if not 200 <= response.status < 300:
+                raise _status_error(what, response.status, response.reason, response.data)
+            for line in response:  # urllib3 yields the stream line by line: one JSON object each
+                if not line.strip():
+                    continue
                 raw = json.loads(line)
                 kind = raw.get("type")
                 obj = raw.get("object") or {}
@@ -251,19 +211,30 @@ class ApiClient:
         except Exception as err:  # the connection broke, or a torn line
             raise WatchBrokenError(f"{what}: {type(err).__name__}: {bounded(str(err))}") from err
         finally:
-            stream.close()
+            response.release_conn()
 
 
-class NotFoundError(KubeError):
-    """HTTP 404."""
+def _official_client(kubeconfig: str | None) -> Any:
+    """The official client's ApiClient, from a kubeconfig or the pod's ServiceAccount."""
+    from kubernetes import client, config  # noqa: PLC0415 - ~17 MB: only the agent pays for it
+    from urllib3.util.retry import Retry  # noqa: PLC0415
 
-
-class RefusedByBudgetError(KubeError):
-    """HTTP 429 from the Eviction API: a PodDisruptionBudget does not allow it now."""
-
-
-class WatchBrokenError(KubeError):
-    """A watch stream broke after it started: resume from the last resource version seen."""
+    configuration = client.Configuration()
+    if kubeconfig and not os.path.isfile(kubeconfig):
+        raise ValueError("no such file")  # the client would say "No configuration found"
+    if kubeconfig:
+        config.load_kube_config(
+            config_file=kubeconfig, client_configuration=configuration, persist_config=False
+        )
+    else:
+        config.load_incluster_config(client_configuration=configuration)  # refreshes the rotated token
+    # A kept-alive connection the API server dropped (it restarted) fails the next request
+    # (SSLEOFError, connection reset): send it once more on a new connection, whatever the method.
+    # Every write the agent makes may be repeated (merge patches; a second Event or eviction is harmless).
+    configuration.retries = Retry(total=1, status=0, redirect=0, allowed_methods=None, raise_on_status=False)
+    api = client.ApiClient(configuration)
+    api.user_agent = f"gpu-sharing/{__version__}"
+    return api
 
 
 def _status_error(what: str, status: int, reason: str, body: Any) -> KubeError:

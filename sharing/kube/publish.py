@@ -19,12 +19,12 @@ import structlog
 from sharing.config import ConfigSet, Failed, Selected, Selection, SharingConfig
 from sharing.devices import Inventory
 from sharing.errors import SharingError
-from sharing.kube import KubeClient, NodeObject
+from sharing.kube.api import KubeClient, NodeObject
+from sharing.kube.watch import Watched
 from sharing.labels import STATE_LABEL, ConfigState, label_patch, layout, node_labels, refused
 from sharing.mig import Catalog
 from sharing.model import NodeState
 from sharing.text import bounded
-from sharing.watch import Watched
 
 log = structlog.get_logger(__name__)
 
