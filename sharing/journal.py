@@ -26,7 +26,7 @@ from typing import Any, TextIO
 
 from sharing.change import Target
 from sharing.errors import SharingError
-from sharing.files import read_capped, set_aside
+from sharing.files import NotAFileError, open_regular, read_capped, set_aside
 from sharing.model import GpuUuid
 from sharing.text import bounded
 
@@ -74,9 +74,15 @@ class Journal:
         """Hold the journal's lock for a run; JournalLockedError names the holder when it is taken."""
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            out = open(self.lock_path, "a+", encoding="utf-8")  # noqa: SIM115 - held across the yield
+            fd = open_regular(self.lock_path, os.O_RDWR | os.O_CREAT)
+            out = open(fd, "r+", encoding="utf-8")  # noqa: SIM115 - held across the yield
+        except NotAFileError as err:
+            raise JournalError(
+                f"the apply journal's lock file {self.lock_path} is {err}; remove it (no hardware step "
+                "runs without the lock)"
+            ) from None
         except OSError as err:
-            raise self._unwritable(err) from err
+            raise self._unwritable(err, f"the apply journal's lock file {self.lock_path}") from err
         with out:
             try:
                 fcntl.flock(out, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -103,17 +109,16 @@ class Journal:
         """
         try:
             raw = read_capped(self.path, MAX_BYTES)
-        except OSError as err:
-            raise JournalError(f"cannot read the apply journal {self.path}: {err.strerror}") from err
-        if raw is None:
-            return None
-        try:
+            if raw is None:
+                return None
             return _parse(raw)
-        except _Corrupt as err:
+        except (_Corrupt, NotAFileError) as err:
             raise JournalCorruptError(
-                f"the apply journal {self.path} is corrupt ({err}) and was {set_aside(self.path)}; no "
+                f"the apply journal {self.path} is corrupt ({err}); it {set_aside(self.path)}; no "
                 "interrupted change was resumed: GPUs are planned from what they really are"
             ) from None
+        except OSError as err:
+            raise JournalError(f"cannot read the apply journal {self.path}: {err.strerror}") from err
 
     def begin(self, targets: dict[GpuUuid, Target]) -> None:
         """Start a run (replacing any crashed one, whose targets the caller has folded in)."""
@@ -128,7 +133,7 @@ class Journal:
             os.replace(tmp, self.path)  # a crash here leaves the old journal or the new one, never neither
             _fsync_dir(self.path.parent)
         except OSError as err:
-            raise self._unwritable(err) from err
+            raise self._unwritable(err, f"the apply journal {self.path}") from err
 
     def step(self, gpu: GpuUuid, step: str) -> int:
         """Record a step before running it; returns its number for done()."""
@@ -147,7 +152,7 @@ class Journal:
         except FileNotFoundError:
             return
         except OSError as err:
-            raise self._unwritable(err) from err
+            raise self._unwritable(err, f"the apply journal {self.path}") from err
         _fsync_dir(self.path.parent)
 
     def _append(self, entry: dict[str, Any]) -> None:
@@ -155,11 +160,12 @@ class Journal:
             with open(self.path, "a", encoding="utf-8") as out:
                 self._write(out, entry)
         except OSError as err:
-            raise self._unwritable(err) from err
+            raise self._unwritable(err, f"the apply journal {self.path}") from err
 
-    def _unwritable(self, err: OSError) -> JournalError:
+    @staticmethod
+    def _unwritable(err: OSError, what: str) -> JournalError:
         return JournalError(
-            f"cannot write the apply journal {self.path}: {err.strerror}; "
+            f"cannot write {what}: {err.strerror}; "
             "pass --journal PATH (or SHARING_JOURNAL) on a writable disk"
         )
 

@@ -39,6 +39,7 @@ OUTCOMES = {
     "ConfigApplyBlocked": "blocked",
     "ConfigRejected": "rejected",
     "JournalCorrupt": "failed",
+    "JournalUnusable": "failed",
 }
 
 

@@ -7,6 +7,7 @@ the kubelet's own device manager.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from sharing.gpu import simstate
 from sharing.gpu.nvml import NvmlBackend
 from sharing.gpu.simnvml import SimNvml
 from sharing.kubeletapi import deviceplugin_v1beta1_pb2 as api
+from sharing.labels import STATE_LABEL
 from sharing.model import HealthEvent
 from sharing.serve import Fleet, FleetSettings
 from sharing.settings import Settings
@@ -130,3 +132,53 @@ async def test_parsing_a_configmap_never_blocks_the_grpc_servers(
     release.set()
     await running.kubelet.wait(lambda: running.kubelet.allocatable() == {GPU: 3}, timeout=10)
     assert [True] == released_by_test
+
+
+def _fifo(path: Path) -> None:
+    os.mkfifo(path)
+
+
+@pytest.mark.parametrize(
+    ("broken", "make", "reason"),
+    [
+        pytest.param("j", Path.mkdir, "JournalCorrupt", id="journal-is-a-directory"),
+        pytest.param("j", _fifo, "JournalCorrupt", id="journal-is-a-fifo"),
+        pytest.param("j.lock", Path.mkdir, "JournalUnusable", id="lock-file-is-a-directory"),
+        pytest.param("j.lock", _fifo, "JournalUnusable", id="lock-file-is-a-fifo"),
+    ],
+)
+async def test_a_journal_path_that_is_not_a_file_is_said_and_the_devices_stay_served(
+    tmp_path: Path, plugin_dir: Path, broken: str, make: Callable[[Path], object], reason: str
+) -> None:
+    make(tmp_path / broken)
+    state = tmp_path / "gpus.json"
+    simstate.init_state(state, [simstate.resolve_product(CATALOG, "T4")])
+    kubelet = await FakeKubelet(plugin_dir).start()
+    kube = FakeKube(
+        "n1", {(NS, "gpu-sharing-config"): {"mine": replicas(2)}, (NS, "gpu-sharing-presets"): {}}
+    )
+    kube.label(**{"nvidia.com/device-plugin.config": "mine"})
+    settings = Settings(
+        node_name="n1", backend="sim", sim_state=state, device_plugin_dir=plugin_dir, journal=tmp_path / "j"
+    )
+    backend = NvmlBackend(SimNvml(state, CATALOG), CATALOG, event_poll_s=0.05)
+    fleet = Fleet(FleetSettings(plugin_dir=plugin_dir, poll_interval_s=0.02))
+    agent = Agent(settings, kube=kube, backend=backend, fleet=fleet, catalog=CATALOG)
+    stop = asyncio.Event()
+    task = asyncio.create_task(agent.run(stop))
+    try:
+        await kubelet.wait(lambda: kubelet.allocatable() == {GPU: 2}, timeout=10)
+        await kubelet.wait(lambda: any(r == reason for _, r, _ in kube.events), timeout=10)
+        ((kind, message),) = {(k, m) for k, r, m in kube.events if r == reason}
+        assert "Warning" == kind
+        assert str(tmp_path / broken) in message
+        assert "was could not" not in message
+        if broken == "j.lock":  # the change cannot run: the Node says so
+            assert "failed" == kube.node.labels[STATE_LABEL]
+        else:  # moved aside like any other corrupt journal; the next change runs
+            assert (tmp_path / "j.corrupt").exists()
+    finally:
+        stop.set()
+        await task
+        kube.close()
+        await kubelet.stop()
