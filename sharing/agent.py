@@ -102,6 +102,11 @@ class Agent:
     async def run(self, stop: asyncio.Event) -> None:
         """Run until `stop` is set."""
         log.info("agent_starting", version=__version__, **self.settings.describe())
+        serving = contextlib.ExitStack()  # held for the agent's life: `sharing apply` refuses meanwhile
+        try:
+            serving.enter_context(self.rollout.journal.serving())
+        except SharingError as err:  # the journal's own fault, said by every reconcile: keep serving
+            log.error("agent_lock_not_held", error=bounded(str(err)))
         await self.fleet.start()
         http = HttpServer(self.settings.http_port, self.report.routes()) if self.settings.http_port else None
         if http is not None:
@@ -138,6 +143,7 @@ class Agent:
                 await http.stop()
             await self.fleet.stop()
             await self.backend.close()
+            serving.close()
             log.info("agent_stopped")
 
     def _config_status(self) -> ConfigStatus:

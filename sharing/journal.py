@@ -10,7 +10,9 @@ The file is read strictly, entry by entry: anything this code never writes (bina
 is not an object, a missing key, a wrong type, a file far larger than any run writes) is corruption.
 A corrupt journal is moved aside (`<name>.corrupt`) and reported, never half-trusted; only a last
 line torn by a crash mid-write is expected and skipped. One lock file beside the journal keeps the
-agent and `sharing apply` from running hardware steps at the same time.
+agent and `sharing apply` from running hardware steps at the same time; another (`<name>.agent`),
+which the agent holds shared for its whole life, tells `sharing apply` that an agent serves the
+node (flock(2) locks go with the open file and end when the process does, however it ends).
 """
 
 from __future__ import annotations
@@ -49,6 +51,10 @@ class JournalLockedError(JournalError):
     """Another process (the agent, or `sharing apply`) is running hardware steps right now."""
 
 
+class AgentServingError(JournalLockedError):
+    """An agent serves this node: `sharing apply` would change GPUs under devices it advertises."""
+
+
 @dataclass(frozen=True, slots=True)
 class Unfinished:
     """What a crashed run left: its targets and the step that was running, if any."""
@@ -69,20 +75,45 @@ class Journal:
         """The lock file the agent and `sharing apply` share."""
         return self.path.with_name(self.path.name + ".lock")
 
+    @property
+    def agent_path(self) -> Path:
+        """The file an agent holds (shared) for as long as it serves the node."""
+        return self.path.with_name(self.path.name + ".agent")
+
+    @contextlib.contextmanager
+    def serving(self) -> Iterator[None]:
+        """Hold the agent's file for the agent's life (JournalError when it cannot be opened)."""
+        out = self._open_lock(self.agent_path)
+        with out:
+            fcntl.flock(out, fcntl.LOCK_SH)  # only ever held exclusively for an instant (refuse_agent)
+            out.truncate()
+            out.write(str(os.getpid()))
+            out.flush()
+            try:
+                yield
+            finally:
+                fcntl.flock(out, fcntl.LOCK_UN)
+
+    def refuse_agent(self) -> None:
+        """AgentServingError when an agent serves this node (for `sharing apply`)."""
+        if not self.agent_path.exists():
+            return
+        with self._open_lock(self.agent_path) as out:
+            try:
+                fcntl.flock(out, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = bounded(out.read(32).strip(), 32) or "unknown"
+                raise AgentServingError(
+                    f"the agent (pid {holder}) serves this node (it holds {self.agent_path}): it still "
+                    "advertises the devices a change would destroy, and it puts its own config back; "
+                    "edit the node's config in the ConfigMap (or the node's label) instead"
+                ) from None
+            fcntl.flock(out, fcntl.LOCK_UN)
+
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
         """Hold the journal's lock for a run; JournalLockedError names the holder when it is taken."""
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = open_regular(self.lock_path, os.O_RDWR | os.O_CREAT)
-            out = open(fd, "r+", encoding="utf-8")  # noqa: SIM115 - held across the yield
-        except NotAFileError as err:
-            raise JournalError(
-                f"the apply journal's lock file {self.lock_path} is {err}; remove it (no hardware step "
-                "runs without the lock)"
-            ) from None
-        except OSError as err:
-            raise self._unwritable(err, f"the apply journal's lock file {self.lock_path}") from err
+        out = self._open_lock(self.lock_path)
         with out:
             try:
                 fcntl.flock(out, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -154,6 +185,18 @@ class Journal:
         except OSError as err:
             raise self._unwritable(err, f"the apply journal {self.path}") from err
         _fsync_dir(self.path.parent)
+
+    def _open_lock(self, path: Path) -> TextIO:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            return open(open_regular(path, os.O_RDWR | os.O_CREAT), "r+", encoding="utf-8")
+        except NotAFileError as err:
+            raise JournalError(
+                f"the apply journal's lock file {path} is {err}; remove it (no hardware step runs "
+                "without the lock)"
+            ) from None
+        except OSError as err:
+            raise self._unwritable(err, f"the apply journal's lock file {path}") from err
 
     def _append(self, entry: dict[str, Any]) -> None:
         try:

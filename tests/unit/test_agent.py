@@ -19,6 +19,7 @@ import pytest
 from sharing import sources as sources_module
 from sharing.agent import Agent
 from sharing.catalog import default_catalog
+from sharing.cli import main
 from sharing.errors import BackendError
 from sharing.gpu import simstate
 from sharing.gpu.nvml import NvmlBackend
@@ -182,3 +183,25 @@ async def test_a_journal_path_that_is_not_a_file_is_said_and_the_devices_stay_se
         await task
         kube.close()
         await kubelet.stop()
+
+
+async def test_sharing_apply_refuses_beside_a_running_agent_and_changes_nothing(
+    running: Running, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "all-mig.yaml"
+    config.write_text("version: v1\ngpus:\n  - devices: all\n    mig: disabled\n    replicas: 4\n")
+    before = simstate.counters(running.state)
+    capsys.readouterr()
+    args = ["apply", "--config", str(config), "--name", "all-mig", "--backend", "sim"]
+    args += ["--sim-state", str(running.state), "--journal", str(tmp_path / "j"), "--no-kubelet"]
+    assert 1 == await asyncio.to_thread(main, args)
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert f"the agent (pid {os.getpid()}) serves this node" in err
+    assert "edit the node's config in the ConfigMap" in err
+    assert before == simstate.counters(running.state)
+    assert {GPU: 2} == running.kubelet.allocatable()
+    running.stop.set()
+    await running.task
+    # The agent has gone: `sharing apply` is the node's tool again.
+    assert 0 == await asyncio.to_thread(main, args)
