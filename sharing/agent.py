@@ -82,7 +82,14 @@ class Agent:
             cdi_spec_dir=settings.cdi_spec_dir,
             metrics=self.metrics,
         )
-        self.report = Reporter(settings.node_name, self.rollout, fleet, self.metrics, self._config_status)
+        self.report = Reporter(
+            settings.node_name,
+            self.rollout,
+            fleet,
+            self.metrics,
+            self._config_status,
+            holders_localhost_only=settings.holders_localhost_only,
+        )
         self.node = watch_node(kube, settings.node_name, settings.watch_timeout_seconds)
         self.node_out = NodePublisher(kube, self.node, catalog, self.metrics)
         self.drain = Drainer(kube, self.node, self.node_out.event, enabled=settings.drain)

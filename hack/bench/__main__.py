@@ -3,8 +3,9 @@
     $(hack/venv.sh)/bin/python hack/bench [--quick] [--json PATH] [--fleet N] [--only PART,...]
 
 Parts, in order: planner, mutations, listandwatch, cluster (startup, reconcile, configmap,
-allocate, idle, preferred), realnode, fleet. A part that fails is reported and the others still
-run; the exit code is 1 when any failed. Ctrl-C or SIGTERM stops everything it started.
+allocate, idle, preferred), realnode, fleet, probes (the HTTP port under a flood). A part that
+fails is reported and the others still run; the exit code is 1 when any failed. Ctrl-C or SIGTERM
+stops everything it started.
 """
 
 from __future__ import annotations
@@ -26,11 +27,11 @@ if __package__ in (None, ""):  # `python hack/bench`: import `bench`, `lab` and 
 
 import structlog
 
-from bench import allocate, fleet, idle, listandwatch, mutations, planner, realnode, reconcile
+from bench import allocate, fleet, idle, listandwatch, mutations, planner, probes, realnode, reconcile
 from bench.cluster import Cluster, running_cluster
 from bench.report import FULL, QUICK, Budget, Results, as_json, machine, print_table, say
 
-PARTS = ("planner", "mutations", "listandwatch", "cluster", "realnode", "fleet")
+PARTS = ("planner", "mutations", "listandwatch", "cluster", "realnode", "fleet", "probes")
 
 
 def quiet_logs() -> None:
@@ -108,6 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ("cluster", lambda: cluster_parts(tmp / "cluster", budget, results)),
             ("realnode", lambda: realnode.bench_real_node(budget, results)),
             ("fleet", lambda: fleet.bench_fleet(nodes, budget, results) if nodes else None),
+            ("probes", lambda: probes.bench_probes(tmp / "probes", budget, results)),
         ]
         try:
             for name, part in parts:

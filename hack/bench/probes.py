@@ -1,0 +1,161 @@
+"""The agent's HTTP port under a flood: does the liveness probe still answer within 1 s?
+
+A real `sharing agent` (simulated GPUs; no API server and no kubelet: it serves what it has after
+its 5 s grace), and traffic to 127.0.0.1 only: from 127.0.0.2 (an attacker elsewhere on the pod
+network), `flood_idle` connections kept open that never send a byte (one reopened as soon as the
+agent closes it) and `flood_rps` requests a second of /metrics; from 127.0.0.1 (the kubelet) a
+/healthz every 0.25 s, for `flood_window_s`. Figures: the slowest /healthz (healthz_flood_s_max:
+connect to last byte; a failed or 5 s probe counts as 5 s), how many were answered, the /metrics
+answered per second, and the descriptors the agent held at the end (from /proc).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import resource
+import time
+import urllib.request
+from pathlib import Path
+
+from bench.procs import free_port, start_agent, stop_process
+from bench.report import Budget, Results, percentile, say
+from sharing.catalog import default_catalog
+from sharing.gpu import simstate
+
+PROBE_EVERY_S = 0.25
+PROBE_TIMEOUT_S = 5.0
+KUBECONFIG = """apiVersion: v1
+kind: Config
+clusters: [{name: none, cluster: {server: "https://127.0.0.1:1", insecure-skip-tls-verify: true}}]
+users: [{name: none, user: {token: none}}]
+contexts: [{name: none, context: {cluster: none, user: none}}]
+current-context: none
+"""
+
+
+def bench_probes(tmp: Path, budget: Budget, results: Results) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = budget.flood_idle + 512
+    if soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(want, hard), hard))
+    tmp.mkdir(parents=True, exist_ok=True)
+    sim = tmp / "gpus.json"
+    catalog = default_catalog()
+    simstate.init_state(sim, [simstate.resolve_product(catalog, "A100-SXM4-40GB")] * 8)
+    kubeconfig = tmp / "kubeconfig"
+    kubeconfig.write_text(KUBECONFIG)
+    plugin_dir = tmp / "plugins"
+    plugin_dir.mkdir()
+    port = free_port()
+    agent = start_agent(
+        node="bench", kubeconfig=kubeconfig, sim=sim, plugin_dir=plugin_dir,
+        pod_resources=tmp / "no-kubelet.sock", log=tmp / "agent.log", http_port=port,
+    )  # fmt: skip
+    try:
+        _wait_healthy(port, agent.pid)
+        say(
+            f"probes: {budget.flood_idle} idle connections + {budget.flood_rps} /metrics a second for "
+            f"{budget.flood_window_s:.0f} s; /healthz every {PROBE_EVERY_S} s"
+        )
+        probes, scrapes, reopened = asyncio.run(_flood(port, budget))
+        fds = len(os.listdir(f"/proc/{agent.pid}/fd"))
+        if agent.poll() is not None:
+            raise RuntimeError(f"the agent exited ({agent.returncode}); see {tmp / 'agent.log'}")
+    finally:
+        stop_process(agent)
+    answered = [p for p in probes if p < PROBE_TIMEOUT_S]
+    results.add("healthz_flood_s_max", max(probes))
+    results.add("healthz_flood_s_p50", percentile(probes, 50))
+    results.add("flood_metrics_per_s", scrapes / budget.flood_window_s)
+    results.add("flood_agent_fds", fds)
+    results.note("probes: /healthz answered", f"{len(answered)} of {len(probes)}")
+    results.note("probes: idle connections the agent closed (reopened)", str(reopened))
+    say(
+        f"   /healthz max {max(probes):.3f} s, p50 {percentile(probes, 50):.3f} s; "
+        f"{scrapes / budget.flood_window_s:.0f} /metrics/s answered; agent fds {fds}"
+    )
+
+
+def _wait_healthy(port: int, pid: int, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with (
+            contextlib.suppress(OSError),
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as answer,
+        ):
+            if answer.status == 200:
+                return
+        time.sleep(0.2)
+    raise RuntimeError(f"the agent (pid {pid}) did not answer /healthz within {timeout_s:.0f} s")
+
+
+FLOOD_FROM = ("127.0.0.2", 0)
+
+
+async def _get(port: int, path: str, source: tuple[str, int] | None = None) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=source)
+    try:
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+        await writer.drain()
+        return await reader.read()
+    finally:
+        writer.close()
+
+
+async def _flood(port: int, budget: Budget) -> tuple[list[float], int, int]:
+    end = time.monotonic() + budget.flood_window_s
+    idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+    reopened = 0
+    scrapes = 0
+    probes: list[float] = []
+
+    async def scrape() -> None:
+        nonlocal scrapes
+        with contextlib.suppress(OSError, TimeoutError):
+            async with asyncio.timeout(10):
+                if (await _get(port, "/metrics", FLOOD_FROM)).startswith(b"HTTP/1.1 200"):
+                    scrapes += 1
+
+    async def keep_idle() -> None:
+        nonlocal reopened
+        while time.monotonic() < end:
+            for i, (reader, writer) in enumerate(idle):
+                if reader.at_eof() or writer.is_closing():
+                    writer.close()
+                    with contextlib.suppress(OSError):
+                        idle[i] = await asyncio.open_connection("127.0.0.1", port, local_addr=FLOOD_FROM)
+                        reopened += 1
+            await asyncio.sleep(0.05)
+
+    async def probe() -> None:
+        while time.monotonic() < end:
+            started = time.monotonic()
+            took = PROBE_TIMEOUT_S
+            with contextlib.suppress(OSError, TimeoutError):
+                async with asyncio.timeout(PROBE_TIMEOUT_S):
+                    if (await _get(port, "/healthz")).startswith(b"HTTP/1.1 200"):
+                        took = time.monotonic() - started
+            probes.append(took)
+            await asyncio.sleep(max(0.0, PROBE_EVERY_S - (time.monotonic() - started)))
+
+    for _ in range(budget.flood_idle):
+        idle.append(await asyncio.open_connection("127.0.0.1", port, local_addr=FLOOD_FROM))
+        reader = idle[-1][0]
+        if reader.at_eof():
+            break
+    tasks = [asyncio.create_task(keep_idle()), asyncio.create_task(probe())]
+    pending: set[asyncio.Task[None]] = set()
+    interval, sent = 1 / budget.flood_rps, 0
+    started = time.monotonic()
+    while time.monotonic() < end:
+        task = asyncio.create_task(scrape())
+        pending.add(task)
+        task.add_done_callback(pending.discard)
+        sent += 1
+        await asyncio.sleep(max(0.0, started + sent * interval - time.monotonic()))
+    await asyncio.gather(*tasks, *pending)
+    for _, writer in idle:
+        writer.close()
+    return probes, scrapes, reopened
