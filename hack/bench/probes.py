@@ -17,6 +17,7 @@ import contextlib
 import os
 import resource
 import socket
+import subprocess
 import time
 import urllib.request
 from pathlib import Path
@@ -26,6 +27,7 @@ from bench.report import Budget, Results, percentile, say
 from sharing.catalog import default_catalog
 from sharing.gpu import simstate
 
+AGENT_NOFILE = 1024
 PROBE_EVERY_S = 0.25
 REOPEN_EVERY_S = 0.5
 PROBE_TIMEOUT_S = 5.0
@@ -40,9 +42,29 @@ current-context: none
 
 def bench_probes(tmp: Path, budget: Budget, results: Results) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = budget.flood_idle + 512
-    if soft < want:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (min(want, hard), hard))
+    # The agent gets Linux's default soft limit (INR_OPEN_CUR, include/uapi/linux/fs.h), as a
+    # container does unless its runtime raises it; the flood needs more than that itself.
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(AGENT_NOFILE, hard), hard))
+    try:
+        agent, port = _start(tmp)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(budget.flood_idle + 512, hard)), hard))
+    try:
+        _wait_healthy(port, agent.pid)
+        say(
+            f"probes: {budget.flood_idle} idle connections + {budget.flood_rps} /metrics a second for "
+            f"{budget.flood_window_s:.0f} s; /healthz every {PROBE_EVERY_S} s; the agent may open "
+            f"{AGENT_NOFILE} descriptors"
+        )
+        probes, fds, scrapes, reopened = asyncio.run(_flood(port, agent.pid, budget))
+        if agent.poll() is not None:
+            raise RuntimeError(f"the agent exited ({agent.returncode}); see {tmp / 'agent.log'}")
+    finally:
+        stop_process(agent)
+    _report(results, budget, probes=probes, fds=fds, scrapes=scrapes, reopened=reopened)
+
+
+def _start(tmp: Path) -> tuple[subprocess.Popen[bytes], int]:
     tmp.mkdir(parents=True, exist_ok=True)
     sim = tmp / "gpus.json"
     catalog = default_catalog()
@@ -56,17 +78,12 @@ def bench_probes(tmp: Path, budget: Budget, results: Results) -> None:
         node="bench", kubeconfig=kubeconfig, sim=sim, plugin_dir=plugin_dir,
         pod_resources=tmp / "no-kubelet.sock", log=tmp / "agent.log", http_port=port,
     )  # fmt: skip
-    try:
-        _wait_healthy(port, agent.pid)
-        say(
-            f"probes: {budget.flood_idle} idle connections + {budget.flood_rps} /metrics a second for "
-            f"{budget.flood_window_s:.0f} s; /healthz every {PROBE_EVERY_S} s"
-        )
-        probes, fds, scrapes, reopened = asyncio.run(_flood(port, agent.pid, budget))
-        if agent.poll() is not None:
-            raise RuntimeError(f"the agent exited ({agent.returncode}); see {tmp / 'agent.log'}")
-    finally:
-        stop_process(agent)
+    return agent, port
+
+
+def _report(
+    results: Results, budget: Budget, *, probes: list[float], fds: list[int], scrapes: int, reopened: int
+) -> None:
     answered = [p for p in probes if p < PROBE_TIMEOUT_S]
     results.add("healthz_flood_s_max", max(probes))
     results.add("healthz_flood_s_p50", percentile(probes, 50))
