@@ -72,7 +72,14 @@ class Agent:
             cdi_spec_dir=settings.cdi_spec_dir,
             metrics=self.metrics,
         )
-        self.report = Reporter(settings.node_name, self.rollout, fleet, self.metrics, self._config_status)
+        self.report = Reporter(
+            settings.node_name,
+            self.rollout,
+            fleet,
+            self.metrics,
+            self._config_status,
+            holders_localhost_only=settings.holders_localhost_only,
+        )
         self.node = watch_node(kube, settings.node_name, settings.watch_timeout_seconds)
         self.node_out = NodePublisher(kube, self.node, catalog)
         self.drain = Drainer(kube, self.node, self.node_out.event, enabled=settings.drain)
@@ -100,6 +107,11 @@ class Agent:
     async def run(self, stop: asyncio.Event) -> None:
         """Run until `stop` is set."""
         log.info("agent_starting", version=__version__, **self.settings.describe())
+        serving = contextlib.ExitStack()  # held for the agent's life: `sharing apply` refuses meanwhile
+        try:
+            serving.enter_context(self.rollout.journal.serving())
+        except SharingError as err:  # the journal's own fault, said by every reconcile: keep serving
+            log.error("agent_lock_not_held", error=bounded(str(err)))
         await self.fleet.start()
         http = HttpServer(self.settings.http_port, self.report.routes()) if self.settings.http_port else None
         if http is not None:
@@ -136,6 +148,7 @@ class Agent:
                 await http.stop()
             await self.fleet.stop()
             await self.backend.close()
+            serving.close()
             log.info("agent_stopped")
 
     def _config_status(self) -> ConfigStatus:

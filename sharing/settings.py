@@ -52,6 +52,8 @@ class Settings:
     cdi_spec_dir: Path = Path("/var/run/cdi")
     http_port: int = 9402
     """/healthz, /readyz, /metrics and /status; 0: no HTTP server."""
+    holders_localhost_only: bool = False
+    """Serve /status and the slice_owner_info metric (the pods holding each GPU) to 127.0.0.1 only."""
     log_format: str = "auto"
 
     def injection(self) -> Injection:
@@ -111,6 +113,10 @@ _OPTIONS: dict[str, str] = {
     "device_id_strategy": "uuid or index",
     "cdi_spec_dir": "where the CDI spec is written",
     "http_port": "port of /healthz, /readyz, /metrics (0: none)",
+    "holders_localhost_only": (
+        "serve /status and gpu_sharing_slice_owner_info (which pod holds each GPU) on localhost only "
+        "(true/false)"
+    ),
     "log_format": "auto, json or console",
 }
 

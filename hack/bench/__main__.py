@@ -3,9 +3,9 @@
     $(hack/venv.sh)/bin/python hack/bench [--quick] [--json PATH] [--fleet N] [--only PART,...]
 
 Parts, in order: planner, hostile (parsing hostile ConfigMap keys), mutations, listandwatch,
-cluster (startup, reconcile, configmap, allocate, idle, preferred, restart), realnode, fleet. A part
-that fails is reported and the others still run; the exit code is 1 when any failed. Ctrl-C or
-SIGTERM stops everything it started.
+cluster (startup, reconcile, configmap, allocate, idle, preferred, restart), realnode, fleet, probes
+(the HTTP port under a flood). A part that fails is reported and the others still run; the exit
+code is 1 when any failed. Ctrl-C or SIGTERM stops everything it started.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from bench import (
     listandwatch,
     mutations,
     planner,
+    probes,
     realnode,
     reconcile,
     restart,
@@ -42,7 +43,7 @@ from bench import (
 from bench.cluster import Cluster, running_cluster
 from bench.report import FULL, QUICK, Budget, Results, as_json, machine, print_table, say
 
-PARTS = ("planner", "hostile", "mutations", "listandwatch", "cluster", "realnode", "fleet")
+PARTS = ("planner", "hostile", "mutations", "listandwatch", "cluster", "realnode", "fleet", "probes")
 
 
 def quiet_logs() -> None:
@@ -122,6 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ("cluster", lambda: cluster_parts(tmp / "cluster", budget, results)),
             ("realnode", lambda: realnode.bench_real_node(budget, results)),
             ("fleet", lambda: fleet.bench_fleet(nodes, budget, results) if nodes else None),
+            ("probes", lambda: probes.bench_probes(tmp / "probes", budget, results)),
         ]
         try:
             for name, part in parts:

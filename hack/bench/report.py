@@ -65,6 +65,7 @@ TARGETS: dict[str, Target] = {
     "fleet_converge_s_p50": Target("s", "-"),
     "fleet_converge_s_p95": Target("s", "< 10 s", lambda v: v < 10),
     "fleet_idle_api_rpm": Target("", "0", lambda v: v == 0),
+    "healthz_flood_s_max": Target("s", "< 1 s", lambda v: v < 1),
 }
 
 
@@ -92,6 +93,9 @@ class Budget:
     fleet_edits: int
     fleet_idle_s: float
     restart_runs: int
+    flood_idle: int = 1000
+    flood_rps: int = 200
+    flood_window_s: float = 20.0
 
 
 FULL = Budget(
@@ -104,7 +108,7 @@ QUICK = Budget(
     plan_runs=1, reconcile_runs=1, reconcile_changes=10, configmap_runs=1, configmap_flips=6,
     allocate_runs=1, allocate_pods=500, preferred_runs=1, preferred_pods=300, listandwatch_runs=1,
     listandwatch_flips=12, startup_runs=2, idle_runs=1, idle_window_s=20, pod_starts=3,
-    label_changes=3, fleet_nodes=10, fleet_edits=1, fleet_idle_s=10, restart_runs=1,
+    label_changes=3, fleet_nodes=10, fleet_edits=1, fleet_idle_s=10, restart_runs=1, flood_window_s=8,
 )  # fmt: skip
 
 

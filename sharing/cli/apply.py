@@ -62,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
     """Load the config, apply it, print the per-GPU result."""
     config = load_config(args.config, args.name)
     journal = Journal(journal_path(args))
+    if not args.dry_run:
+        journal.refuse_agent()
     logs.configure()
     report = asyncio.run(_apply(args, config, journal))
     if args.json:

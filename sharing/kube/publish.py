@@ -37,6 +37,7 @@ OUTCOMES = {
     "ConfigApplyBlocked": "blocked",
     "ConfigRejected": "rejected",
     "JournalCorrupt": "failed",
+    "JournalUnusable": "failed",
 }
 
 

@@ -5,6 +5,13 @@ worker); readiness means every resource of the last advertisement is registered 
 and streaming. /status is the document `sharing status` prints (`sharing.ops.status`), with who holds
 which slice read from the kubelet's PodResources at that moment (cached for a second, so a busy
 scraper does not become a PodResources load); /metrics renders from the same document.
+
+The probes answer from memory at once. /metrics renders at most one at a time and at most once a
+second: a scrape while a rendering is in flight gets the last one (so a flood of scrapes costs one
+rendering a second, not one thread each). Which pod holds which slice (/status, and the metric
+`gpu_sharing_slice_owner_info`) is served to every address by default, as kube-state-metrics
+shows the same; with `holders_localhost_only` only to 127.0.0.1 (`sharing status` in the agent's
+container), and /metrics elsewhere leaves that metric out.
 """
 
 from __future__ import annotations
@@ -16,14 +23,17 @@ from typing import TYPE_CHECKING, Any
 
 from sharing.deviceplugin import Fleet
 from sharing.devices import with_health
-from sharing.ops.http import Answer, Handler
-from sharing.ops.metrics import Metrics
+from sharing.ops.http import Answer, Handler, Request
+from sharing.ops.metrics import PREFIX, Metrics
 from sharing.ops.status import ConfigStatus, status_document
 
 if TYPE_CHECKING:  # the rollout imports the metrics of this package
     from sharing.rollout import Rollout
 
 HOLDERS_TTL_S = 1.0
+RENDER_TTL_S = 1.0
+"""A rendering younger than this is served again."""
+OWNER_METRIC = (PREFIX + "slice_owner_info").encode()
 METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 JSON_TYPE = "application/json"
 
@@ -38,6 +48,8 @@ class Reporter:
         fleet: Fleet,
         metrics: Metrics,
         config: Callable[[], ConfigStatus] = ConfigStatus,
+        *,
+        holders_localhost_only: bool = False,
     ) -> None:
         self.node_name = node_name
         self.rollout = rollout
@@ -48,7 +60,10 @@ class Reporter:
         self.alive: Callable[[], bool] = lambda: True
         self.advertised = False
         """True once the agent advertised what the hardware has (readiness needs it)."""
+        self.holders_localhost_only = holders_localhost_only
         self._cached: tuple[float, dict[str, Any]] | None = None
+        self._rendered: tuple[float, bytes] | None = None
+        self._rendering: asyncio.Task[bytes] | None = None
 
     def routes(self) -> dict[str, Handler]:
         """The HTTP server's paths."""
@@ -79,12 +94,12 @@ class Reporter:
         self._cached = (loop.time(), document)
         return document
 
-    async def _healthz(self) -> Answer:
+    async def _healthz(self, request: Request) -> Answer:
         if self.alive() and self.fleet.alive:
             return Answer(200, b"ok\n")
         return Answer(503, b"a loop of the agent has stopped\n")
 
-    async def _readyz(self) -> Answer:
+    async def _readyz(self, request: Request) -> Answer:
         if not self.advertised:
             return Answer(503, b"not advertised yet\n")
         if not self.fleet.ready:
@@ -94,10 +109,34 @@ class Reporter:
             )
         return Answer(200, b"ok\n")
 
-    async def _status(self) -> Answer:
+    async def _status(self, request: Request) -> Answer:
+        if self.holders_localhost_only and not request.local:
+            return Answer(403, b"/status names the pods holding each GPU: served on localhost only\n")
         document = await self.status()
         return Answer(200, json.dumps(document, indent=1).encode() + b"\n", JSON_TYPE)
 
-    async def _metrics(self) -> Answer:
-        await self.status()
-        return Answer(200, await asyncio.to_thread(self.metrics.render), METRICS_TYPE)
+    async def _metrics(self, request: Request) -> Answer:
+        loop = asyncio.get_running_loop()
+        rendered = self._rendered
+        if rendered is None or loop.time() - rendered[0] >= RENDER_TTL_S:
+            if self._rendering is None:  # this scrape renders: it gets what it rendered
+                self._rendering = asyncio.create_task(self._render())
+                await asyncio.shield(self._rendering)
+            elif rendered is None:  # the first rendering is in flight: nothing to serve meanwhile
+                await asyncio.shield(self._rendering)
+        assert self._rendered is not None
+        body = self._rendered[1]
+        if self.holders_localhost_only and not request.local:
+            body = b"".join(line for line in body.splitlines(keepends=True) if OWNER_METRIC not in line)
+        return Answer(200, body, METRICS_TYPE)
+
+    async def _render(self) -> bytes:
+        """One rendering (the only one in flight), kept for the scrapes that come meanwhile."""
+        try:
+            await self.status()
+            started = asyncio.get_running_loop().time()
+            body = await asyncio.to_thread(self.metrics.render)
+            self._rendered = (started, body)
+            return body
+        finally:
+            self._rendering = None

@@ -55,7 +55,9 @@ class ApplyReport:
 
     gpus: tuple[GpuReport, ...]
     resumed: bool = False
-    """A crashed run's journal was found and rolled forward."""
+    """A crashed run's journal named GPUs of this node, and was rolled forward."""
+    inherited: frozenset[GpuUuid] = frozenset()
+    """GPUs changed (or not) for a crashed run's target that no rule of the config has."""
     after: NodeState | None = None
     """The node as observed to verify the result; None when nothing ran."""
 
@@ -73,6 +75,13 @@ class NodePlan:
     unfinished: Unfinished | None = None
     inherited: frozenset[GpuUuid] = frozenset()
     """GPUs only a crashed run's journal has a target for (no rule of the config does)."""
+
+    @property
+    def resumed(self) -> bool:
+        """A crashed run's journal names GPUs of this node (an empty one, or one of GPUs gone, does not)."""
+        return self.unfinished is not None and any(
+            c.gpu.uuid in self.unfinished.targets for c in self.changes
+        )
 
     @property
     def runnable(self) -> tuple[GpuChange, ...]:
@@ -139,7 +148,7 @@ async def execute(backend: GpuBackend, journal: Journal, plan: NodePlan, *, conf
         bound.info(
             "apply_finished", **{o.value: n for o in Outcome if (n := sum(r.outcome is o for r in reports))}
         )
-    return ApplyReport(reports, resumed=plan.unfinished is not None, after=after)
+    return ApplyReport(reports, resumed=plan.resumed, inherited=plan.inherited, after=after)
 
 
 async def apply_config(

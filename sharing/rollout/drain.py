@@ -2,11 +2,13 @@
 
 When a change waits for devices pods hold, the agent cordons its Node (so nothing new lands on
 it), asks the Eviction API to evict exactly the pods that hold the blocking devices (so
-PodDisruptionBudgets hold: a refused eviction is retried at the next re-check), and once the change
-is applied uncordons the Node. It only ever uncordons a cordon it made itself, recorded in the
-annotation `nvidia.com/gpu-sharing.cordoned` so an agent restarted mid-drain finishes the job.
-The extra permissions (pods/eviction, a Node's spec.unschedulable) are granted only when the
-chart's `drain.enabled` is set.
+PodDisruptionBudgets hold: a refused eviction is retried at the next re-check), and uncordons the
+Node as soon as the change no longer waits: applied, failed, rejected, or no config selected any
+more. It only ever uncordons a cordon it made itself, recorded in the annotation
+`nvidia.com/gpu-sharing.cordoned`; the Node remembers it, so an agent restarted mid-drain (or
+restarted with drain mode turned off) undoes it at its first reconcile that does not wait. The
+extra permissions (pods/eviction, a Node's spec.unschedulable) are granted only when the chart's
+`drain.enabled` is set (the admission policy still lets the agent undo its own cordon).
 """
 
 from __future__ import annotations
@@ -45,12 +47,12 @@ class Drainer:
     async def after(self, verdict: Verdict, holders: Callable[[], Awaitable[Holders]]) -> None:
         """Act on a reconcile's verdict: drain for a blocked change, release once it is through."""
         node = self.node.current
-        if not self.enabled or node is None:
+        if node is None:
             return
-        if verdict.retry is Retry.BLOCKED:
+        if verdict.retry is Retry.BLOCKED and self.enabled:
             await self._drain(node, verdict, await holders())
-        elif verdict.state is ConfigState.SUCCESS and node.annotations.get(CORDONED) == "true":
-            await self._release(node)
+        elif node.annotations.get(CORDONED) == "true":  # whatever the outcome: the drain is over
+            await self._release(node, verdict)
 
     async def _drain(self, node: NodeObject, verdict: Verdict, holders: Holders) -> None:
         if holders.unknown:
@@ -85,7 +87,7 @@ class Drainer:
             self._said = message
             await self.event("Normal" if not refused else "Warning", "Draining", message)
 
-    async def _release(self, node: NodeObject) -> None:
+    async def _release(self, node: NodeObject, verdict: Verdict) -> None:
         try:
             if node.unschedulable:
                 self.node.current = await asyncio.to_thread(self.kube.set_unschedulable, node.name, False)
@@ -97,5 +99,13 @@ class Drainer:
             return
         self._evicted.clear()
         self._said = ""
-        log.info("node_uncordoned")
-        await self.event("Normal", "Drained", "drain mode: the change is applied; node uncordoned")
+        if verdict.state is ConfigState.SUCCESS:
+            outcome = "the change is applied"
+        elif verdict.retry is Retry.BLOCKED:
+            outcome = "drain mode is off"
+        elif verdict.state is None:
+            outcome = "no config is selected any more"
+        else:
+            outcome = f"the change did not go through ({verdict.reason})"
+        log.info("node_uncordoned", outcome=outcome)
+        await self.event("Normal", "Drained", f"drain mode: {outcome}; node uncordoned")

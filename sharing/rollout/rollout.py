@@ -25,6 +25,7 @@ and the verdict says it waits for those pods.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
@@ -44,7 +45,7 @@ from sharing.ops import Metrics
 from sharing.rollout.apply import ApplyReport, NodePlan, execute, plan_node
 from sharing.rollout.holders import Holders, read_holders
 from sharing.rollout.verdict import Retry, Verdict, verdict
-from sharing.store import Journal, JournalCorruptError
+from sharing.store import Journal, JournalCorruptError, JournalError
 from sharing.text import bounded, listed
 
 log = structlog.get_logger(__name__)
@@ -117,14 +118,15 @@ class Rollout:
 
         `on_pending` runs just before the first hardware step (the agent sets the state label).
         """
-        with self.journal.locked():
+        with contextlib.ExitStack() as held:
             try:
+                held.enter_context(self.journal.locked())
                 unfinished = await asyncio.to_thread(self.journal.unfinished)
-            except JournalCorruptError as err:
-                log.error("journal_corrupt", error=bounded(str(err)))
-                return Verdict(
-                    ConfigState.FAILED, "JournalCorrupt", str(err), "journal", retry=Retry.BACKOFF
-                ), observed
+            except JournalError as err:  # no step runs without its journal; the devices stay as they are
+                corrupt = isinstance(err, JournalCorruptError)
+                log.error("journal_corrupt" if corrupt else "journal_unusable", error=bounded(str(err)))
+                reason = "JournalCorrupt" if corrupt else "JournalUnusable"
+                return Verdict(ConfigState.FAILED, reason, str(err), "journal", retry=Retry.BACKOFF), observed
             withdrawn: frozenset[str] = frozenset()
             started = time.monotonic()
             for round_ in range(WITHDRAW_ROUNDS + 1):
@@ -150,10 +152,10 @@ class Rollout:
                     break
             if plan.runnable:
                 await on_pending()
-                report = await execute(self.backend, self.journal, plan, config=config.name)
+            # Also with nothing to run: a crashed run's journal is cleared once nothing is left of it.
+            report = await execute(self.backend, self.journal, plan, config=config.name)
+            if plan.runnable:
                 self._count(report, time.monotonic() - started)
-            else:
-                report = ApplyReport(plan.reports(), resumed=unfinished is not None)
         after = report.after or observed
         for gpu in report.gpus:
             if gpu.outcome in (Outcome.APPLIED, Outcome.UNCHANGED):

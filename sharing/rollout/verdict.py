@@ -54,16 +54,24 @@ def verdict(config: SharingConfig, report: ApplyReport, holders: Holders, after:
     name = config.name
     changed = [g for g in report.gpus if g.outcome is Outcome.APPLIED and g.steps]
     failed = [g for g in report.gpus if g.outcome in (Outcome.FAILED, Outcome.RESET_REQUIRED)]
+    # A crashed run's target that can never be reached is dropped from the journal: not the config's fault.
+    dropped = [
+        g for g in failed if g.uuid in report.inherited and g.outcome is Outcome.FAILED and not g.steps
+    ]
+    failed = [g for g in failed if g not in dropped]
     blocked = [g for g in report.gpus if g.outcome is Outcome.BLOCKED]
     lost = [f"GPU {u.index}: cannot be read ({bounded(u.error, 160)})" for u in after.unreadable]
     done = [f"GPU {g.index}: {_steps(g)}" for g in changed]
     resumed = " (an interrupted change found in the journal was finished)" if report.resumed else ""
+    if dropped:
+        resumed = "; " + summary([f"{_gpu_line(g, report)}; it was dropped" for g in dropped], 400)
     if not failed and not blocked and not lost:
-        message = f"config {name!r} applied{resumed}" + (
-            f": {summary(done, EVENT_LIMIT - 40, unit='more GPUs')}" if done else ""
+        message = f"config {name!r} applied" + (
+            f": {summary(done, EVENT_LIMIT - 440, unit='more GPUs')}" if done else ""
         )
+        message += resumed
         return Verdict(ConfigState.SUCCESS, "ConfigApplied", message, name, bool(changed) or report.resumed)
-    problems = [_gpu_line(g) for g in failed] + lost
+    problems = [_gpu_line(g, report) for g in failed] + lost
     if blocked:
         pods = holders.pods_holding({b for g in blocked for b in g.blockers})
         who = f"held by pods {listed(pods)}" if pods else "in use"
@@ -71,12 +79,13 @@ def verdict(config: SharingConfig, report: ApplyReport, holders: Holders, after:
             who = (
                 f"in use as far as can be told (the kubelet's PodResources cannot be read: {holders.unknown})"
             )
-        problems += [f"{_gpu_line(g)} ({who})" for g in blocked]
+        problems += [f"{_gpu_line(g, report)} ({who})" for g in blocked]
+    problems += [f"{_gpu_line(g, report)}; it was dropped" for g in dropped]
     applied = f"; applied on {', '.join(f'GPU {g.index}' for g in changed)}" if changed else ""
     if failed or lost:
-        message = f"config {name!r} could not be applied: " + summary(
-            problems, EVENT_LIMIT - 80 - len(applied)
-        )
+        journal_only = not lost and all(g.uuid in report.inherited for g in failed)
+        what = "an interrupted change found in the journal" if journal_only else f"config {name!r}"
+        message = f"{what} could not be applied: " + summary(problems, EVENT_LIMIT - 80 - len(applied))
         return Verdict(
             ConfigState.FAILED,
             "ConfigApplyFailed",
@@ -107,8 +116,11 @@ def _steps(g: GpuReport, most: int = 6) -> str:
     return ", ".join(steps[: most - 1]) + f" and {len(steps) - most + 1} more steps"
 
 
-def _gpu_line(g: GpuReport) -> str:
-    return f"GPU {g.index} ({g.product}): {g.reason or g.outcome.value}"
+def _gpu_line(g: GpuReport, report: ApplyReport) -> str:
+    why = g.reason or g.outcome.value
+    if g.uuid in report.inherited:  # the target is a crashed run's, not the config's
+        why = f"the interrupted change found in the journal cannot be finished ({why})"
+    return f"GPU {g.index} ({g.product}): {why}"
 
 
 def held_back(verdict: Verdict, withheld: Mapping[str, tuple[str, ...]], config: str) -> Verdict:

@@ -4,13 +4,14 @@ with a size cap; a file that is not what the agent writes is moved aside, never 
 """
 
 from sharing.store.journal import DEFAULT_PATH as DEFAULT_JOURNAL
-from sharing.store.journal import Journal, JournalCorruptError, Unfinished
+from sharing.store.journal import Journal, JournalCorruptError, JournalError, Unfinished
 from sharing.store.memory import LastGood, LastGoodError, Remembered
 
 __all__ = [
     "DEFAULT_JOURNAL",
     "Journal",
     "JournalCorruptError",
+    "JournalError",
     "LastGood",
     "LastGoodError",
     "Remembered",

@@ -10,7 +10,9 @@ The file is read strictly, entry by entry: anything this code never writes (bina
 is not an object, a missing key, a wrong type, a file far larger than any run writes) is corruption.
 A corrupt journal is moved aside (`<name>.corrupt`) and reported, never half-trusted; only a last
 line torn by a crash mid-write is expected and skipped. One lock file beside the journal keeps the
-agent and `sharing apply` from running hardware steps at the same time.
+agent and `sharing apply` from running hardware steps at the same time; another (`<name>.agent`),
+which the agent holds shared for its whole life, tells `sharing apply` that an agent serves the
+node (flock(2) locks go with the open file and end when the process does, however it ends).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Any, TextIO
 from sharing.errors import SharingError
 from sharing.mig import Target
 from sharing.model import GpuUuid
-from sharing.store.files import read_capped, set_aside
+from sharing.store.files import NotAFileError, open_regular, read_capped, set_aside
 from sharing.text import bounded
 
 DEFAULT_PATH = Path("/var/lib/gpu-sharing/store/journal.jsonl")
@@ -47,6 +49,10 @@ class JournalCorruptError(JournalError):
 
 class JournalLockedError(JournalError):
     """Another process (the agent, or `sharing apply`) is running hardware steps right now."""
+
+
+class AgentServingError(JournalLockedError):
+    """An agent serves this node: `sharing apply` would change GPUs under devices it advertises."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,14 +75,45 @@ class Journal:
         """The lock file the agent and `sharing apply` share."""
         return self.path.with_name(self.path.name + ".lock")
 
+    @property
+    def agent_path(self) -> Path:
+        """The file an agent holds (shared) for as long as it serves the node."""
+        return self.path.with_name(self.path.name + ".agent")
+
+    @contextlib.contextmanager
+    def serving(self) -> Iterator[None]:
+        """Hold the agent's file for the agent's life (JournalError when it cannot be opened)."""
+        out = self._open_lock(self.agent_path)
+        with out:
+            fcntl.flock(out, fcntl.LOCK_SH)  # only ever held exclusively for an instant (refuse_agent)
+            out.truncate()
+            out.write(str(os.getpid()))
+            out.flush()
+            try:
+                yield
+            finally:
+                fcntl.flock(out, fcntl.LOCK_UN)
+
+    def refuse_agent(self) -> None:
+        """AgentServingError when an agent serves this node (for `sharing apply`)."""
+        if not self.agent_path.exists():
+            return
+        with self._open_lock(self.agent_path) as out:
+            try:
+                fcntl.flock(out, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = bounded(out.read(32).strip(), 32) or "unknown"
+                raise AgentServingError(
+                    f"the agent (pid {holder}) serves this node (it holds {self.agent_path}): it still "
+                    "advertises the devices a change would destroy, and it puts its own config back; "
+                    "edit the node's config in the ConfigMap (or the node's label) instead"
+                ) from None
+            fcntl.flock(out, fcntl.LOCK_UN)
+
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
         """Hold the journal's lock for a run; JournalLockedError names the holder when it is taken."""
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            out = open(self.lock_path, "a+", encoding="utf-8")  # noqa: SIM115 - held across the yield
-        except OSError as err:
-            raise self._unwritable(err) from err
+        out = self._open_lock(self.lock_path)
         with out:
             try:
                 fcntl.flock(out, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -103,17 +140,16 @@ class Journal:
         """
         try:
             raw = read_capped(self.path, MAX_BYTES)
-        except OSError as err:
-            raise JournalError(f"cannot read the apply journal {self.path}: {err.strerror}") from err
-        if raw is None:
-            return None
-        try:
+            if raw is None:
+                return None
             return _parse(raw)
-        except _Corrupt as err:
+        except (_Corrupt, NotAFileError) as err:
             raise JournalCorruptError(
-                f"the apply journal {self.path} is corrupt ({err}) and was {set_aside(self.path)}; no "
+                f"the apply journal {self.path} is corrupt ({err}); it {set_aside(self.path)}; no "
                 "interrupted change was resumed: GPUs are planned from what they really are"
             ) from None
+        except OSError as err:
+            raise JournalError(f"cannot read the apply journal {self.path}: {err.strerror}") from err
 
     def begin(self, targets: dict[GpuUuid, Target]) -> None:
         """Start a run (replacing any crashed one, whose targets the caller has folded in)."""
@@ -128,7 +164,7 @@ class Journal:
             os.replace(tmp, self.path)  # a crash here leaves the old journal or the new one, never neither
             _fsync_dir(self.path.parent)
         except OSError as err:
-            raise self._unwritable(err) from err
+            raise self._unwritable(err, f"the apply journal {self.path}") from err
 
     def step(self, gpu: GpuUuid, step: str) -> int:
         """Record a step before running it; returns its number for done()."""
@@ -147,19 +183,32 @@ class Journal:
         except FileNotFoundError:
             return
         except OSError as err:
-            raise self._unwritable(err) from err
+            raise self._unwritable(err, f"the apply journal {self.path}") from err
         _fsync_dir(self.path.parent)
+
+    def _open_lock(self, path: Path) -> TextIO:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            return open(open_regular(path, os.O_RDWR | os.O_CREAT), "r+", encoding="utf-8")
+        except NotAFileError as err:
+            raise JournalError(
+                f"the apply journal's lock file {path} is {err}; remove it (no hardware step runs "
+                "without the lock)"
+            ) from None
+        except OSError as err:
+            raise self._unwritable(err, f"the apply journal's lock file {path}") from err
 
     def _append(self, entry: dict[str, Any]) -> None:
         try:
             with open(self.path, "a", encoding="utf-8") as out:
                 self._write(out, entry)
         except OSError as err:
-            raise self._unwritable(err) from err
+            raise self._unwritable(err, f"the apply journal {self.path}") from err
 
-    def _unwritable(self, err: OSError) -> JournalError:
+    @staticmethod
+    def _unwritable(err: OSError, what: str) -> JournalError:
         return JournalError(
-            f"cannot write the apply journal {self.path}: {err.strerror}; "
+            f"cannot write {what}: {err.strerror}; "
             "pass --journal PATH (or SHARING_JOURNAL) on a writable disk"
         )
 

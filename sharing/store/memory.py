@@ -65,17 +65,16 @@ class LastGood:
         """What was saved, None when nothing was; LastGoodError says why it cannot be used."""
         try:
             raw = read_capped(self.path, MAX_BYTES)
-        except OSError as err:
-            raise LastGoodError(f"cannot read {self.path}: {err.strerror}") from err
-        if raw is None:
-            return None
-        try:
+            if raw is None:
+                return None
             return _parse(raw)
-        except (ValueError, TypeError) as err:
+        except (ValueError, TypeError) as err:  # NotAFileError too
             why = bounded(str(err), 120)
             raise LastGoodError(
-                f"{self.path} is not a last-good file ({why}); {set_aside(self.path)}"
+                f"{self.path} is not a last-good file ({why}); it {set_aside(self.path)}"
             ) from None
+        except OSError as err:
+            raise LastGoodError(f"cannot read {self.path}: {err.strerror}") from err
 
 
 def _parse(raw: bytes) -> Remembered:

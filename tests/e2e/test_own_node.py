@@ -118,6 +118,22 @@ def test_every_other_change_of_a_node_is_refused(
         assert not node["spec"].get("unschedulable")
 
 
+@pytest.mark.parametrize("agents", [True, False], ids=["its-own-cordon", "a-persons-cordon"])
+def test_with_drain_mode_off_the_agent_may_undo_only_its_own_cordon(
+    deployed: lab.ControlPlane, nodes: tuple[str, str], as_agent: Path, agents: bool
+) -> None:
+    mine, _ = nodes
+    deployed.kubectl("cordon", mine, check=True)
+    if agents:  # left by the agent while drain mode was on
+        deployed.kubectl("annotate", "node", mine, "nvidia.com/gpu-sharing.cordoned=true", check=True)
+    allowed, error = run(deployed, as_agent, "uncordon", mine)
+    node = json.loads(deployed.kubectl("get", "node", mine, "-o", "json", check=True).stdout)
+    assert agents == allowed, error
+    assert (not agents) == bool(node["spec"].get("unschedulable"))
+    if not agents:
+        assert "only undo its own cordon" in error
+
+
 @pytest.mark.parametrize(
     "about",
     [

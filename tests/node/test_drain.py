@@ -112,3 +112,44 @@ def test_drain_evicts_the_blockers_applies_and_uncordons_and_a_budget_holds_it_b
     assert "nvidia.com/gpu-sharing.cordoned" not in after["metadata"].get("annotations", {})
     assert "success" == after["metadata"]["labels"]["nvidia.com/mig.config.state"]
     assert _events(node, "Drained")
+
+
+@pytest.mark.parametrize("restart", [False, True], ids=["rejected", "agent-restarted-then-rejected"])
+def test_a_drain_that_ends_without_the_change_uncordons_and_a_persons_cordon_stays(
+    draining: NodeUnderTest, restart: bool
+) -> None:
+    node = draining
+    trainer = node.start_pod("nvidia.com/mig-3g.20gb", name="trainer")
+    node.wait_running(trainer)
+    node.kubectl("label", "pod", trainer, "app=trainer")
+    budget = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": "keep-trainer", "namespace": "default"},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "trainer"}}},
+    }
+    node.kubectl("apply", "-f", "-", input=json.dumps(budget))
+    node.kubectl("label", "node", NODE, f"{CONFIG_LABEL}=no-3g", "--overwrite")
+    poll("the node cordoned", lambda: _node(node)["spec"].get("unschedulable"), bool)
+    if restart:  # mid-drain: the new agent knows only what the Node's annotation says
+        (old,) = node.agent_pods()
+        node.kubectl("-n", NAMESPACE, "delete", "pod", old["metadata"]["name"])
+        node.running_agent(not_uid=old["metadata"]["uid"])
+    node.kubectl("label", "node", NODE, f"{CONFIG_LABEL}=no-such-config", "--overwrite")
+    poll("uncordoned", lambda: not _node(node)["spec"].get("unschedulable"), bool, 60)
+    assert "nvidia.com/gpu-sharing.cordoned" not in _node(node)["metadata"].get("annotations", {})
+    assert any("did not go through (ConfigRejected)" in m for m in _events(node, "Drained"))
+    assert "Running" == node.pod(trainer)["status"]["phase"]
+    # A cordon a person makes is theirs: the agent leaves it, whatever happens next.
+    node.kubectl("cordon", NODE)
+    try:
+        node.kubectl("label", "node", NODE, f"{CONFIG_LABEL}={CONFIG}", "--overwrite")
+        poll(
+            "the config applied",
+            lambda: _node(node)["metadata"]["labels"].get("nvidia.com/mig.config.state"),
+            lambda s: s == "success",
+            90,
+        )
+        assert _node(node)["spec"].get("unschedulable")
+    finally:
+        node.kubectl("uncordon", NODE)

@@ -47,6 +47,8 @@ class FakeKube:
             key: ConfigMapObject(key[0], key[1], "1", data) for key, data in configmaps.items()
         }
         self.events: list[tuple[str, str, str]] = []
+        self.evicted: list[str] = []
+        """`namespace/pod` of each eviction asked for (drain mode)."""
         self._version = 1
         self._lock = threading.Lock()
         self._queues: dict[tuple[str, ...], queue.Queue[WatchEvent | None]] = {}
@@ -110,6 +112,18 @@ class FakeKube:
         if len(message) > 1024:
             raise KubeError("event message too long")
         self.events.append((kind, reason, message))
+
+    def set_unschedulable(self, name: str, unschedulable: bool) -> NodeObject:
+        self.requests += 1
+        with self._lock:
+            self.node = replace(self.node, resource_version=self._next(), unschedulable=unschedulable)
+            self._push(("node",), WatchEvent("MODIFIED", self.node, self.node.resource_version))
+            return self.node
+
+    def evict(self, namespace: str, pod: str) -> bool:
+        self.requests += 1
+        self.evicted.append(f"{namespace}/{pod}")
+        return True
 
     # --- plumbing -----------------------------------------------------------------------------
 

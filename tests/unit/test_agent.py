@@ -7,6 +7,7 @@ the kubelet's own device manager.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 
 from sharing.agent import Agent
+from sharing.cli import main
 from sharing.deviceplugin import Fleet, FleetSettings
 from sharing.errors import BackendError
 from sharing.gpu import simstate
@@ -23,6 +25,7 @@ from sharing.gpu.nvml import NvmlBackend
 from sharing.gpu.simnvml import SimNvml
 from sharing.kube import sources as sources_module
 from sharing.kubelet.api import deviceplugin_v1beta1_pb2 as api
+from sharing.labels import STATE_LABEL
 from sharing.mig.catalog import default_catalog
 from sharing.model import HealthEvent
 from sharing.settings import Settings
@@ -146,3 +149,75 @@ async def test_a_hostile_key_beside_the_selected_config_is_named_in_an_event_and
     running.kube.set_configmap(NS, "gpu-sharing-config", {"mine": replicas(2), "hostile": hostile})
     await running.kubelet.wait(lambda: running.kubelet.allocatable() == {GPU: 2}, timeout=10)
     assert 1 == sum(r == "ConfigInvalid" for _, r, _ in running.kube.events)  # not news: said once
+
+
+def _fifo(path: Path) -> None:
+    os.mkfifo(path)
+
+
+@pytest.mark.parametrize(
+    ("broken", "make", "reason"),
+    [
+        pytest.param("j", Path.mkdir, "JournalCorrupt", id="journal-is-a-directory"),
+        pytest.param("j", _fifo, "JournalCorrupt", id="journal-is-a-fifo"),
+        pytest.param("j.lock", Path.mkdir, "JournalUnusable", id="lock-file-is-a-directory"),
+        pytest.param("j.lock", _fifo, "JournalUnusable", id="lock-file-is-a-fifo"),
+    ],
+)
+async def test_a_journal_path_that_is_not_a_file_is_said_and_the_devices_stay_served(
+    tmp_path: Path, plugin_dir: Path, broken: str, make: Callable[[Path], object], reason: str
+) -> None:
+    make(tmp_path / broken)
+    state = tmp_path / "gpus.json"
+    simstate.init_state(state, [simstate.resolve_product(CATALOG, "T4")])
+    kubelet = await FakeKubelet(plugin_dir).start()
+    kube = FakeKube(
+        "n1", {(NS, "gpu-sharing-config"): {"mine": replicas(2)}, (NS, "gpu-sharing-presets"): {}}
+    )
+    kube.label(**{"nvidia.com/device-plugin.config": "mine"})
+    settings = Settings(
+        node_name="n1", backend="sim", sim_state=state, device_plugin_dir=plugin_dir, journal=tmp_path / "j"
+    )
+    backend = NvmlBackend(SimNvml(state, CATALOG), CATALOG, event_poll_s=0.05)
+    fleet = Fleet(FleetSettings(plugin_dir=plugin_dir, poll_interval_s=0.02))
+    agent = Agent(settings, kube=kube, backend=backend, fleet=fleet, catalog=CATALOG)
+    stop = asyncio.Event()
+    task = asyncio.create_task(agent.run(stop))
+    try:
+        await kubelet.wait(lambda: kubelet.allocatable() == {GPU: 2}, timeout=10)
+        await kubelet.wait(lambda: any(r == reason for _, r, _ in kube.events), timeout=10)
+        ((kind, message),) = {(k, m) for k, r, m in kube.events if r == reason}
+        assert "Warning" == kind
+        assert str(tmp_path / broken) in message
+        assert "was could not" not in message
+        if broken == "j.lock":  # the change cannot run: the Node says so
+            assert "failed" == kube.node.labels[STATE_LABEL]
+        else:  # moved aside like any other corrupt journal; the next change runs
+            assert (tmp_path / "j.corrupt").exists()
+    finally:
+        stop.set()
+        await task
+        kube.close()
+        await kubelet.stop()
+
+
+async def test_sharing_apply_refuses_beside_a_running_agent_and_changes_nothing(
+    running: Running, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "all-mig.yaml"
+    config.write_text("version: v1\ngpus:\n  - devices: all\n    mig: disabled\n    replicas: 4\n")
+    before = simstate.counters(running.state)
+    capsys.readouterr()
+    args = ["apply", "--config", str(config), "--name", "all-mig", "--backend", "sim"]
+    args += ["--sim-state", str(running.state), "--journal", str(tmp_path / "j"), "--no-kubelet"]
+    assert 1 == await asyncio.to_thread(main, args)
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert f"the agent (pid {os.getpid()}) serves this node" in err
+    assert "edit the node's config in the ConfigMap" in err
+    assert before == simstate.counters(running.state)
+    assert {GPU: 2} == running.kubelet.allocatable()
+    running.stop.set()
+    await running.task
+    # The agent has gone: `sharing apply` is the node's tool again.
+    assert 0 == await asyncio.to_thread(main, args)

@@ -8,14 +8,26 @@ run hardware steps at the same time.
 from __future__ import annotations
 
 import json
+import os
+import threading
 from pathlib import Path
 
 import pytest
 
+from sharing.config.spec import MigMode, Rule, Selector, SharingConfig
+from sharing.deviceplugin import Fleet
+from sharing.gpu import simstate
+from sharing.gpu.nvml import NvmlBackend
+from sharing.gpu.simnvml import SimNvml
+from sharing.mig.catalog import default_catalog
 from sharing.mig.change import Target
 from sharing.model import GpuUuid
-from sharing.store.journal import Journal, JournalCorruptError, JournalLockedError
+from sharing.rollout import Rollout
+from sharing.rollout.verdict import Verdict
+from sharing.store.journal import Journal, JournalCorruptError, JournalError, JournalLockedError
 from sharing.store.memory import LastGood, LastGoodError, Remembered
+
+CATALOG = default_catalog()
 
 GPU = GpuUuid("GPU-5f1c3a52-0c1d-4d3e-9f00-2b8a1e6c7d90")
 BEGIN = json.dumps({"event": "begin", "targets": {GPU: {"mig": True, "instances": [["1g.5gb", 2]]}}})
@@ -63,6 +75,53 @@ def test_a_corrupt_journal_is_moved_aside_and_reported_briefly(
     assert journal.unfinished() is None  # the next run starts clean
 
 
+def test_a_fifo_journal_is_set_aside_without_waiting_for_a_writer(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "journal.jsonl")
+    os.mkfifo(journal.path)
+    raised: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            journal.unfinished()
+        except BaseException as err:  # handed to the test
+            raised.append(err)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(10)
+    if reader.is_alive():  # blocked in open(): free it before failing
+        with open(journal.path, "wb"):
+            pass
+        reader.join()
+        pytest.fail("reading a FIFO journal blocked until a writer came")
+    (err,) = raised
+    assert isinstance(err, JournalCorruptError)
+    assert (
+        f"the apply journal {journal.path} is corrupt (a FIFO, not a regular file); it was moved to"
+        in str(err)
+    )
+    assert journal.unfinished() is None
+
+
+def test_a_lock_file_that_cannot_be_opened_is_named(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "journal.jsonl")
+    journal.lock_path.mkdir()
+    with pytest.raises(JournalError) as err, journal.locked():
+        pass
+    assert str(journal.lock_path) in str(err.value)
+
+
+def test_a_corrupt_journal_that_cannot_be_moved_aside_says_so_in_words(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "journal.jsonl")
+    journal.path.write_bytes(b"junk\n")
+    (tmp_path / "journal.jsonl.corrupt").mkdir()
+    (tmp_path / "journal.jsonl.corrupt" / "taken").touch()
+    with pytest.raises(JournalCorruptError) as err:
+        journal.unfinished()
+    assert "; it could not be moved aside (" in str(err.value)
+    assert "was could not" not in str(err.value)
+
+
 def test_only_a_last_line_torn_by_a_crash_is_tolerated(tmp_path: Path) -> None:
     journal = Journal(tmp_path / "journal.jsonl")
     journal.begin({GPU: Target(True, (("1g.5gb", 2),))})
@@ -98,7 +157,7 @@ def test_the_agent_and_sharing_apply_never_run_at_the_same_time(tmp_path: Path) 
 def test_a_last_good_file_of_the_wrong_shape_is_moved_aside(tmp_path: Path, content: bytes) -> None:
     memory = LastGood(tmp_path / "last-good.json")
     memory.path.write_bytes(content)
-    with pytest.raises(LastGoodError, match=r"is not a last-good file .*; moved to "):
+    with pytest.raises(LastGoodError, match=r"is not a last-good file .*; it was moved to "):
         memory.load()
     assert not memory.path.exists()
     assert memory.load() is None
@@ -109,3 +168,60 @@ def test_last_good_round_trips(tmp_path: Path) -> None:
     saved = Remembered("mine", {"mine": "version: v1\n"}, {"all-1g": "version: v1\n"})
     memory.save(saved)
     assert saved == LastGood(memory.path).load()
+
+
+async def _roll_out_twice(tmp_path: Path, fleet: Fleet, journal: Journal) -> list[Verdict]:
+    state = tmp_path / "gpus.json"
+    if not state.exists():
+        simstate.init_state(state, [simstate.resolve_product(CATALOG, "A100-SXM4-40GB")])
+    backend = NvmlBackend(SimNvml(state, CATALOG), CATALOG)
+    rollout = Rollout(backend=backend, fleet=fleet, catalog=CATALOG, journal=journal, pod_resources=None)
+    config = SharingConfig(
+        name="all-1g", rules=(Rule(Selector(all=True), MigMode.ENABLED, (("1g.5gb", 7),)),)
+    )
+
+    async def pending() -> None:
+        pass
+
+    verdicts = []
+    try:
+        for _ in range(2):
+            result, _ = await rollout.roll_out(config, await backend.observe(), pending)
+            verdicts.append(result)
+    finally:
+        await backend.close()
+    return verdicts
+
+
+async def test_an_empty_journal_is_cleared_and_never_said_to_be_a_finished_change(
+    tmp_path: Path, fleet: Fleet
+) -> None:
+    journal = Journal(tmp_path / "journal.jsonl")
+    state = tmp_path / "gpus.json"
+    simstate.init_state(state, [simstate.resolve_product(CATALOG, "A100-SXM4-40GB")])
+    await _roll_out_twice(tmp_path, fleet, journal)  # the GPU now has the config's layout
+    journal.path.write_bytes(b"")
+    first, second = await _roll_out_twice(tmp_path, fleet, journal)
+    assert "interrupted" not in first.message
+    assert not journal.path.exists()
+    assert (first.reason, first.changed) == ("ConfigApplied", False)
+    assert not second.changed
+
+
+@pytest.mark.parametrize("gone", [False, True], ids=["target-reached", "gpu-gone"])
+async def test_a_journal_whose_targets_need_nothing_is_cleared_and_said_once(
+    tmp_path: Path, fleet: Fleet, gone: bool
+) -> None:
+    journal = Journal(tmp_path / "journal.jsonl")
+    state = tmp_path / "gpus.json"
+    simstate.init_state(state, [simstate.resolve_product(CATALOG, "A100-SXM4-40GB")])
+    await _roll_out_twice(tmp_path, fleet, journal)
+    uuid = GPU if gone else GpuUuid(simstate.read(state)["gpus"][0]["uuid"])
+    journal.begin({uuid: Target(True, (("1g.5gb", 7),))})
+    with open(journal.path, "a") as out:
+        out.write('{"event": "step", "n": 1, "gp')  # torn by a crash
+    first, second = await _roll_out_twice(tmp_path, fleet, journal)
+    assert not journal.path.exists()
+    assert first.reason == second.reason == "ConfigApplied"
+    assert not second.changed  # no second "interrupted change ... finished" Event
+    assert "interrupted" not in second.message

@@ -117,3 +117,17 @@ def test_summary_keeps_whole_parts_and_counts_the_rest() -> None:
     cut = summary(["a very long single part " * 20], 50)
     assert len(cut) <= 50
     assert cut.endswith("part…")
+
+
+def test_a_journal_target_that_cannot_be_reached_is_not_blamed_on_the_config() -> None:
+    infeasible = gpu(1, Outcome.FAILED, reason="7 x 1g.5gb cannot be placed on a T4")
+    report = ApplyReport(
+        (gpu(0, Outcome.UNCHANGED), infeasible), resumed=True, inherited=frozenset({infeasible.uuid})
+    )
+    result = verdict(CONFIG, report, Holders(), NodeState(()))
+    assert "could not be applied" not in result.message
+    assert result.message.startswith("config 'all-1g' applied")
+    assert (
+        "GPU 1 (NVIDIA A100-SXM4-40GB): the interrupted change found in the journal cannot be finished "
+        "(7 x 1g.5gb cannot be placed on a T4); it was dropped"
+    ) in result.message
