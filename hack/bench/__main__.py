@@ -3,7 +3,7 @@
     $(hack/venv.sh)/bin/python hack/bench [--quick] [--json PATH] [--fleet N] [--only PART,...]
 
 Parts, in order: planner, mutations, listandwatch, cluster (startup, reconcile, configmap,
-allocate, idle, preferred), realnode, fleet. A part that fails is reported and the others still
+allocate, idle, preferred), restart, realnode, fleet. A part that fails is reported and the others still
 run; the exit code is 1 when any failed. Ctrl-C or SIGTERM stops everything it started.
 """
 
@@ -26,11 +26,11 @@ if __package__ in (None, ""):  # `python hack/bench`: import `bench`, `lab` and 
 
 import structlog
 
-from bench import allocate, fleet, idle, listandwatch, mutations, planner, realnode, reconcile
+from bench import allocate, fleet, idle, listandwatch, mutations, planner, realnode, reconcile, restart
 from bench.cluster import Cluster, running_cluster
 from bench.report import FULL, QUICK, Budget, Results, as_json, machine, print_table, say
 
-PARTS = ("planner", "mutations", "listandwatch", "cluster", "realnode", "fleet")
+PARTS = ("planner", "mutations", "listandwatch", "cluster", "restart", "realnode", "fleet")
 
 
 def quiet_logs() -> None:
@@ -59,6 +59,12 @@ def cluster_parts(tmp: Path, budget: Budget, results: Results) -> None:
         ]
         for name, step in steps:
             run(name, lambda step=step: step(env), results)  # type: ignore[misc]
+
+
+def restart_part(tmp: Path, budget: Budget, results: Results) -> None:
+    """The agent restarted under a stream of pods, on a cluster of its own (`--only restart` is quick)."""
+    with running_cluster(tmp) as env:
+        restart.bench_restart(env, budget, results)
 
 
 def run(name: str, part: Callable[[], None], results: Results) -> None:
@@ -106,6 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ("mutations", lambda: mutations.bench_mutations(tmp, results)),
             ("listandwatch", lambda: listandwatch.bench_listandwatch(tmp, budget, results)),
             ("cluster", lambda: cluster_parts(tmp / "cluster", budget, results)),
+            ("restart", lambda: restart_part(tmp / "restart", budget, results)),
             ("realnode", lambda: realnode.bench_real_node(budget, results)),
             ("fleet", lambda: fleet.bench_fleet(nodes, budget, results) if nodes else None),
         ]
