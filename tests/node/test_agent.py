@@ -1,8 +1,7 @@
 """What the agent itself offers on the real node: CDI injection through containerd, `sharing status`
 inside its pod, and probes the kubelet acts on.
 
-These run before tests/node/test_node.py (which ends by uninstalling the chart); a test that changes
-the chart's values puts them back.
+A test that changes the chart's values puts them back.
 """
 
 from __future__ import annotations
