@@ -28,6 +28,7 @@ from lab.helm import NAMESPACE, RELEASE, Helm, lab_values
 from lab.node import RealNode
 
 NAME, NODE = "demo", "demo-gpu-node"
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 PRESET = "a100-mig-h100-time-sliced"
 CONFIG_LABEL = "nvidia.com/device-plugin.config"
 # What the preset gives on this node: each A100 2x 1g.5gb + 2g.10gb + 3g.20gb, each H100 4 replicas.
@@ -139,28 +140,29 @@ def main() -> int:
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         node = up()
+        if not args.detach:
+            # From here on a stop signal waits for `sigwait` below instead of raising wherever the
+            # code is: a KeyboardInterrupt raised between two statements outside the `try` that
+            # downs the node (right after the "runs until Ctrl-C" line, say) left it all running.
+            signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     except (ClusterError, subprocess.CalledProcessError, KeyboardInterrupt) as err:
         detail = getattr(err, "stderr", None) or err or "interrupted"
         print(f"demo failed: {detail}", file=sys.stderr)
         if Path(RealNode(NAME, NODE).state_file).exists():
             RealNode.load(NAME).down()
         return 1
-    print(
-        f"""Try next (in another shell, after the export below):
+    hints = f"""Try next (in another shell, after the export below):
   kubectl label node {NODE} {CONFIG_LABEL}=all-1g --overwrite          # 7 x 1g on every GPU
   kubectl label node {NODE} {CONFIG_LABEL}=all-replicas-4 --overwrite  # MIG off, 4 replicas each
   kubectl -n {NAMESPACE} edit configmap gpu-sharing-config                 # your configs: applied live
   kubectl -n {NAMESPACE} exec ds/{RELEASE} -- sharing export               # the GPUs as the agent sees them
   kubectl -n {NAMESPACE} logs ds/{RELEASE}                                 # the agent's log"""
-    )
     if args.detach:
-        print(f"stop it with: hack/demo.sh --down\nexport KUBECONFIG={node.kubeconfig}")
+        print(f"{hints}\nstop it with: hack/demo.sh --down\nexport KUBECONFIG={node.kubeconfig}")
         return 0
-    print(f"export KUBECONFIG={node.kubeconfig}\nThe demo runs until Ctrl-C.", flush=True)
     try:
-        signal.pause()
-    except KeyboardInterrupt:
-        pass
+        print(f"{hints}\nexport KUBECONFIG={node.kubeconfig}\nThe demo runs until Ctrl-C.", flush=True)
+        signal.sigwait(STOP_SIGNALS)  # still blocked: a second Ctrl-C cannot cut `down` short either
     finally:
         started = time.monotonic()
         node.down()

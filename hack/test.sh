@@ -36,6 +36,10 @@ if [ -n "$bin" ]; then
   step "deploy/ is the chart's default render" env SHARING_HELM="$bin/helm" python hack/gen-deploy.py --check
 fi
 # tests/node runs on a real single-node Kubernetes (hack/lab; needs root): ~2 minutes warm.
+# The tests run in a random order (pytest-randomly; the header prints the seed: replay an order with
+# `hack/test.sh --randomly-seed=N`, keep file order with `-p no:randomly`). With CI=true
+# a test skipped outside tests/gpu fails (tests/conftest.py): a CI run without root or Go must not
+# pass as if it had run the harness, e2e and node tests. No test collected (exit code 5) fails too.
 step "pytest" pytest "$@"
 
 if [ ${#failed[@]} -gt 0 ]; then

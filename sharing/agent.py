@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 
 import structlog
@@ -272,7 +273,13 @@ class Agent:
 
     async def _recall(self) -> None:
         """The config applied before a restart is in effect on the GPUs until another one is: it names
-        their devices if the first change fails or the config is gone (kept on disk beside the journal)."""
+        their devices if the first change fails or the config is gone (kept on disk beside the journal).
+
+        They are advertised at once, before the API server is asked anything: while a restarted
+        agent's plugins are gone, the kubelet refuses every pod that asks for a slice. Not after a
+        run that crashed (a journal on disk): the first reconcile finishes that change first.
+        Readiness still waits for the first reconcile (or the API grace).
+        """
         name, config = await self.sources.remembered()
         if config is None:
             return
@@ -284,6 +291,8 @@ class Agent:
         self._good = config
         self.rollout.effective = {g.uuid: config for g in observed.gpus}
         log.info("last_good_recalled", config=name)
+        if not os.path.lexists(self.settings.journal):
+            await self.rollout.advertise(observed, config)
 
     async def _serve_remembered(self) -> None:
         """The API server is out of reach since start: advertise what the last applied config gives."""

@@ -3,6 +3,9 @@
 The Go binaries are built by hack/build-go.sh on first use (the first kube-apiserver build takes
 ~10 minutes on 2 cores; later runs reuse the cache outside the repository). Without Go, and
 without SHARING_* binary overrides, these tests are skipped. The harness needs root.
+
+With CI=true a skip is a failure, except in tests/gpu (CI machines have no GPU): a CI run that
+skipped the harness, e2e or node tests (no root, no Go) did not test what it says it did.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import contextlib
 import os
 import sys
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +26,40 @@ import lab
 from lab import images
 
 _build_error: Exception | None = None
+_TESTS = Path(__file__).resolve().parent
+_MAY_SKIP_IN_CI = (_TESTS / "gpu",)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Under CI=true, a test skipped outside tests/gpu fails, with the reason it was skipped for."""
+    report = yield
+    if report.skipped and not hasattr(report, "wasxfail"):
+        _fail_in_ci(report, item.path)
+    return report
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(
+    collector: pytest.Collector,
+) -> Generator[None, pytest.CollectReport, pytest.CollectReport]:
+    """... and so does a module skipped as a whole."""
+    report = yield
+    if report.skipped:
+        _fail_in_ci(report, collector.path)
+    return report
+
+
+def _fail_in_ci(report: pytest.TestReport | pytest.CollectReport, path: Path) -> None:
+    if not _strict_ci() or any(path.is_relative_to(d) for d in _MAY_SKIP_IN_CI):
+        return
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    report.outcome = "failed"
+    report.longrepr = f"skipped, and CI=true allows skips only in tests/gpu: {reason}"
+
+
+def _strict_ci() -> bool:
+    return os.environ.get("CI", "").lower() == "true"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

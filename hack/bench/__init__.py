@@ -14,8 +14,9 @@ measures and how:
 - ``reconcile``: agent start, label change and ConfigMap edit through the harness and the API;
 - ``allocate``: Allocate and GetPreferredAllocation admissions, ours vs the stub, and direct calls;
 - ``idle``: an agent's memory, CPU and API requests while nothing changes;
+- ``restart``: how long an agent restart leaves the kubelet refusing pods that ask for a slice;
 - ``realnode``: pod start with and without a device, label change -> Node allocatable, on a real
-  kubelet with the agent as its DaemonSet pod;
+  kubelet with the agent as its DaemonSet pod; the node's stop (what the demo's Ctrl-C runs);
 - ``fleet``: N nodes on one API server: converge after a ConfigMap edit, idle API traffic, cost.
 
 The plumbing: ``cluster`` (the single-node control plane, harness and agent), ``clients`` (API,

@@ -3,9 +3,10 @@
     $(hack/venv.sh)/bin/python hack/bench [--quick] [--json PATH] [--fleet N] [--only PART,...]
 
 Parts, in order: planner, hostile (parsing hostile ConfigMap keys), mutations, listandwatch,
-cluster (startup, reconcile, configmap, allocate, idle, preferred, restart), realnode, fleet, probes
-(the HTTP port under a flood). A part that fails is reported and the others still run; the exit
-code is 1 when any failed. Ctrl-C or SIGTERM stops everything it started.
+cluster (startup, reconcile, configmap, allocate, idle, preferred, restart: the API server's),
+agentrestart (the agent's: how long the kubelet refuses pods), realnode, fleet, probes (the HTTP
+port under a flood). A part that fails is reported and the others still run; the exit code is 1
+when any failed. Ctrl-C or SIGTERM stops everything it started.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ if __package__ in (None, ""):  # `python hack/bench`: import `bench`, `lab` and 
 import structlog
 
 from bench import (
+    agentrestart,
     allocate,
     fleet,
     hostile,
@@ -43,7 +45,17 @@ from bench import (
 from bench.cluster import Cluster, running_cluster
 from bench.report import FULL, QUICK, Budget, Results, as_json, machine, print_table, say
 
-PARTS = ("planner", "hostile", "mutations", "listandwatch", "cluster", "realnode", "fleet", "probes")
+PARTS = (
+    "planner",
+    "hostile",
+    "mutations",
+    "listandwatch",
+    "cluster",
+    "agentrestart",
+    "realnode",
+    "fleet",
+    "probes",
+)
 
 
 def quiet_logs() -> None:
@@ -73,6 +85,12 @@ def cluster_parts(tmp: Path, budget: Budget, results: Results) -> None:
         ]
         for name, step in steps:
             run(name, lambda step=step: step(env), results)  # type: ignore[misc]
+
+
+def agentrestart_part(tmp: Path, budget: Budget, results: Results) -> None:
+    """The agent restarted under a stream of pods, on a cluster of its own (`--only agentrestart`)."""
+    with running_cluster(tmp) as env:
+        agentrestart.bench_restart(env, budget, results)
 
 
 def run(name: str, part: Callable[[], None], results: Results) -> None:
@@ -121,6 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ("mutations", lambda: mutations.bench_mutations(tmp, results)),
             ("listandwatch", lambda: listandwatch.bench_listandwatch(tmp, budget, results)),
             ("cluster", lambda: cluster_parts(tmp / "cluster", budget, results)),
+            ("agentrestart", lambda: agentrestart_part(tmp / "agentrestart", budget, results)),
             ("realnode", lambda: realnode.bench_real_node(budget, results)),
             ("fleet", lambda: fleet.bench_fleet(nodes, budget, results) if nodes else None),
             ("probes", lambda: probes.bench_probes(tmp / "probes", budget, results)),

@@ -112,10 +112,10 @@ class Cluster:
         simstate.init_state(self.sim, specs)
         self.gpus = [s.product for s in specs]
 
-    def start_agent(self) -> subprocess.Popen[bytes]:
+    def start_agent(self, kubeconfig: Path | None = None) -> subprocess.Popen[bytes]:
         self.agents += 1
         self.agent = start_agent(
-            node=NODE, kubeconfig=self.agent_kubeconfig, sim=self.sim,
+            node=NODE, kubeconfig=kubeconfig or self.agent_kubeconfig, sim=self.sim,
             plugin_dir=self.kubelet.device_plugin_dir, pod_resources=self.kubelet.pod_resources_socket,
             log=self.tmp / f"agent-{self.agents}.log", http_port=free_port(),
         )  # fmt: skip

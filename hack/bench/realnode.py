@@ -11,6 +11,8 @@ pod on simulated GPUs (2x A100-SXM4-40GB + 2x H100 80GB HBM3).
   the catalog); the time until the agent's labels say `success` for it is shown beside it, so the
   kubelet's part (its node status loop, `nodeStatusUpdateFrequency` 2 s in hack/lab) can be told
   from the agent's.
+- node_stop_s: `down()` of that node (what the demo's Ctrl-C runs: its daemons, the agent's and the
+  pods' containers, cgroups, namespaces) until every process it recorded has exited.
 """
 
 from __future__ import annotations
@@ -84,8 +86,17 @@ def bench_real_node(budget: Budget, results: Results) -> None:
             )
             _pod_starts(api, pods, budget, results)
             _label_changes(api, nodes, inventories, budget, results)
-    finally:
+    except BaseException:
         node.down()
+        raise
+    records = list(node.records)
+    start = time.monotonic()
+    node.down()
+    stopped = time.monotonic() - start
+    left = [r.name for r in records if r.alive()]
+    if left:
+        raise RuntimeError(f"still running after the node's down: {', '.join(left)}")
+    results.add("node_stop_s", stopped)
 
 
 @contextlib.contextmanager

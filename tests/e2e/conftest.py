@@ -167,6 +167,15 @@ class GpuNode:
         self.agents.append(self.agent)
         return self.agent
 
+    def stop_agent(self) -> None:
+        """Stop the agent and wait until the kubelet has seen its plugins go (nothing of ours is
+        allocatable): a device the kubelet offers after this is the next agent's, registered anew."""
+        self.agent.stop()
+        self.kubelet.wait_resources(
+            lambda r: all(v["allocatable"] == 0 for k, v in r.items() if k.startswith("nvidia.com/")),
+            timeout=30,
+        )
+
     def kubectl(self, *args: str) -> str:
         return self.control_plane.kubectl(*args, check=True).stdout
 

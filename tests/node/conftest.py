@@ -154,8 +154,9 @@ class NodeUnderTest:
         raise AssertionError(f"no checkpoint entry for pod {pod['metadata']['name']} and {resource}")
 
     def delete_pods(self) -> None:
+        """Delete the pods this session started and wait until they are gone (their devices free)."""
         if self.pods:
-            self.node.kubectl("delete", "pod", "--wait=false", "--ignore-not-found", *self.pods)
+            self.kubectl("delete", "pod", "--ignore-not-found", "--timeout=50s", *self.pods)
             self.pods.clear()
 
 

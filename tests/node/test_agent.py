@@ -1,8 +1,7 @@
 """What the agent itself offers on the real node: CDI injection through containerd, `sharing status`
 inside its pod, and probes the kubelet acts on.
 
-These run before tests/node/test_node.py (which ends by uninstalling the chart); a test that changes
-the chart's values puts them back.
+A test that changes the chart's values puts them back.
 """
 
 from __future__ import annotations
@@ -11,12 +10,14 @@ import base64
 import json
 import re
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from lab.helm import NAMESPACE, RELEASE, lab_values
 
 from sharing.kubelet.api import deviceplugin_v1beta1_pb2 as api
 from tests.node.conftest import ALL_KINDS, CONFIG, NodeUnderTest
+from tests.polling import poll
 
 pytestmark = pytest.mark.node
 
@@ -83,12 +84,19 @@ def test_sharing_status_in_the_agents_pod_names_the_pod_holding_a_slice(node: No
     name = node.start_pod("nvidia.com/mig-3g.20gb")
     pod = node.wait_running(name)
     ids, _ = node.allocation(pod, "nvidia.com/mig-3g.20gb")
-    out = node.kubectl("-n", NAMESPACE, "exec", f"ds/{RELEASE}", "--", "sharing", "status", "--json")
-    status = json.loads(out)
-    holders = {
-        s["id"]: s["pod"] for g in status["gpus"] for s in g["slices"] if s["pod"] and s["pod"]["pod"] == name
-    }
-    assert {ids[0]: {"namespace": "default", "pod": name, "container": "main"}} == holders
+
+    def read_status() -> dict[str, Any]:
+        out = node.kubectl("-n", NAMESPACE, "exec", f"ds/{RELEASE}", "--", "sharing", "status", "--json")
+        return dict(json.loads(out))
+
+    def holders(status: dict[str, Any]) -> dict[str, Any]:
+        slices = [s for g in status["gpus"] for s in g["slices"]]
+        return {s["id"]: s["pod"] for s in slices if s["pod"] and s["pod"]["pod"] == name}
+
+    # The agent reads who holds what at most once a second: a status asked for just before the pod
+    # started (by another test, say) is answered again for up to a second.
+    status = poll("the pod in `sharing status`", read_status, lambda s: bool(holders(s)), timeout=30)
+    assert {ids[0]: {"namespace": "default", "pod": name, "container": "main"}} == holders(status)
     assert (CONFIG, "success") == (status["config"]["selected"], status["config"]["state"])
     table = node.kubectl("-n", NAMESPACE, "exec", f"ds/{RELEASE}", "--", "sharing", "status")
     assert f"default/{name}/main" in table

@@ -1,8 +1,7 @@
 """Drain mode on the real node: a change that pods block cordons the node, evicts exactly those pods
 through the Eviction API (a PodDisruptionBudget holds it back), applies, and uncordons.
 
-Runs before tests/node/test_node.py (which uninstalls the chart) and puts the values and the
-node's label back.
+Puts the values and the node's label back afterwards.
 """
 
 from __future__ import annotations

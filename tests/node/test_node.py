@@ -1,14 +1,16 @@
 """The agent as users run it: the chart's DaemonSet pod on a real kubelet, real pods getting slices.
 
-Runs in order on one node (tests/node/conftest.py): install, pods of every resource kind, a pod
-that cannot fit, kubelet restart, agent pod deletion, helm upgrade, uninstall. What a pod's container
-sees is checked against what the kubelet recorded from Allocate and against `sharing export` run
-inside the agent's pod.
+All on the session's node (tests/node/conftest.py), each test on its own in any order: install,
+pods of every resource kind, a pod that cannot fit, kubelet restart, agent pod deletion, helm
+upgrade, uninstall (the last two put the chart back afterwards). What a pod's container sees is
+checked against what the kubelet recorded from Allocate and against `sharing export` run inside the
+agent's pod.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -31,9 +33,20 @@ def test_the_chart_runs_the_agent_as_a_daemonset_pod_registered_with_the_kubelet
     assert "Running" == pod["status"]["phase"]
     # The kubelet lists a resource only after the plugin registered and sent its devices.
     assert EXPECTED == node.allocatable()
-    log = node.agent_log()
-    for resource in EXPECTED:
-        assert f"plugin_registered              resource={resource} " in log
+    assert set(EXPECTED) == _registered(node.agent_log())
+
+
+def _registered(log: str) -> set[str]:
+    """The resources the agent's log says it registered with the kubelet (console or JSON lines)."""
+    found = set()
+    for line in log.splitlines():
+        if line.startswith("{"):
+            event = json.loads(line)
+            if event.get("event") == "plugin_registered":
+                found.add(event["resource"])
+        elif "plugin_registered" in (words := line.split()):
+            found |= {w.removeprefix("resource=") for w in words if w.startswith("resource=")}
+    return found
 
 
 def _gpus(export: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -131,10 +144,30 @@ def test_a_deleted_agent_pod_is_recreated_and_running_pods_keep_their_devices(no
     _still_holding(node, name, container, visible)
 
 
-def test_helm_upgrade_with_a_changed_value_keeps_the_users_configmap_edits(node: NodeUnderTest) -> None:
-    edit = "version: v1\ngpus:\n  - devices: all\n    replicas: 3\n"
-    patch = json.dumps({"data": {"mine": edit}})
+USER_EDIT = "version: v1\ngpus:\n  - devices: all\n    replicas: 3\n"
+
+
+def _patch_configmap(node: NodeUnderTest, data: dict[str, str | None]) -> None:
+    patch = json.dumps({"data": data})
     node.kubectl("-n", NAMESPACE, "patch", "configmap", "gpu-sharing-config", "--type=merge", "-p", patch)
+
+
+@pytest.fixture
+def chart(node: NodeUnderTest) -> Iterator[NodeUnderTest]:
+    """The user's own config `mine` in their ConfigMap; afterwards, the chart as the session
+    installed it again (its values, the agent Running, every slice allocatable) and `mine` gone."""
+    _patch_configmap(node, {"mine": USER_EDIT})
+    yield node
+    node.delete_pods()
+    before = node.agent_pods()
+    node.helm.upgrade_install(lab_values({CONFIG: ALL_KINDS}))
+    node.running_agent(not_uid=before[0]["metadata"]["uid"] if before else None)
+    node.wait_allocatable()
+    _patch_configmap(node, {"mine": None})
+
+
+def test_helm_upgrade_with_a_changed_value_keeps_the_users_configmap_edits(chart: NodeUnderTest) -> None:
+    node = chart
     (old,) = node.agent_pods()
     revision = node.helm.status()["version"]
     node.helm.upgrade_install(lab_values({CONFIG: ALL_KINDS}, logFormat="json"))
@@ -143,14 +176,16 @@ def test_helm_upgrade_with_a_changed_value_keeps_the_users_configmap_edits(node:
     assert "json" == env["SHARING_LOG_FORMAT"]
     assert revision + 1 == node.helm.status()["version"]
     data = node.get("configmap", "gpu-sharing-config", "-n", NAMESPACE)["data"]
-    assert edit == data["mine"]
+    assert USER_EDIT == data["mine"]
     assert ALL_KINDS == data[CONFIG]
     node.wait_allocatable()
 
 
-def test_helm_uninstall_removes_the_agent_and_keeps_the_users_configmap(node: NodeUnderTest) -> None:
+def test_helm_uninstall_removes_the_agent_and_keeps_the_users_configmap(chart: NodeUnderTest) -> None:
+    node = chart
     node.helm.uninstall()
     poll("the agent's pods gone", node.agent_pods, lambda pods: not pods)
     assert 1 == node.node.kubectl("-n", NAMESPACE, "get", "daemonset", RELEASE).returncode
     assert 1 == node.node.kubectl("-n", NAMESPACE, "get", "configmap", "gpu-sharing-presets").returncode
-    assert "mine" in node.get("configmap", "gpu-sharing-config", "-n", NAMESPACE)["data"]
+    data = node.get("configmap", "gpu-sharing-config", "-n", NAMESPACE)["data"]
+    assert (USER_EDIT, ALL_KINDS) == (data["mine"], data[CONFIG])

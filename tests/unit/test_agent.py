@@ -16,10 +16,11 @@ from typing import Any
 
 import pytest
 
+from sharing import agent as agent_module
 from sharing.agent import Agent
 from sharing.cli import main
 from sharing.deviceplugin import Fleet, FleetSettings
-from sharing.errors import BackendError
+from sharing.errors import BackendError, KubeError
 from sharing.gpu import simstate
 from sharing.gpu.nvml import NvmlBackend
 from sharing.gpu.simnvml import SimNvml
@@ -52,6 +53,16 @@ class FlakyHealthBackend(NvmlBackend):
             raise RuntimeError("NVML_ERROR_UNKNOWN from nvmlEventSetWait")
         async for event in super().health_events():
             yield event
+
+
+class Unreachable(FakeKube):
+    """An API server out of reach: every read fails."""
+
+    def get_node(self, name: str) -> Any:
+        raise KubeError("connection refused")
+
+    def get_configmap(self, namespace: str, name: str) -> Any:
+        raise KubeError("connection refused")
 
 
 @dataclass
@@ -199,6 +210,31 @@ async def test_a_journal_path_that_is_not_a_file_is_said_and_the_devices_stay_se
         await task
         kube.close()
         await kubelet.stop()
+
+
+async def test_a_restarted_agent_registers_what_its_last_good_config_gives_before_the_api_answers(
+    running: Running, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While none of our plugins is registered the kubelet refuses every pod asking for a slice, so a
+    restarted agent serves the config it last applied before it has read anything from the API
+    server (here out of reach, and with no grace period that would serve it anyway)."""
+    running.stop.set()
+    await running.task
+    await running.kubelet.wait(lambda: running.kubelet.allocatable() == {GPU: 0}, timeout=10)
+    monkeypatch.setattr(agent_module, "API_GRACE_S", 3600.0)
+    kube = Unreachable("n1", {})
+    backend = NvmlBackend(SimNvml(running.state, CATALOG), CATALOG, event_poll_s=0.05)
+    fleet = Fleet(FleetSettings(plugin_dir=running.plugin_dir, poll_interval_s=0.02))
+    agent = Agent(running.agent.settings, kube=kube, backend=backend, fleet=fleet, catalog=CATALOG)
+    stop = asyncio.Event()
+    task = asyncio.create_task(agent.run(stop))
+    try:
+        await running.kubelet.wait(lambda: running.kubelet.allocatable() == {GPU: 2}, timeout=10)
+        assert agent.node.current is None  # nothing was read from the API server
+    finally:
+        stop.set()
+        await task
+        kube.close()
 
 
 async def test_sharing_apply_refuses_beside_a_running_agent_and_changes_nothing(
