@@ -35,6 +35,7 @@ from sharing.errors import PluginError
 from sharing.inventory import DEFAULT_IGNORED_XIDS, HealthState, Inventory, with_health
 from sharing.model import HealthEvent
 from sharing.serve.plugin import PluginServer
+from sharing.serve.service import Handouts
 
 DEFAULT_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 log = structlog.get_logger(__name__)
@@ -117,6 +118,7 @@ class Fleet:
         self._tasks: list[asyncio.Task[None]] = []
         self._kubelet: SocketId | None = None
         self._unsettled = asyncio.Event()
+        self._handouts = Handouts()
 
     # --- the API the agent uses -------------------------------------------------------------
 
@@ -176,14 +178,14 @@ class Fleet:
 
         The kubelet records an allocation in PodResources only after Allocate returns, so for a
         moment a device can be handed out and not yet listed there: count those as held too.
+        It is the fleet's record, kept across the servers' restarts (each registration starts a
+        fresh one) and their removal.
         """
-        since = asyncio.get_running_loop().time() - within_s
-        return frozenset(i for p in self._plugins.values() for i in p.server.allocated_since(since))
+        return self._handouts.since(asyncio.get_running_loop().time() - within_s)
 
     def forget_allocated(self, device_ids: frozenset[str]) -> None:
         """These IDs are listed by the kubelet now: stop counting them as recently allocated."""
-        for plugin in self._plugins.values():
-            plugin.server.forget_allocated(device_ids)
+        self._handouts.forget(device_ids)
 
     @property
     def health(self) -> HealthState:
@@ -305,6 +307,7 @@ class Fleet:
             socket_prefix=self.settings.socket_prefix,
             on_stream_lost=self._stream_lost,
             on_stream_open=lambda _: self._notify_status(),
+            handouts=self._handouts,
         )
 
     def _notify_status(self) -> None:
