@@ -35,7 +35,7 @@ class Holders:
                 {g.uuid for g in node.gpus} | {ci.uuid for g in node.gpus for _, ci in g.mig_devices}
             )
         ids = {i for h in self.pods for i in h.device_ids} | self.recent
-        return frozenset(_device(i) for i in ids)
+        return frozenset(device_of(i) for i in ids)
 
     def reoffered(self, inventory: Inventory) -> frozenset[str]:
         """UUIDs of held devices that `inventory` offers in a form the kubelet does not know is taken.
@@ -50,7 +50,7 @@ class Holders:
         held = [(h.resource, i) for h in self.pods for i in h.device_ids] + [(None, i) for i in self.recent]
         found = set()
         for resource, device_id in held:
-            uuid = _device(device_id)
+            uuid = device_of(device_id)
             entries = offered.get(uuid)
             if not entries:
                 continue
@@ -71,7 +71,7 @@ class Holders:
                 {
                     f"{h.namespace}/{h.pod}"
                     for h in self.pods
-                    if any(_device(i) in wanted for i in h.device_ids)
+                    if any(device_of(i) in wanted for i in h.device_ids)
                 }
             )
         )
@@ -102,5 +102,6 @@ async def read_holders(
     return Holders(pods, recent())
 
 
-def _device(device_id: str) -> str:
+def device_of(device_id: str) -> str:
+    """The GPU or MIG device UUID of a device ID (a replica `X::n` is device `X`)."""
     return device_id.partition(REPLICA_SEPARATOR)[0]

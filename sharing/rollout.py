@@ -38,7 +38,7 @@ from sharing.catalog import Catalog
 from sharing.cdi import build_spec, write_spec
 from sharing.change import Outcome
 from sharing.gpu.backend import GpuBackend
-from sharing.holders import Holders, read_holders
+from sharing.holders import Holders, device_of, read_holders
 from sharing.inventory import Health, Inventory, build_inventory, reformed, withdraw
 from sharing.journal import Journal, JournalCorruptError
 from sharing.labels import ConfigState
@@ -246,13 +246,16 @@ class Rollout:
         """Stop advertising these devices and wait until the kubelet stops offering them; why not, or "".
 
         `showing`: what to advertise meanwhile (default: what is advertised now), less these devices.
+        Confirmed against what the kubelet offers (GetAllocatableResources: every healthy device of
+        every resource, in any form: `X` or its replicas `X::n`), not against what this process
+        advertised: after an agent restart that is nothing, while the kubelet may still offer what
+        the agent before it advertised.
         """
-        ids = {d.id for _, devices in self.advertised.resources for d in devices if d.uuid in uuids}
         await self._publish(withdraw(self.advertised if showing is None else showing, uuids))
         await self.fleet.sync()
-        if not ids or self.pod_resources is None:
+        if self.pod_resources is None:
             return ""
-        log.info("devices_withdrawn", devices=len(ids))
+        log.info("devices_withdrawn", devices=len(uuids))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + CONFIRM_TIMEOUT_S
         delay = 0.01
@@ -262,7 +265,7 @@ class Rollout:
             except Exception as err:  # any failure to confirm means: do not destroy
                 why = bounded(str(err))
                 return f"the kubelet could not confirm that the devices to change are withdrawn ({why})"
-            still = ids & {i for devices in offered.values() for i in devices}
+            still = {i for devices in offered.values() for i in devices if device_of(i) in uuids}
             if not still:
                 return ""
             if loop.time() >= deadline:
