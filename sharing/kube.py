@@ -19,6 +19,7 @@ from urllib.parse import quote, urlencode
 
 from sharing import __version__, kubehttp, kubelib
 from sharing.errors import KubeError
+from sharing.model import BoundPod
 from sharing.text import bounded
 
 
@@ -85,6 +86,8 @@ class KubeClient(Protocol):
     def set_unschedulable(self, name: str, unschedulable: bool) -> NodeObject: ...
 
     def evict(self, namespace: str, pod: str) -> bool: ...
+
+    def list_node_pods(self, node: str) -> tuple[BoundPod, ...]: ...
 
 
 class ApiClient:
@@ -188,6 +191,14 @@ class ApiClient:
         except RefusedByBudgetError:
             return False
         return True
+
+    def list_node_pods(self, node: str) -> tuple[BoundPod, ...]:
+        """The pods bound to this node that have not ended (the kubelet's own view comes from the same
+        selector: pkg/kubelet/config/apiserver.go, `NewSourceApiserver`, spec.nodeName)."""
+        selector = f"spec.nodeName={node},status.phase!=Succeeded,status.phase!=Failed"
+        path = f"/api/v1/pods?{urlencode({'fieldSelector': selector})}"
+        answer = self._json(f"list pods on node {node}", "GET", path)
+        return tuple(_bound_pod(item) for item in answer.get("items") or ())
 
     def _json(
         self,
@@ -295,6 +306,18 @@ def _node(obj: Mapping[str, Any]) -> NodeObject:
         dict(meta.get("annotations") or {}),
         bool((obj.get("spec") or {}).get("unschedulable")),
     )
+
+
+def _bound_pod(obj: Mapping[str, Any]) -> BoundPod:
+    meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
+    containers = [*(spec.get("initContainers") or ()), *(spec.get("containers") or ())]
+    resources = {
+        name
+        for c in containers
+        for kind in ("requests", "limits")
+        for name in ((c.get("resources") or {}).get(kind) or {})
+    }
+    return BoundPod(meta.get("namespace", ""), meta.get("name", ""), frozenset(resources))
 
 
 def _configmap(obj: Mapping[str, Any]) -> ConfigMapObject:

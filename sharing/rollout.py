@@ -3,7 +3,7 @@
 Per GPU, for every change that destroys or alters a device:
 1. plan from a fresh observation and the devices in use (`sharing.holders`: pods per PodResources,
    the plugins' own recent Allocates, NVML processes; all counted as held when PodResources
-   cannot be read);
+   cannot be read, or does not list every pod the API server has bound to this node);
 2. withdraw the devices the plan removes from what the plugins advertise, push that to the
    kubelet, and wait until the kubelet's PodResources no longer lists them as allocatable: from
    then on no pod can be admitted to them (an Allocate already in flight is refused: the plugin no
@@ -29,6 +29,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Protocol
 
 import structlog
 
@@ -38,14 +39,13 @@ from sharing.catalog import Catalog
 from sharing.cdi import build_spec, write_spec
 from sharing.change import Outcome
 from sharing.gpu.backend import GpuBackend
-from sharing.holders import Holders, device_of, read_holders
+from sharing.holders import BoundPods, Holders, HoldingsSource, device_of, read_holders
 from sharing.inventory import Health, Inventory, build_inventory, reformed, withdraw
 from sharing.journal import Journal, JournalCorruptError
 from sharing.labels import ConfigState
 from sharing.metrics import Metrics
 from sharing.model import Gpu, GpuUuid, NodeState
 from sharing.serve.fleet import Fleet
-from sharing.serve.podresources import PodResourcesClient
 from sharing.spec import SharingConfig
 from sharing.text import bounded, listed
 from sharing.verdict import Retry, Verdict, verdict
@@ -63,6 +63,14 @@ CONFIRM_TIMEOUT_S = 10.0
 WITHDRAW_ROUNDS = 3
 
 
+class PodResources(HoldingsSource, Protocol):
+    """The kubelet's PodResources (sharing.serve.podresources.PodResourcesClient)."""
+
+    async def allocatable(self) -> dict[str, frozenset[str]]:
+        """{resource: healthy device IDs the kubelet can hand out}."""
+        ...
+
+
 class Rollout:
     """The hardware side of the agent: applies configs safely and keeps the fleet's devices true."""
 
@@ -73,7 +81,8 @@ class Rollout:
         fleet: Fleet,
         catalog: Catalog,
         journal: Journal,
-        pod_resources: PodResourcesClient | None,
+        pod_resources: PodResources | None,
+        bound_pods: BoundPods | None = None,
         injection: Injection = ENVVAR_BY_UUID,
         cdi_spec_dir: Path | None = None,
         metrics: Metrics | None = None,
@@ -86,6 +95,8 @@ class Rollout:
         self.catalog = catalog
         self.journal = journal
         self.pod_resources = pod_resources
+        self.bound_pods = bound_pods
+        """The API server's pods bound to this node: what PodResources must list to be believed."""
         self.effective: dict[GpuUuid, SharingConfig | None] = {}
         """The config last applied to each GPU (absent: none yet, advertised as it is)."""
         self.advertised = Inventory()
@@ -107,7 +118,7 @@ class Rollout:
             unlisted = loop.time() - asked + LISTED_WITHIN_S
             return self.fleet.recently_allocated(min(RECENT_ALLOCATE_S, unlisted))
 
-        holders = await read_holders(self.pod_resources, recent)
+        holders = await read_holders(self.pod_resources, recent, self.bound_pods)
         if not holders.unknown:
             # Listed by the kubelet: PodResources tracks them from now on (and says when they are free).
             self.fleet.forget_allocated(frozenset(i for h in holders.pods for i in h.device_ids))

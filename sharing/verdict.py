@@ -69,7 +69,8 @@ def verdict(config: SharingConfig, report: ApplyReport, holders: Holders, after:
         who = f"held by pods {listed(pods)}" if pods else "in use"
         if holders.unknown:
             who = (
-                f"in use as far as can be told (the kubelet's PodResources cannot be read: {holders.unknown})"
+                "in use as far as can be told"
+                f" (the kubelet's PodResources cannot be read or believed: {holders.unknown})"
             )
         problems += [f"{_gpu_line(g)} ({who})" for g in blocked]
     applied = f"; applied on {', '.join(f'GPU {g.index}' for g in changed)}" if changed else ""

@@ -18,7 +18,7 @@ import grpc
 from sharing.errors import PluginError
 from sharing.kubeletapi import podresources_v1_pb2 as api
 from sharing.kubeletapi import podresources_v1_pb2_grpc as api_grpc
-from sharing.model import Holding
+from sharing.model import Holding, Listing
 
 DEFAULT_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 
@@ -47,15 +47,22 @@ class PodResourcesClient:
 
     async def holdings(self) -> tuple[Holding, ...]:
         """Every container of an active pod that holds devices, one entry per resource."""
+        return (await self.listing()).holdings
+
+    async def listing(self) -> Listing:
+        """Every pod List names (with devices or not), and its containers' devices per resource."""
         async with self._stub("List") as stub:
             response: api.ListPodResourcesResponse = await stub.List(
                 api.ListPodResourcesRequest(), timeout=self.timeout
             )
-        return tuple(
-            Holding(pod.namespace, pod.name, container.name, resource, ids)
-            for pod in response.pod_resources
-            for container in pod.containers
-            for resource, ids in devices_by_resource(container.devices).items()
+        return Listing(
+            frozenset(f"{pod.namespace}/{pod.name}" for pod in response.pod_resources),
+            tuple(
+                Holding(pod.namespace, pod.name, container.name, resource, ids)
+                for pod in response.pod_resources
+                for container in pod.containers
+                for resource, ids in devices_by_resource(container.devices).items()
+            ),
         )
 
     async def allocatable(self) -> dict[str, frozenset[str]]:

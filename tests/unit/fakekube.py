@@ -13,6 +13,7 @@ from dataclasses import replace
 
 from sharing.errors import KubeError
 from sharing.kube import ConfigMapObject, NodeObject, WatchEvent
+from sharing.model import BoundPod
 
 
 class FakeKube:
@@ -25,6 +26,8 @@ class FakeKube:
             key: ConfigMapObject(key[0], key[1], "1", data) for key, data in configmaps.items()
         }
         self.events: list[tuple[str, str, str]] = []
+        self.bound: tuple[BoundPod, ...] = ()
+        """The pods bound to the node (none: the tests' pods exist only in the fake kubelet)."""
         self._version = 1
         self._lock = threading.Lock()
         self._queues: dict[tuple[str, ...], queue.Queue[WatchEvent | None]] = {}
@@ -86,6 +89,10 @@ class FakeKube:
         if len(message) > 1024:
             raise KubeError("event message too long")
         self.events.append((kind, reason, message))
+
+    def list_node_pods(self, node: str) -> tuple[BoundPod, ...]:
+        self.requests += 1
+        return self.bound
 
     # --- plumbing -----------------------------------------------------------------------------
 

@@ -39,9 +39,9 @@ def mig(**profiles: int) -> SharingConfig:
 class Kubelet:
     """PodResources as the kubelet answers it: `offered` per GetAllocatableResources, `listing` per List."""
 
-    def __init__(self, offered: dict[str, frozenset[str]], listing: Listing = Listing()) -> None:
+    def __init__(self, offered: dict[str, frozenset[str]], listing: Listing | None = None) -> None:
         self.offered = offered
-        self.listing_ = listing
+        self.listing_ = listing or Listing()
         self.asked = 0
 
     async def allocatable(self) -> dict[str, frozenset[str]]:
@@ -94,7 +94,7 @@ async def test_the_first_change_after_an_agent_restart_waits_until_the_kubelet_s
     rollout = Rollout(
         backend=backend, fleet=fleet, catalog=CATALOG, journal=Journal(tmp_path / "j2"), pod_resources=still
     )
-    verdict, after = await rollout.roll_out(mig(**{"7g.40gb": 1}), observed, nothing)
+    verdict, _ = await rollout.roll_out(mig(**{"7g.40gb": 1}), observed, nothing)
     assert ConfigState.FAILED is verdict.state
     assert "ConfigApplyBlocked" == verdict.reason
     assert "the kubelet still offers" in verdict.message

@@ -122,5 +122,5 @@ async def test_a_device_handed_out_counts_as_held_across_a_kubelet_restart(
     await served.plugin(MIG).Allocate(allocate("MIG-a"))
     registered = served.registered(MIG)
     await served.restart()
-    await served.wait(lambda: served.registered(MIG) > registered and served.allocatable() == {GPU: 2, MIG: 1})
+    await served.wait(lambda: served.registered(MIG) > registered and served.allocatable()[MIG] == 1)
     assert frozenset({"MIG-a"}) == fleet.recently_allocated(30)
