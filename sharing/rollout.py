@@ -104,6 +104,8 @@ class Rollout:
         self.withheld: dict[str, tuple[str, ...]] = {}
         """Devices held in a form the config in effect does not keep -> `namespace/pod` holding each."""
         self._seen: dict[GpuUuid, Gpu] = {}
+        self._unknown = ""
+        """Why who holds what could not be told at the last look ("": it could)."""
         self.node = NodeState(())
         """The node the advertised inventory was built from (for the CDI spec)."""
 
@@ -119,6 +121,12 @@ class Rollout:
             return self.fleet.recently_allocated(min(RECENT_ALLOCATE_S, unlisted))
 
         holders = await read_holders(self.pod_resources, recent, self.bound_pods)
+        if holders.unknown != self._unknown:  # said once per change, not on every re-check
+            if holders.unknown:
+                log.warning("holders_unknown", why=holders.unknown)
+            else:
+                log.info("holders_known_again")
+            self._unknown = holders.unknown
         if not holders.unknown:
             # Listed by the kubelet: PodResources tracks them from now on (and says when they are free).
             self.fleet.forget_allocated(frozenset(i for h in holders.pods for i in h.device_ids))
