@@ -38,6 +38,7 @@ from sharing.apply import ApplyReport, NodePlan, execute, plan_node
 from sharing.catalog import Catalog
 from sharing.cdi import build_spec, write_spec
 from sharing.change import Outcome
+from sharing.errors import PluginError
 from sharing.gpu.backend import GpuBackend
 from sharing.holders import BoundPods, Holders, HoldingsSource, device_of, read_holders
 from sharing.inventory import Health, Inventory, build_inventory, reformed, withdraw
@@ -46,6 +47,7 @@ from sharing.labels import ConfigState
 from sharing.metrics import Metrics
 from sharing.model import Gpu, GpuUuid, NodeState
 from sharing.serve.fleet import Fleet
+from sharing.serve.podresources import recorded_allocations
 from sharing.spec import SharingConfig
 from sharing.text import bounded, listed
 from sharing.verdict import Retry, Verdict, verdict
@@ -213,7 +215,7 @@ class Rollout:
             # Never in between: neither their old form nor (for what is still withheld) the new one.
             unconfirmed = await self._withdraw(changed, showing=withdraw(inventory, set(self.withheld)))
         holders = await self.holders()
-        withheld = holders.reoffered(inventory)
+        withheld = holders.reoffered(inventory) | await self._reoffered_as_recorded(holders, inventory)
         if (unconfirmed or holders.unknown) and (changed or self.withheld):
             # Nobody can tell who holds them: what changes form (or was withheld) stays out (fail closed).
             withheld |= changed | frozenset(self.withheld)
@@ -225,6 +227,19 @@ class Rollout:
         self.advertised = inventory
         await self._publish(inventory)
         return inventory
+
+    async def _reoffered_as_recorded(self, holders: Holders, inventory: Inventory) -> frozenset[str]:
+        """While List cannot be believed: held devices `inventory` reoffers per the device manager's
+        checkpoint (an agent that has just started remembers no form it withheld); every device of
+        `inventory` when that cannot be read either (fail closed)."""
+        if not holders.unknown or self.pod_resources is None:
+            return frozenset()
+        try:
+            recorded = await asyncio.to_thread(recorded_allocations, self.fleet.settings.plugin_dir)
+        except PluginError as err:
+            log.warning("checkpoint_unreadable", error=bounded(str(err)))
+            return frozenset(d.uuid for _, devices in inventory.resources for d in devices)
+        return Holders(recorded).reoffered(inventory)
 
     async def _publish(self, inventory: Inventory) -> None:
         """The CDI spec first (every name Allocate can hand out resolves), then the plugins."""

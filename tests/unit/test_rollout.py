@@ -6,8 +6,10 @@ keeps offering devices, and one whose List is short, as a starting kubelet's is.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -24,7 +26,7 @@ from sharing.labels import ConfigState
 from sharing.model import BoundPod, Holding, Listing, NodeState
 from sharing.rollout import Rollout
 from sharing.serve import Fleet
-from sharing.spec import MigMode, Rule, Selector, SharingConfig
+from sharing.spec import MigMode, MigStrategy, Replicas, Rule, Selector, SharingConfig
 from tests.unit.fakekubelet import FakeKubelet
 
 CATALOG = default_catalog()
@@ -33,7 +35,7 @@ SMALL = "nvidia.com/mig-1g.5gb"
 
 def mig(**profiles: int) -> SharingConfig:
     rule = Rule(Selector(all=True), MigMode.ENABLED, tuple(sorted(profiles.items())))
-    return SharingConfig(name=f"mig-{'-'.join(profiles)}", rules=(rule,))
+    return SharingConfig(name=f"mig-{'-'.join(profiles)}", mig_strategy=MigStrategy.MIXED, rules=(rule,))
 
 
 class Kubelet:
@@ -159,3 +161,44 @@ async def test_an_api_server_that_cannot_say_which_pods_are_bound_here_blocks_ev
     assert "ConfigApplyBlocked" == verdict.reason
     assert "connection refused" in verdict.message
     assert mig_uuids(observed) == mig_uuids(await backend.observe())
+
+
+def checkpoint(plugin_dir: Path, resource: str, *ids: str) -> None:
+    """The kubelet device manager's checkpoint, as writeCheckpoint leaves it (one pod's container)."""
+    entry = {
+        "PodUID": "uid-1",
+        "ContainerName": "main",
+        "ResourceName": resource,
+        "DeviceIDs": {"0": list(ids)},
+        "AllocResp": "",
+    }
+    data = {"Data": {"PodDeviceEntries": [entry], "RegisteredDevices": {resource: list(ids)}}, "Checksum": 0}
+    (plugin_dir / "kubelet_internal_checkpoint").write_text(json.dumps(data))
+
+
+async def test_a_restarted_agent_offers_nothing_a_pod_may_hold_in_another_form_while_list_is_short(
+    backend: NvmlBackend, tmp_path: Path, kubelet: FakeKubelet, fleet: Fleet, plugin_dir: Path
+) -> None:
+    """Found by the soak: a pod held a 3g.20gb whole; the config in effect time-slices it, so the
+    agent withheld it; the agent was killed while the kubelet started, and its successor, unable to
+    tell who holds what (List short) and with nothing withheld in its memory, offered the slice as
+    replicas: the kubelet gave one to a second pod. The device manager's checkpoint records it."""
+    observed = await small_slices(backend, tmp_path)
+    held = sorted(mig_uuids(observed))[0]
+    checkpoint(plugin_dir, SMALL, held)
+    short = Kubelet({}, Listing())
+
+    async def bound() -> tuple[BoundPod, ...]:
+        return (BoundPod("default", "holder", frozenset({SMALL})),)
+
+    rollout = Rollout(
+        backend=backend, fleet=fleet, catalog=CATALOG, journal=Journal(tmp_path / "j2"),
+        pod_resources=short, bound_pods=bound,
+    )  # fmt: skip
+    sliced = replace(
+        mig(**{"1g.5gb": 7}), rules=(replace(mig(**{"1g.5gb": 7}).rules[0], replicas=Replicas(2)),)
+    )
+    inventory = await rollout.advertise(observed, sliced)
+    offered = {d.id for _, devices in inventory.resources for d in devices}
+    assert not {i for i in offered if i.startswith(held)}
+    assert len(offered) == 12  # the other six slices, two replicas each
