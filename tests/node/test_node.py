@@ -125,12 +125,13 @@ def _restart_kubelet(node: NodeUnderTest) -> None:
     poll("registrations after the restart", registered, lambda n: n >= registrations + len(EXPECTED))
 
 
-# The A100s whole in MIG: a 1g.5gb slice a pod holds cannot stay.
-SEVEN_G = """version: v1
+# The A100s in two 3g.20gb: a 1g.5gb slice a pod holds cannot stay. Only resources the all-kinds
+# config has too (the Node keeps a 0 for a resource that is gone, which later tests do not expect).
+TWO_3G = """version: v1
 migStrategy: mixed
 gpus:
   - devices: {product: A100-SXM4-40GB}
-    mig: {7g.40gb: 1}
+    mig: {3g.20gb: 2}
   - devices: all
     mig: disabled
 """
@@ -143,10 +144,10 @@ def test_kubelet_restarts_while_a_change_waits_destroy_nothing_a_pod_holds(node:
     pod = node.wait_running(name)
     container = pod["status"]["containerStatuses"][0]["containerID"]
     held = node.env(name)[VISIBLE]
-    patch = json.dumps({"data": {"seven-g": SEVEN_G}})
+    patch = json.dumps({"data": {"two-3g": TWO_3G}})
     node.kubectl("-n", NAMESPACE, "patch", "configmap", "gpu-sharing-config", "--type=merge", "-p", patch)
     try:
-        node.kubectl("label", "node", NODE, f"{CONFIG_LABEL}=seven-g", "--overwrite")
+        node.kubectl("label", "node", NODE, f"{CONFIG_LABEL}=two-3g", "--overwrite")
         poll(
             "the change waiting for the pod",
             lambda: _events(node, "ConfigApplyBlocked"),
@@ -161,14 +162,14 @@ def test_kubelet_restarts_while_a_change_waits_destroy_nothing_a_pod_holds(node:
         poll(
             "the change applied once the pod has gone",
             lambda: {k: v for k, v in node.allocatable().items() if v != "0"},
-            lambda a: a == {"nvidia.com/mig-7g.40gb": "2", "nvidia.com/gpu": "2"},
+            lambda a: a == {"nvidia.com/mig-3g.20gb": "4", "nvidia.com/gpu": "2"},
             90,
         )
         assert held not in _mig_uuids(node)
     finally:
         node.delete_pods()
         node.kubectl("label", "node", NODE, f"{CONFIG_LABEL}={CONFIG}", "--overwrite")
-        unpatch = json.dumps({"data": {"seven-g": None}})
+        unpatch = json.dumps({"data": {"two-3g": None}})
         node.kubectl(
             "-n", NAMESPACE, "patch", "configmap", "gpu-sharing-config", "--type=merge", "-p", unpatch
         )
