@@ -20,9 +20,10 @@ and the device manager's `Start` restores every allocation from its checkpoint f
 record). PodResources offers what the device manager has allocated no other way:
 `GetAllocatableResources` is every healthy device, allocated or not (`GetAllocatableDevices`); its
 checkpoint file has it, by pod UID, stale entries included (sharing.serve.podresources reads it
-for the forms held while List cannot be believed). So List is trusted only when it names every pod the API server has bound to this node that has not
-ended and requests an extended resource (the pods that can hold a device); until then every device
-counts as held, and so it does when the API server cannot be asked.
+for the forms held while List cannot be believed). So List is trusted only when it names every
+pod the API server has bound to this node that has not ended and requests an extended resource
+(the pods that can hold a device); until then every device counts as held, and so it does when
+the API server cannot be asked.
 """
 
 from __future__ import annotations
