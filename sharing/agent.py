@@ -69,6 +69,7 @@ class Agent:
             catalog=catalog,
             journal=Journal(settings.journal),
             pod_resources=pod_resources,
+            bound_pods=lambda: asyncio.to_thread(kube.list_node_pods, settings.node_name),
             injection=settings.injection(),
             cdi_spec_dir=settings.cdi_spec_dir,
             metrics=self.metrics,

@@ -150,3 +150,22 @@ class Holding:
     container: str
     resource: str
     device_ids: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
+class Listing:
+    """What the kubelet's PodResources List answered."""
+
+    pods: frozenset[str] = frozenset()
+    """`namespace/name` of every pod it lists, whether or not it holds devices."""
+    holdings: tuple[Holding, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class BoundPod:
+    """A pod the API server has bound to this node that has not ended (phase neither Succeeded nor Failed)."""
+
+    namespace: str
+    name: str
+    resources: frozenset[str]
+    """The resources its containers (init containers too) request or limit."""

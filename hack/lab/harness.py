@@ -150,10 +150,17 @@ class HarnessClient:
         q = urllib.parse.quote
         self._ok("DELETE", f"/pods/{q(namespace, safe='')}/{q(uid_or_name, safe='')}")
 
-    def restart(self) -> None:
+    def restart(self, *, learn_later: bool = False) -> None:
         """Simulated kubelet restart: a new device manager reads the checkpoint, deletes the plugin
-        sockets and re-creates kubelet.sock; plugins must register again. Pods are kept."""
-        self._ok("POST", "/restart", timeout=60)
+        sockets and re-creates kubelet.sock; plugins must register again. Pods are kept.
+
+        With ``learn_later``, PodResources ``List`` names no pod until ``learn()``, as a starting
+        kubelet's is short until its sync loop has received its pods from the API server."""
+        self._ok("POST", "/restart?learn=later" if learn_later else "/restart", timeout=60)
+
+    def learn(self) -> None:
+        """The restarted kubelet has learned its pods: PodResources lists them again."""
+        self._ok("POST", "/learn")
 
 
 class KubeletHarness(HarnessClient):

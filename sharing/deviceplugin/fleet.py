@@ -32,6 +32,7 @@ import structlog
 
 from sharing.deviceplugin.allocation import AllocationPolicy
 from sharing.deviceplugin.plugin import PluginServer
+from sharing.deviceplugin.service import Handouts
 from sharing.devices import APPLICATION_XIDS, ENVVAR_BY_UUID, HealthState, Injection, Inventory, with_health
 from sharing.errors import PluginError
 from sharing.model import HealthEvent
@@ -117,6 +118,7 @@ class Fleet:
         self._tasks: list[asyncio.Task[None]] = []
         self._kubelet: SocketId | None = None
         self._unsettled = asyncio.Event()
+        self._handouts = Handouts()
 
     # --- the API the agent uses -------------------------------------------------------------
 
@@ -176,14 +178,14 @@ class Fleet:
 
         The kubelet records an allocation in PodResources only after Allocate returns, so for a
         moment a device can be handed out and not yet listed there: count those as held too.
+        It is the fleet's record, kept across the servers' restarts (each registration starts a
+        fresh one) and their removal.
         """
-        since = asyncio.get_running_loop().time() - within_s
-        return frozenset(i for p in self._plugins.values() for i in p.server.allocated_since(since))
+        return self._handouts.since(asyncio.get_running_loop().time() - within_s)
 
     def forget_allocated(self, device_ids: frozenset[str]) -> None:
         """These IDs are listed by the kubelet now: stop counting them as recently allocated."""
-        for plugin in self._plugins.values():
-            plugin.server.forget_allocated(device_ids)
+        self._handouts.forget(device_ids)
 
     @property
     def health(self) -> HealthState:
@@ -305,6 +307,7 @@ class Fleet:
             socket_prefix=self.settings.socket_prefix,
             on_stream_lost=self._stream_lost,
             on_stream_open=lambda _: self._notify_status(),
+            handouts=self._handouts,
         )
 
     def _notify_status(self) -> None:

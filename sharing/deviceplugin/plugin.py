@@ -19,7 +19,7 @@ import grpc
 import structlog
 
 from sharing.deviceplugin.allocation import AllocationPolicy
-from sharing.deviceplugin.service import DeviceFeed, DevicePluginService
+from sharing.deviceplugin.service import DeviceFeed, DevicePluginService, Handouts
 from sharing.devices import ENVVAR_BY_UUID, Device, Injection
 from sharing.errors import PluginError
 from sharing.kubelet.api import deviceplugin_v1beta1_pb2 as api
@@ -43,6 +43,7 @@ class PluginServer:
         socket_prefix: str = "gpu-sharing",
         on_stream_lost: Callable[[PluginServer], None] = lambda _: None,
         on_stream_open: Callable[[PluginServer], None] = lambda _: None,
+        handouts: Handouts | None = None,
     ) -> None:
         self.resource = resource
         self.plugin_dir = plugin_dir
@@ -53,6 +54,8 @@ class PluginServer:
         self._socket_prefix = socket_prefix
         self._on_stream_lost = on_stream_lost
         self._on_stream_open = on_stream_open
+        self.handouts = handouts or Handouts()
+        """What Allocate handed out (the fleet's, shared by every server it starts)."""
         self._server: grpc.aio.Server | None = None
         self._service: DevicePluginService | None = None
         self.socket: Path | None = None
@@ -61,15 +64,6 @@ class PluginServer:
     def serving(self) -> bool:
         """True between start() and stop()."""
         return self._server is not None
-
-    def allocated_since(self, since: float) -> tuple[str, ...]:
-        """Device IDs Allocate handed out at or after loop time `since` (this server's life only)."""
-        return self._service.allocated_since(since) if self._service else ()
-
-    def forget_allocated(self, device_ids: frozenset[str]) -> None:
-        """Drop the Allocate records of these IDs."""
-        if self._service:
-            self._service.forget_allocated(device_ids)
 
     @property
     def streams(self) -> int:
@@ -97,6 +91,7 @@ class PluginServer:
             injection=self._injection,
             fail_requests_greater_than_one=lambda: self.fail_requests_greater_than_one,
             on_stream_change=lambda opened: self._stream_changed(service, opened),
+            handouts=self.handouts,
         )
         server = grpc.aio.server()
         api_grpc.add_DevicePluginServicer_to_server(service, server)  # type: ignore[no-untyped-call]

@@ -9,7 +9,7 @@ and a message that says why, never with a crash.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 
 import grpc
 import structlog
@@ -112,6 +112,31 @@ def to_proto(device: Device) -> api.Device:
     return api.Device(ID=device.id, health=device.health.value, topology=topology)
 
 
+class Handouts:
+    """Device ID -> loop time of the last Allocate that handed it out, across every plugin server.
+
+    The fleet owns it, not a server: a kubelet restart makes each plugin register again on a fresh
+    server, and the kubelet may not list a device handed out just before in PodResources yet.
+    """
+
+    def __init__(self) -> None:
+        self._at: dict[str, float] = {}
+
+    def record(self, device_ids: Iterable[str]) -> None:
+        """These IDs were handed out now."""
+        self._at.update(dict.fromkeys(device_ids, asyncio.get_running_loop().time()))
+
+    def since(self, since: float) -> frozenset[str]:
+        """Device IDs handed out at or after loop time `since`; older records are dropped."""
+        self._at = {device: at for device, at in self._at.items() if at >= since}
+        return frozenset(self._at)
+
+    def forget(self, device_ids: frozenset[str]) -> None:
+        """Drop the records of these IDs (the kubelet lists their pods now)."""
+        for device in device_ids & self._at.keys():
+            del self._at[device]
+
+
 class DevicePluginService:
     """The DevicePlugin gRPC service of one resource.
 
@@ -128,6 +153,7 @@ class DevicePluginService:
         injection: Injection,
         fail_requests_greater_than_one: Callable[[], bool],
         on_stream_change: Callable[[bool], None],
+        handouts: Handouts,
     ) -> None:
         self.resource = resource
         self.feed = feed
@@ -137,20 +163,7 @@ class DevicePluginService:
         self.on_stream_change = on_stream_change
         self.streams = 0
         """Open ListAndWatch streams that have sent their first list."""
-        self._allocated: dict[str, float] = {}
-        """Device ID -> loop time of the last Allocate that handed it out."""
-
-    def allocated_since(self, since: float) -> tuple[str, ...]:
-        """Device IDs handed out at or after loop time `since`; older records are dropped."""
-        for device, at in list(self._allocated.items()):
-            if at < since:
-                del self._allocated[device]
-        return tuple(self._allocated)
-
-    def forget_allocated(self, device_ids: frozenset[str]) -> None:
-        """Drop the Allocate records of these IDs (the kubelet lists their pods now)."""
-        for device in device_ids & self._allocated.keys():
-            del self._allocated[device]
+        self.handouts = handouts
 
     async def GetDevicePluginOptions(
         self, request: api.Empty, context: grpc.aio.ServicerContext
@@ -218,8 +231,7 @@ class DevicePluginService:
             except AllocationError as err:
                 log.warning("allocate_refused", resource=self.resource, reason=bounded(str(err)))
                 await _invalid(context, str(err))
-            now = asyncio.get_running_loop().time()
-            self._allocated.update(dict.fromkeys(r.devices_ids, now))
+            self.handouts.record(r.devices_ids)
             responses.append(
                 api.ContainerAllocateResponse(
                     envs=dict(got.envs),

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from sharing.errors import KubeError
+from sharing.model import BoundPod
 
 
 class GoneError(KubeError):
@@ -89,3 +90,7 @@ class KubeClient(Protocol):
     def set_unschedulable(self, name: str, unschedulable: bool) -> NodeObject: ...
 
     def evict(self, namespace: str, pod: str) -> bool: ...
+
+    def list_node_pods(self, node: str) -> tuple[BoundPod, ...]:
+        """The pods bound to this node that have not ended (spec.nodeName), with what they ask for."""
+        ...

@@ -31,6 +31,7 @@ from sharing.kube.api import (
     WatchBrokenError,
     WatchEvent,
 )
+from sharing.model import BoundPod
 from sharing.text import bounded
 
 MERGE_PATCH = "application/merge-patch+json"
@@ -127,6 +128,15 @@ class ApiClient:
             return False
         return True
 
+    def list_node_pods(self, node: str) -> tuple[BoundPod, ...]:
+        """The pods bound to this node that have not ended (the kubelet's own view comes from the same
+        selector: pkg/kubelet/config/apiserver.go, `NewSourceApiserver`, spec.nodeName)."""
+        selector = f"spec.nodeName={node},status.phase!=Succeeded,status.phase!=Failed"
+        answer = self._json(
+            f"list pods on node {node}", "GET", "/api/v1/pods", query=[("fieldSelector", selector)]
+        )
+        return tuple(_bound_pod(item) for item in answer.get("items") or ())
+
     def _call(
         self,
         what: str,
@@ -156,9 +166,18 @@ class ApiClient:
         return response.response
 
     def _json(
-        self, what: str, method: str, path: str, body: object = None, content_type: str = "application/json"
+        self,
+        what: str,
+        method: str,
+        path: str,
+        body: object = None,
+        content_type: str = "application/json",
+        *,
+        query: list[tuple[str, str]] | None = None,
     ) -> dict[str, Any]:
-        response = self._call(what, method, path, body=body, content_type=content_type, timeout=self._timeout)
+        response = self._call(
+            what, method, path, body=body, content_type=content_type, timeout=self._timeout, query=query
+        )
         try:
             raw = response.data
         except Exception as err:  # the connection broke while the answer came
@@ -266,6 +285,18 @@ def _node(obj: Mapping[str, Any]) -> NodeObject:
         dict(meta.get("annotations") or {}),
         bool((obj.get("spec") or {}).get("unschedulable")),
     )
+
+
+def _bound_pod(obj: Mapping[str, Any]) -> BoundPod:
+    meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
+    containers = [*(spec.get("initContainers") or ()), *(spec.get("containers") or ())]
+    resources = {
+        name
+        for c in containers
+        for kind in ("requests", "limits")
+        for name in ((c.get("resources") or {}).get(kind) or {})
+    }
+    return BoundPod(meta.get("namespace", ""), meta.get("name", ""), frozenset(resources))
 
 
 def _configmap(obj: Mapping[str, Any]) -> ConfigMapObject:

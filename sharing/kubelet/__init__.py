@@ -6,6 +6,6 @@ PodResources client (who holds which device), which a DRA front-end needs as muc
 plugins do.
 """
 
-from sharing.kubelet.podresources import PodResourcesClient
+from sharing.kubelet.podresources import PodResourcesClient, recorded_allocations
 
-__all__ = ["PodResourcesClient"]
+__all__ = ["PodResourcesClient", "recorded_allocations"]

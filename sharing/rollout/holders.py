@@ -4,18 +4,38 @@ A device is held when a pod's container has it (PodResources), when a plugin han
 ago and the kubelet may not list it yet, or when processes run on it (NVML, part of the
 observation). When PodResources cannot be read, nobody can tell which devices pods hold: every
 device on the node then counts as held (fail closed), so nothing is destroyed until it can be read.
+
+A readable PodResources is not yet a complete one. Its List names the pods the kubelet's pod
+manager knows, each with the devices its device manager records (k8s.io/kubernetes v1.36,
+pkg/kubelet/apis/podresources/server_v1.go, `List`: `GetActivePods`/`GetPods`, then `GetDevices`
+per container). A starting kubelet serves PodResources beside its sync loop, not after it
+(cmd/kubelet/app/server.go, `startKubelet`: `go k.Run(...)`, `go k.ListenAndServePodResources(...)`),
+and its pod manager learns the pods only as that loop receives them from the API server
+(pkg/kubelet/kubelet.go, `syncLoop` -> `HandlePodAdditions` -> `podManager.AddPod`), so for a while
+(longer when the API server is out of reach) List is short. A pod it does list has its devices:
+the loop handles no pod before the device manager has started (`syncLoop` skips pod sync until
+`updateRuntimeUp` ran `initializeRuntimeDependentModules`, which starts the container manager),
+and the device manager's `Start` restores every allocation from its checkpoint first
+(pkg/kubelet/cm/devicemanager/manager.go, `Start` -> `readCheckpoint`; `GetDevices` reads that
+record). PodResources offers what the device manager has allocated no other way:
+`GetAllocatableResources` is every healthy device, allocated or not (`GetAllocatableDevices`); its
+checkpoint file has it, by pod UID, stale entries included (sharing.kubelet.podresources reads it
+for the forms held while List cannot be believed). So List is trusted only when it names every
+pod the API server has bound to this node that has not ended and requests an extended resource
+(the pods that can hold a device); until then every device counts as held, and so it does when
+the API server cannot be asked.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Collection
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from sharing.devices import REPLICA_SEPARATOR, Inventory, forms
 from sharing.errors import SharingError
-from sharing.model import Holding, NodeState
-from sharing.text import bounded
+from sharing.model import BoundPod, Holding, Listing, NodeState
+from sharing.text import bounded, listed
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +55,7 @@ class Holders:
                 {g.uuid for g in node.gpus} | {ci.uuid for g in node.gpus for _, ci in g.mig_devices}
             )
         ids = {i for h in self.pods for i in h.device_ids} | self.recent
-        return frozenset(_device(i) for i in ids)
+        return frozenset(device_of(i) for i in ids)
 
     def reoffered(self, inventory: Inventory) -> frozenset[str]:
         """UUIDs of held devices that `inventory` offers in a form the kubelet does not know is taken.
@@ -50,7 +70,7 @@ class Holders:
         held = [(h.resource, i) for h in self.pods for i in h.device_ids] + [(None, i) for i in self.recent]
         found = set()
         for resource, device_id in held:
-            uuid = _device(device_id)
+            uuid = device_of(device_id)
             entries = offered.get(uuid)
             if not entries:
                 continue
@@ -71,7 +91,7 @@ class Holders:
                 {
                     f"{h.namespace}/{h.pod}"
                     for h in self.pods
-                    if any(_device(i) in wanted for i in h.device_ids)
+                    if any(device_of(i) in wanted for i in h.device_ids)
                 }
             )
         )
@@ -80,27 +100,66 @@ class Holders:
 class HoldingsSource(Protocol):
     """The kubelet's PodResources (sharing.kubelet.podresources.PodResourcesClient)."""
 
-    async def holdings(self) -> tuple[Holding, ...]:
-        """Every container of an active pod that holds devices."""
+    async def listing(self) -> Listing:
+        """Every pod List names, and each container of theirs that holds devices."""
         ...
 
 
-async def read_holders(
-    client: HoldingsSource | None, recent: Callable[[], frozenset[str]] = frozenset
-) -> Holders:
-    """Ask the kubelet, then the plugins; a client of None means "no kubelet on this node".
+BoundPods = Callable[[], Awaitable[tuple[BoundPod, ...]]]
+"""The API server's pods bound to this node that have not ended (sharing.kube's list_node_pods)."""
 
-    `recent` is read after PodResources answered: an Allocate that returned before the kubelet
-    listed its pod is then in one answer or the other.
+
+async def read_holders(
+    client: HoldingsSource | None,
+    recent: Callable[[], frozenset[str]] = frozenset,
+    bound: BoundPods | None = None,
+) -> Holders:
+    """Ask the API server (`bound`), the kubelet, then the plugins; a client of None means "no
+    kubelet on this node", a `bound` of None "do not check List against the API server".
+
+    The API server is asked first: a pod bound after that and listed by the kubelet is one more in
+    List, never one missing. `recent` is read after PodResources answered: an Allocate that returned
+    before the kubelet listed its pod is then in one answer or the other.
     """
     if client is None:
         return Holders(recent=recent())
+    pods: tuple[BoundPod, ...] = ()
+    problem = ""
+    if bound is not None:
+        try:
+            pods = await bound()
+        except SharingError as err:
+            problem = f"which pods are bound to this node cannot be read from the API server: {err}"
     try:
-        pods = await client.holdings()
+        listing = await client.listing()
     except SharingError as err:
         return Holders(recent=recent(), unknown=bounded(str(err)))
-    return Holders(pods, recent())
+    holders = Holders(listing.holdings, recent())
+    missing = unlisted(pods, listing)
+    if missing and not problem:
+        problem = (
+            f"it does not list pods {listed(missing)}, which the API server has bound to this node"
+            " (a kubelet that is starting answers before it has learned its pods)"
+        )
+    return replace(holders, unknown=bounded(problem)) if problem else holders
 
 
-def _device(device_id: str) -> str:
+def unlisted(bound: Collection[BoundPod], listing: Listing) -> tuple[str, ...]:
+    """`namespace/name` of the pods bound here that can hold devices and that List does not name.
+
+    A pod can hold a device only if it requests an extended resource (a name with a domain, as
+    device plugins' are; cpu, memory, hugepages-* and the like have none).
+    """
+    return tuple(
+        sorted(
+            name
+            for pod in bound
+            if any("/" in r for r in pod.resources)
+            and (name := f"{pod.namespace}/{pod.name}") not in listing.pods
+        )
+    )
+
+
+def device_of(device_id: str) -> str:
+    """The GPU or MIG device UUID of a device ID (a replica `X::n` is device `X`)."""
     return device_id.partition(REPLICA_SEPARATOR)[0]

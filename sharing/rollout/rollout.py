@@ -3,7 +3,7 @@
 Per GPU, for every change that destroys or alters a device:
 1. plan from a fresh observation and the devices in use (`sharing.rollout.holders`: pods per PodResources,
    the plugins' own recent Allocates, NVML processes; all counted as held when PodResources
-   cannot be read);
+   cannot be read, or does not list every pod the API server has bound to this node);
 2. withdraw the devices the plan removes from what the plugins advertise, push that to the
    kubelet, and wait until the kubelet's PodResources no longer lists them as allocatable: from
    then on no pod can be admitted to them (an Allocate already in flight is refused: the plugin no
@@ -30,20 +30,22 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Protocol
 
 import structlog
 
 from sharing.config import SharingConfig
 from sharing.deviceplugin import Fleet
 from sharing.devices import ENVVAR_BY_UUID, Health, Injection, Inventory, build_inventory, reformed, withdraw
+from sharing.errors import PluginError
 from sharing.gpu import GpuBackend, build_spec, write_spec
-from sharing.kubelet import PodResourcesClient
+from sharing.kubelet import recorded_allocations
 from sharing.labels import ConfigState
 from sharing.mig import Catalog, Outcome
 from sharing.model import Gpu, GpuUuid, NodeState
 from sharing.ops import Metrics
 from sharing.rollout.apply import ApplyReport, NodePlan, execute, plan_node
-from sharing.rollout.holders import Holders, read_holders
+from sharing.rollout.holders import BoundPods, Holders, HoldingsSource, device_of, read_holders
 from sharing.rollout.verdict import Retry, Verdict, verdict
 from sharing.store import Journal, JournalCorruptError, JournalError
 from sharing.text import bounded, listed
@@ -61,6 +63,14 @@ CONFIRM_TIMEOUT_S = 10.0
 WITHDRAW_ROUNDS = 3
 
 
+class PodResources(HoldingsSource, Protocol):
+    """The kubelet's PodResources (sharing.kubelet.podresources.PodResourcesClient)."""
+
+    async def allocatable(self) -> dict[str, frozenset[str]]:
+        """{resource: healthy device IDs the kubelet can hand out}."""
+        ...
+
+
 class Rollout:
     """The hardware side of the agent: applies configs safely and keeps the fleet's devices true."""
 
@@ -71,7 +81,8 @@ class Rollout:
         fleet: Fleet,
         catalog: Catalog,
         journal: Journal,
-        pod_resources: PodResourcesClient | None,
+        pod_resources: PodResources | None,
+        bound_pods: BoundPods | None = None,
         injection: Injection = ENVVAR_BY_UUID,
         cdi_spec_dir: Path | None = None,
         metrics: Metrics | None = None,
@@ -84,6 +95,8 @@ class Rollout:
         self.catalog = catalog
         self.journal = journal
         self.pod_resources = pod_resources
+        self.bound_pods = bound_pods
+        """The API server's pods bound to this node: what PodResources must list to be believed."""
         self.effective: dict[GpuUuid, SharingConfig | None] = {}
         """The config last applied to each GPU (absent: none yet, advertised as it is)."""
         self.advertised = Inventory()
@@ -91,6 +104,8 @@ class Rollout:
         self.withheld: dict[str, tuple[str, ...]] = {}
         """Devices held in a form the config in effect does not keep -> `namespace/pod` holding each."""
         self._seen: dict[GpuUuid, Gpu] = {}
+        self._unknown = ""
+        """Why who holds what could not be told at the last look ("": it could)."""
         self.node = NodeState(())
         """The node the advertised inventory was built from (for the CDI spec)."""
 
@@ -105,7 +120,13 @@ class Rollout:
             unlisted = loop.time() - asked + LISTED_WITHIN_S
             return self.fleet.recently_allocated(min(RECENT_ALLOCATE_S, unlisted))
 
-        holders = await read_holders(self.pod_resources, recent)
+        holders = await read_holders(self.pod_resources, recent, self.bound_pods)
+        if holders.unknown != self._unknown:  # said once per change, not on every re-check
+            if holders.unknown:
+                log.warning("holders_unknown", why=holders.unknown)
+            else:
+                log.info("holders_known_again")
+            self._unknown = holders.unknown
         if not holders.unknown:
             # Listed by the kubelet: PodResources tracks them from now on (and says when they are free).
             self.fleet.forget_allocated(frozenset(i for h in holders.pods for i in h.device_ids))
@@ -193,7 +214,7 @@ class Rollout:
             # Never in between: neither their old form nor (for what is still withheld) the new one.
             unconfirmed = await self._withdraw(changed, showing=withdraw(inventory, set(self.withheld)))
         holders = await self.holders()
-        withheld = holders.reoffered(inventory)
+        withheld = holders.reoffered(inventory) | await self._reoffered_as_recorded(holders, inventory)
         if (unconfirmed or holders.unknown) and (changed or self.withheld):
             # Nobody can tell who holds them: what changes form (or was withheld) stays out (fail closed).
             withheld |= changed | frozenset(self.withheld)
@@ -205,6 +226,19 @@ class Rollout:
         self.advertised = inventory
         await self._publish(inventory)
         return inventory
+
+    async def _reoffered_as_recorded(self, holders: Holders, inventory: Inventory) -> frozenset[str]:
+        """While List cannot be believed: held devices `inventory` reoffers per the device manager's
+        checkpoint (an agent that has just started remembers no form it withheld); every device of
+        `inventory` when that cannot be read either (fail closed)."""
+        if not holders.unknown or self.pod_resources is None:
+            return frozenset()
+        try:
+            recorded = await asyncio.to_thread(recorded_allocations, self.fleet.settings.plugin_dir)
+        except PluginError as err:
+            log.warning("checkpoint_unreadable", error=bounded(str(err)))
+            return frozenset(d.uuid for _, devices in inventory.resources for d in devices)
+        return Holders(recorded).reoffered(inventory)
 
     async def _publish(self, inventory: Inventory) -> None:
         """The CDI spec first (every name Allocate can hand out resolves), then the plugins."""
@@ -245,13 +279,16 @@ class Rollout:
         """Stop advertising these devices and wait until the kubelet stops offering them; why not, or "".
 
         `showing`: what to advertise meanwhile (default: what is advertised now), less these devices.
+        Confirmed against what the kubelet offers (GetAllocatableResources: every healthy device of
+        every resource, in any form: `X` or its replicas `X::n`), not against what this process
+        advertised: after an agent restart that is nothing, while the kubelet may still offer what
+        the agent before it advertised.
         """
-        ids = {d.id for _, devices in self.advertised.resources for d in devices if d.uuid in uuids}
         await self._publish(withdraw(self.advertised if showing is None else showing, uuids))
         await self.fleet.sync()
-        if not ids or self.pod_resources is None:
+        if self.pod_resources is None:
             return ""
-        log.info("devices_withdrawn", devices=len(ids))
+        log.info("devices_withdrawn", devices=len(uuids))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + CONFIRM_TIMEOUT_S
         delay = 0.01
@@ -261,7 +298,7 @@ class Rollout:
             except Exception as err:  # any failure to confirm means: do not destroy
                 why = bounded(str(err))
                 return f"the kubelet could not confirm that the devices to change are withdrawn ({why})"
-            still = ids & {i for devices in offered.values() for i in devices}
+            still = {i for devices in offered.values() for i in devices if device_of(i) in uuids}
             if not still:
                 return ""
             if loop.time() >= deadline:

@@ -77,7 +77,8 @@ def verdict(config: SharingConfig, report: ApplyReport, holders: Holders, after:
         who = f"held by pods {listed(pods)}" if pods else "in use"
         if holders.unknown:
             who = (
-                f"in use as far as can be told (the kubelet's PodResources cannot be read: {holders.unknown})"
+                "in use as far as can be told"
+                f" (the kubelet's PodResources cannot be read or believed: {holders.unknown})"
             )
         problems += [f"{_gpu_line(g, report)} ({who})" for g in blocked]
     problems += [f"{_gpu_line(g, report)}; it was dropped" for g in dropped]

@@ -116,6 +116,8 @@ class GpuNode:
     agent: AgentProcess = field(init=False)
     configs: list[str] = field(default_factory=list)
     agents: list[AgentProcess] = field(default_factory=list)
+    bound: set[str] = field(default_factory=set)
+    """Pods of the API server bound to this node (in `default`), deleted after the test."""
 
     def sharing(self, *args: str, env: dict[str, str] | None = None) -> str:
         done = subprocess.run(
@@ -175,6 +177,36 @@ class GpuNode:
             lambda r: all(v["allocatable"] == 0 for k, v in r.items() if k.startswith("nvidia.com/")),
             timeout=30,
         )
+
+    def bind_pod(self, name: str, containers: dict[str, dict[str, int]]) -> None:
+        """The API server's side of a pod the kubelet harness admits: a Pod bound to this node
+        (`spec.nodeName`) with these limits, as the scheduler leaves it; nothing runs it, so it
+        stays Pending. The agent compares PodResources with these."""
+        manifest = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {
+                "nodeName": self.name,
+                "containers": [
+                    {
+                        "name": c,
+                        "image": "gpu-sharing:placeholder",
+                        "resources": {"limits": {r: str(n) for r, n in limits.items()}},
+                    }
+                    for c, limits in containers.items()
+                ],
+            },
+        }
+        self.control_plane.kubectl("apply", "-f", "-", input=json.dumps(manifest), check=True)
+        self.bound.add(name)
+
+    def unbind_pod(self, name: str) -> None:
+        """Delete the API server's Pod at once (no kubelet confirms a graceful deletion here)."""
+        self.kubectl(
+            "delete", "pod", name, "-n", "default", "--grace-period=0", "--force", "--ignore-not-found"
+        )
+        self.bound.discard(name)
 
     def kubectl(self, *args: str) -> str:
         return self.control_plane.kubectl(*args, check=True).stdout
@@ -253,6 +285,8 @@ def gpu_node(
     yield node
     for agent in node.agents:
         agent.stop()
+    for pod in sorted(node.bound):
+        node.unbind_pod(pod)
     for agent in node.agents:
         sys.stderr.write(f"--- {agent.log.name} (last lines) ---\n")
         sys.stderr.write("\n".join(agent.log.read_text(errors="replace").splitlines()[-40:]) + "\n")

@@ -5,6 +5,7 @@ attacker would, against a real kube-apiserver and the kubelet's own device manag
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -15,7 +16,7 @@ from typing import Any
 import lab
 import pytest
 
-from tests.e2e.conftest import GpuNode
+from tests.e2e.conftest import AgentProcess, GpuNode
 from tests.e2e.test_agent import DEMO, capacity, mig_and_shared
 from tests.polling import poll
 
@@ -63,6 +64,59 @@ def test_a_gpu_whose_change_is_blocked_is_never_advertised_whole(gpu_node: GpuNo
     gpu_node.kubelet.delete_pod("holder")
     gpu_node.kubelet.wait_resources(capacity("nvidia.com/gpu", 16), timeout=30)
     gpu_node.wait_labels(state_is("success"))
+
+
+def logged(agent: AgentProcess, event: str, text: str = "") -> int:
+    """How many lines of the agent's JSON log are `event` (and contain `text`)."""
+    lines = agent.log.read_text(errors="replace").splitlines()
+    return sum(
+        1
+        for line in lines
+        if line.startswith("{") and json.loads(line).get("event") == event and text in line
+    )
+
+
+def test_a_kubelet_that_restarts_while_a_change_waits_destroys_nothing_a_pod_holds(gpu_node: GpuNode) -> None:
+    """Tried on the real node: a pod held a 1g.5gb, a config that turns MIG off waited for it, the
+    kubelet restarted and the held slice was destroyed within 10 s while the pod kept running. A
+    starting kubelet serves PodResources before it has learned its pods: List came back empty, and
+    the waiting change's re-check took that for "the pod has gone"."""
+    gpu_node.label(DEMO)
+    gpu_node.kubelet.wait_resources(mig_and_shared, timeout=60)
+    gpu_node.wait_labels(state_is("success"))
+    gpu_node.bind_pod("holder", {"main": {"nvidia.com/mig-1g.5gb": 1}})
+    pod = gpu_node.kubelet.admit("holder", {"main": {"nvidia.com/mig-1g.5gb": 1}})
+    (held,) = pod["containers"][0]["devices"]["nvidia.com/mig-1g.5gb"]
+    gpu_node.label("all-replicas-4")  # MIG off on every GPU: the holder's A100 waits
+    gpu_node.wait_labels(state_is("failed"))
+    assert "default/holder" in gpu_node.wait_event("ConfigApplyBlocked")["message"]
+    agent = gpu_node.agent
+    for _ in range(3):
+        short = logged(agent, "holders_unknown", "default/holder")
+        gpu_node.kubelet.restart(learn_later=True)
+        # The change's re-check reads the short List: it says so, or it destroys the slice.
+        poll(
+            "the agent reading the kubelet's short List",
+            lambda: (logged(agent, "holders_unknown", "default/holder"), held in gpu_node.export_mig_uuids()),
+            lambda seen, short=short: seen[0] > short or not seen[1],
+            timeout=30,
+        )
+        assert held in gpu_node.export_mig_uuids()
+        known = logged(agent, "holders_known_again")
+        gpu_node.kubelet.learn()
+        poll(
+            "the agent believing List again",
+            lambda: logged(agent, "holders_known_again"),
+            lambda n, known=known: n > known,
+        )
+        assert held in gpu_node.export_mig_uuids()
+        assert "failed" == gpu_node.node()["metadata"]["labels"][STATE]
+    # Once the pod has gone, the change finishes.
+    gpu_node.unbind_pod("holder")
+    gpu_node.kubelet.delete_pod("holder")
+    gpu_node.kubelet.wait_resources(capacity("nvidia.com/gpu", 16), timeout=30)
+    gpu_node.wait_labels(state_is("success"))
+    assert held not in gpu_node.export_mig_uuids()
 
 
 def test_unreadable_pod_resources_destroy_nothing(gpu_node: GpuNode) -> None:

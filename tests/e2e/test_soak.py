@@ -4,6 +4,9 @@ after every step and convergence checked every few steps (issue 11's randomized 
 Pods asking for MIG devices, whole GPUs and replicas are admitted and deleted while the node's label
 and the ConfigMap flip between configs, the agent is killed (kill -9, some of its successors armed to
 crash at their n-th hardware change), the kubelet restarts and NVML reports processes on devices.
+Each pod is bound to the node in the API server too, and a kubelet restart is, half the time, the
+way a real one starts: its PodResources `List` names no pod until it has learned them (a later
+step, or the next convergence, lets it).
 
 After every step, at once (no waiting for convergence), with the agent stopped (SIGSTOP) for the
 few milliseconds of the reading so that hardware, kubelet and pods are one instant:
@@ -77,7 +80,8 @@ ACTIONS: dict[str, int] = {
     "busy": 4,
     "idle": 4,
     "kill": 5,
-    "kubelet_restart": 3,
+    "kubelet_restart": 4,
+    "learn": 3,
     "settle": 12,
 }
 
@@ -97,6 +101,8 @@ class Soak:
     step: int = 0
     armed: bool = False
     """The agent running now was started to crash at its n-th hardware change."""
+    unlearned: bool = False
+    """The kubelet restarted and has not learned its pods yet: its PodResources List names none."""
 
     # --- what the node should be ----------------------------------------------------------------
 
@@ -173,9 +179,12 @@ class Soak:
             count = 1 if self.rng.random() < 0.8 else 2
             containers[f"c{c}"] = {name: count}
         pod = f"soak-{self.step}"
+        self.node.bind_pod(pod, containers)  # the scheduler's part: bound before the kubelet admits it
         try:
             admitted = self.node.kubelet.admit(pod, containers)
         except lab.AdmissionError as err:
+            if err.stage == "admit":  # the kubelet rejected it: the pod has ended (phase Failed)
+                self.node.unbind_pod(pod)
             self.stats[f"refused_{err.stage}"] += 1
             return f"admit {pod} {containers}: refused at {err.stage} ({err.reason}: {str(err)[:160]})"
         self.stats["admitted"] += 1
@@ -193,6 +202,7 @@ class Soak:
         if not pods:
             return "delete: no pod"
         pod = self.rng.choice(pods)
+        self.node.unbind_pod(pod["name"])
         self.node.kubelet.delete_pod(pod["uid"])
         self.stats["deleted"] += 1
         return f"delete {pod['name']}"
@@ -251,9 +261,21 @@ class Soak:
         return f"started a new agent that dies at its hardware change #{crash_after}"
 
     def kubelet_restart(self) -> str:
-        self.node.kubelet.restart()
+        later = self.rng.random() < 0.5
+        self.node.kubelet.restart(learn_later=later)
+        self.unlearned |= later
         self.stats["kubelet_restarts"] += 1
-        return "kubelet restart"
+        if not later:
+            return "kubelet restart"
+        self.stats["kubelet_restarts_short"] += 1
+        return "kubelet restart; PodResources lists no pod until it has learned them"
+
+    def learn(self) -> str:
+        if not self.unlearned:
+            return "learn: the kubelet knows its pods"
+        self.node.kubelet.learn()
+        self.unlearned = False
+        return "the kubelet has learned its pods"
 
     def settle(self) -> str:
         """Give the agent a moment: until the node has converged, for at most SETTLE_S."""
@@ -268,8 +290,12 @@ class Soak:
 
     def converge(self, why: str) -> None:
         """Nothing blocks any more: the node must reach the selected config."""
+        self.learn()
         for pod in self.node.kubelet.pods():
+            self.node.unbind_pod(pod["name"])
             self.node.kubelet.delete_pod(pod["uid"])
+        for name in sorted(self.node.bound):  # refused at start: bound, then never running
+            self.node.unbind_pod(name)
         for uuid in sorted(self.busy):
             simstate.set_busy(self.node.sim, uuid, False)
         self.busy.clear()
@@ -339,6 +365,7 @@ def test_randomized_soak(soak: Soak, capsys: pytest.CaptureFixture[str]) -> None
         "idle": soak.make_idle,
         "kill": soak.kill,
         "kubelet_restart": soak.kubelet_restart,
+        "learn": soak.learn,
         "settle": soak.settle,
     }
     soak.relabel()
@@ -358,5 +385,6 @@ def test_randomized_soak(soak: Soak, capsys: pytest.CaptureFixture[str]) -> None
     with capsys.disabled():
         print(f"soak: seed {SEED}, {STEPS} steps in {took:.0f} s: {summary}")
     if STEPS >= 200:  # a walk this long that never did one of these is not the soak it claims to be
-        for done in ("admitted", "deleted", "relabels", "edits", "kills", "kubelet_restarts", "busy"):
+        done_all = ("admitted", "deleted", "relabels", "edits", "kills", "kubelet_restarts_short", "busy")
+        for done in done_all:
             assert soak.stats[done] > 0, f"{done}: {summary}"

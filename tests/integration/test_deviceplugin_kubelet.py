@@ -168,6 +168,26 @@ async def test_kubelet_restart_reregisters_within_2s(harness: lab.KubeletHarness
     await wait_counts(harness, EXPECTED, field="capacity")
 
 
+async def test_a_kubelet_restarted_with_its_pods_learned_later_lists_them_only_then(
+    harness: lab.KubeletHarness, fleet: Fleet
+) -> None:
+    """The harness restarts as a real kubelet does: PodResources answers, with no pod, until the
+    kubelet has learned its pods; the devices the checkpoint gave them are still theirs."""
+    fleet.update(inventory())
+    await wait_counts(harness, EXPECTED, field="allocatable")
+    pod = await admit(harness, "holder", {MIG_3G: 1})
+    client = PodResourcesClient(harness.pod_resources_socket)
+    assert frozenset({"default/holder"}) == (await client.listing()).pods
+    await asyncio.to_thread(harness.restart, learn_later=True)
+    assert frozenset() == (await client.listing()).pods
+    await asyncio.to_thread(harness.learn)
+    listing = await client.listing()
+    assert frozenset({"default/holder"}) == listing.pods
+    assert [("holder", MIG_3G, frozenset(pod["containers"][0]["devices"][MIG_3G]))] == [
+        (h.pod, h.resource, h.device_ids) for h in listing.holdings
+    ]
+
+
 async def test_unhealthy_device_lowers_allocatable_keeps_capacity(
     harness: lab.KubeletHarness, fleet: Fleet
 ) -> None:

@@ -14,6 +14,7 @@ from dataclasses import replace
 
 from sharing.errors import KubeError
 from sharing.kube import ConfigMapObject, NodeObject, WatchEvent
+from sharing.model import BoundPod
 
 # The API server's rules for metadata (k8s.io/apimachinery pkg/util/validation/validation.go:
 # IsQualifiedName, IsValidLabelValue; pkg/api/validation/objectmeta.go: TotalAnnotationSizeLimitB).
@@ -49,6 +50,8 @@ class FakeKube:
         self.events: list[tuple[str, str, str]] = []
         self.evicted: list[str] = []
         """`namespace/pod` of each eviction asked for (drain mode)."""
+        self.bound: tuple[BoundPod, ...] = ()
+        """The pods bound to the node (none: the tests' pods exist only in the fake kubelet)."""
         self._version = 1
         self._lock = threading.Lock()
         self._queues: dict[tuple[str, ...], queue.Queue[WatchEvent | None]] = {}
@@ -124,6 +127,10 @@ class FakeKube:
         self.requests += 1
         self.evicted.append(f"{namespace}/{pod}")
         return True
+
+    def list_node_pods(self, node: str) -> tuple[BoundPod, ...]:
+        self.requests += 1
+        return self.bound
 
     # --- plumbing -----------------------------------------------------------------------------
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 import pytest
 
 from sharing.devices.inventory import Device, DeviceId, Health, Inventory, inventory_from, reformed
 from sharing.labels import ConfigState
-from sharing.model import GpuUuid, Holding, MigUuid
-from sharing.rollout.holders import Holders
+from sharing.model import BoundPod, GpuUuid, Holding, Listing, MigUuid, NodeState
+from sharing.rollout.holders import Holders, read_holders
 from sharing.rollout.verdict import Retry, Verdict, held_back
 
 GPU = "nvidia.com/gpu"
@@ -80,3 +82,34 @@ def test_a_config_waits_for_the_pods_holding_what_it_cannot_offer() -> None:
     )
     assert "config 'c' waits: MIG-a (held by pods ns/p)" in verdict.message
     assert Verdict(ConfigState.SUCCESS) == held_back(Verdict(ConfigState.SUCCESS), {}, "c")
+
+
+class Kubelet:
+    def __init__(self, listing: Listing) -> None:
+        self.answer = listing
+
+    async def listing(self) -> Listing:
+        return self.answer
+
+
+def bound(*pods: BoundPod) -> Callable[[], Awaitable[tuple[BoundPod, ...]]]:
+    async def read() -> tuple[BoundPod, ...]:
+        return pods
+
+    return read
+
+
+HOLDER = BoundPod("default", "holder", frozenset({MIG, "cpu"}))
+
+
+async def test_podresources_is_believed_once_it_lists_every_pod_bound_here_that_can_hold_a_device() -> None:
+    web = BoundPod("default", "web", frozenset({"cpu", "memory", "hugepages-2Mi"}))  # holds no device
+    listing = Listing(frozenset({"default/holder"}), (held(MIG, "MIG-a"),))
+    holders = await read_holders(Kubelet(listing), bound=bound(HOLDER, web))
+    assert "" == holders.unknown
+    assert frozenset({"MIG-a"}) == holders.busy_uuids(NodeState(()))
+
+
+async def test_a_short_list_makes_every_device_held() -> None:
+    holders = await read_holders(Kubelet(Listing()), bound=bound(HOLDER))
+    assert "default/holder" in holders.unknown

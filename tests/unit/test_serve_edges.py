@@ -111,3 +111,16 @@ async def test_a_device_handed_out_counts_as_held_until_the_kubelet_lists_it(
     assert frozenset({"MIG-a"}) == fleet.recently_allocated(30)
     fleet.forget_allocated(frozenset({"MIG-a"}))
     assert frozenset() == fleet.recently_allocated(30)
+
+
+async def test_a_device_handed_out_counts_as_held_across_a_kubelet_restart(
+    served: FakeKubelet, fleet: Fleet
+) -> None:
+    """A kubelet restart makes every plugin register again on a fresh server: the memory of what was
+    handed out a moment ago used to go with the old server, so a device the kubelet had not listed
+    yet counted as free."""
+    await served.plugin(MIG).Allocate(allocate("MIG-a"))
+    registered = served.registered(MIG)
+    await served.restart()
+    await served.wait(lambda: served.registered(MIG) > registered and served.allocatable()[MIG] == 1)
+    assert frozenset({"MIG-a"}) == fleet.recently_allocated(30)

@@ -44,6 +44,7 @@ func (s *controlServer) routes() http.Handler {
 	mux.HandleFunc("DELETE /pods/{uid}", s.deletePod)
 	mux.HandleFunc("DELETE /pods/{namespace}/{name}", s.deletePod)
 	mux.HandleFunc("POST /restart", s.restart)
+	mux.HandleFunc("POST /learn", s.learn)
 	return mux
 }
 
@@ -145,14 +146,27 @@ func (s *controlServer) deletePod(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *controlServer) restart(w http.ResponseWriter, r *http.Request) {
-	s.logger.Info("Simulating a kubelet restart")
+	learn := r.URL.Query().Get("learn")
+	if learn != "" && learn != "later" {
+		writeError(w, http.StatusBadRequest, fmt.Errorf("bad learn %q: only \"later\" is known", learn))
+		return
+	}
+	s.logger.Info("Simulating a kubelet restart", "podsLearnedLater", learn == "later")
 	s.started.Store(false)
-	if err := s.k.restart(s.logger); err != nil {
+	if err := s.k.restart(s.logger, learn == "later"); err != nil {
 		writeError(w, http.StatusInternalServerError, err)
 		return
 	}
 	s.started.Store(true)
 	writeJSON(w, http.StatusOK, map[string]bool{"restarted": true})
+}
+
+// learn ends the short List of a restart with learn=later: the kubelet has
+// received its pods from the API server.
+func (s *controlServer) learn(w http.ResponseWriter, r *http.Request) {
+	s.logger.Info("The kubelet has learned its pods")
+	s.k.unlearned.Store(false)
+	writeJSON(w, http.StatusOK, map[string]bool{"learned": true})
 }
 
 // serve listens on the control socket until ctx ends.

@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -39,6 +40,11 @@ type fakeKubelet struct {
 	// calls activePods() from inside Allocate.
 	podsMu sync.Mutex
 	pods   []*v1.Pod
+
+	// unlearned: the PodResources server names no pod, as a starting
+	// kubelet's does until its sync loop has received its pods from the API
+	// server (POST /restart?learn=later sets it, POST /learn clears it).
+	unlearned atomic.Bool
 
 	state *resourceState
 	// sampleMu serialises samples: GetCapacity reports a removed resource
@@ -105,10 +111,16 @@ func (k *fakeKubelet) startManager(logger klog.Logger) error {
 // restart simulates a kubelet restart: the old manager stops (its
 // registration server closes, plugin connections are dropped), then a new
 // one starts from the checkpoint. Active pods are kept, as running
-// containers survive a kubelet restart.
-func (k *fakeKubelet) restart(logger klog.Logger) error {
+// containers survive a kubelet restart. With unlearned, PodResources lists no
+// pod until learn(): the kubelet serves PodResources beside its sync loop
+// (cmd/kubelet/app/server.go, startKubelet), and its pod manager learns the
+// pods only as that loop receives them (pkg/kubelet/kubelet.go, syncLoop ->
+// HandlePodAdditions), so a real kubelet's List is short for a while after a
+// start, longer when the API server is out of reach.
+func (k *fakeKubelet) restart(logger klog.Logger, unlearned bool) error {
 	k.admitMu.Lock()
 	defer k.admitMu.Unlock()
+	k.unlearned.Store(unlearned)
 	if old := k.manager(); old != nil {
 		if err := old.Stop(logger); err != nil {
 			logger.Error(err, "Stopping old device manager")

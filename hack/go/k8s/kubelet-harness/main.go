@@ -28,8 +28,11 @@
 //	DELETE /pods/<namespace>/<name>, DELETE /pods/<uid>
 //	       the pod stops being active; its devices are freed at the next
 //	       allocation or PodResources List, as in the kubelet
-//	POST   /restart                     simulated kubelet restart (stop the
-//	       manager, start a new one from the checkpoint; pods are kept)
+//	POST   /restart[?learn=later]       simulated kubelet restart (stop the
+//	       manager, start a new one from the checkpoint; pods are kept); with
+//	       learn=later, PodResources lists no pod until POST /learn, as a
+//	       starting kubelet's List is short until it has learned its pods
+//	POST   /learn                       the restarted kubelet has learned its pods
 package main
 
 import (

@@ -59,12 +59,21 @@ func containerDevices(devs devicemanager.ResourceDeviceInstances) []*podresource
 	return out
 }
 
+// podsProvider is the kubelet's pod manager as PodResources sees it: no pod
+// at all while the harness plays a kubelet that has not learned its pods.
 type podsProvider struct{ k *fakeKubelet }
 
-func (p podsProvider) GetActivePods() []*v1.Pod { return p.k.activePods() }
-func (p podsProvider) GetPods() []*v1.Pod       { return p.k.activePods() }
+func (p podsProvider) pods() []*v1.Pod {
+	if p.k.unlearned.Load() {
+		return nil
+	}
+	return p.k.activePods()
+}
+
+func (p podsProvider) GetActivePods() []*v1.Pod { return p.pods() }
+func (p podsProvider) GetPods() []*v1.Pod       { return p.pods() }
 func (p podsProvider) GetPodByName(namespace, name string) (*v1.Pod, bool) {
-	for _, pod := range p.k.activePods() {
+	for _, pod := range p.pods() {
 		if pod.Namespace == namespace && pod.Name == name {
 			return pod, true
 		}
