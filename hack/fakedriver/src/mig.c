@@ -1,0 +1,599 @@
+/* GPU instances, compute instances and MIG devices, with the driver's rules.
+ *
+ * Profiles, placements, memory, engines and multiprocessors come from the GPU's "mig" table in the
+ * state (written by `sharing sim init` from the catalog). Return codes follow the @return lists of
+ * each function in nvml.h. Handles: fake_handle(); whether the instance still exists is checked
+ * against the state on every call (nvml.h, nvmlDeviceCreateGpuInstanceWithPlacement: "If the
+ * parent device is unbound, reset or the GPU instance is destroyed explicitly, the GPU instance
+ * handle would become invalid").
+ */
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "fake.h"
+
+json_t *fake_profile_by_id(json_t *gpu, long long id)
+{
+	size_t i;
+	json_t *p;
+	json_array_foreach(json_object_get(json_object_get(gpu, "mig"), "profiles"), i, p)
+		if (fake_int(p, "id", -1) == id) return p;
+	return NULL;
+}
+
+static json_t *profile_by_enum(json_t *gpu, unsigned int e)
+{
+	size_t i;
+	json_t *p;
+	json_array_foreach(json_object_get(json_object_get(gpu, "mig"), "profiles"), i, p)
+		if (fake_int(p, "enum", -1) == e) return p;
+	return NULL;
+}
+
+static int mig_capable(json_t *gpu) { return fake_bool(gpu, "migCapable") && json_is_object(json_object_get(gpu, "mig")); }
+int fake_mig_enabled(json_t *gpu) { return mig_capable(gpu) && fake_int(gpu, "migCurrent", 0) == NVML_DEVICE_MIG_ENABLE; }
+
+int fake_gpu_busy(json_t *gpu)
+{
+	if (fake_bool(gpu, "busy"))
+		return 1;
+	size_t i, j;
+	json_t *gi, *ci;
+	json_array_foreach(json_object_get(gpu, "gpuInstances"), i, gi)
+		json_array_foreach(json_object_get(gi, "computeInstances"), j, ci) if (fake_bool(ci, "busy")) return 1;
+	return 0;
+}
+
+/* A new MIG UUID per compute instance, kept in the state ("UUIDs are immutable for the lifetime of
+ * a MIG device", nvmlDeviceGetUUID), in NVIDIA's R470+ form MIG-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx
+ * (https://docs.nvidia.com/datacenter/tesla/mig-user-guide/#device-enumeration). Derived from the
+ * state's seed and a counter, so the same history gives the same UUIDs (an RFC 9562 version-8 UUID). */
+static unsigned long long mix(unsigned long long x)
+{
+	x += 0x9e3779b97f4a7c15ull;
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+	x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+	return x ^ (x >> 31);
+}
+
+void fake_mig_uuid(json_t *state, char *out, size_t size)
+{
+	long long counter = fake_int(state, "uuidCounter", 0) + 1;
+	json_object_set_new(state, "uuidCounter", json_integer(counter));
+	unsigned long long h = 1469598103934665603ull;
+	for (const char *s = fake_str(state, "seed", "sim"); *s; s++)
+		h = (h ^ (unsigned char)*s) * 1099511628211ull;
+	unsigned long long a = mix(h ^ (unsigned long long)counter), b = mix(a ^ 0x6d6967ull);
+	a = (a & ~0xf000ull) | 0x8000ull;                  /* version 8 */
+	b = (b & 0x3fffffffffffffffull) | 0x8000000000000000ull; /* variant 10 */
+	snprintf(out, size, "MIG-%08llx-%04llx-%04llx-%04llx-%012llx", a >> 32, (a >> 16) & 0xffff, a & 0xffff,
+		 b >> 48, b & 0xffffffffffffull);
+}
+
+/* ---- GPU instance profiles and placements -------------------------------------------------------- */
+
+#define GPU_OR_RETURN(handle)                                                                      \
+	json_t *state = fake_state(), *gpu, *gi_, *ci_;                                            \
+	nvmlReturn_t rc = fake_device((handle), state, &gpu, &gi_, &ci_);                          \
+	if (rc != NVML_SUCCESS)                                                                    \
+		RETURN(rc);                                                                        \
+	if (ci_)                                                                                   \
+		RETURN(NVML_ERROR_INVALID_ARGUMENT);
+
+/* NOT_SUPPORTED "If device doesn't have MIG mode enabled or profile isn't supported" (the
+ * nvmlDeviceGetGpuInstanceProfileInfoV doc). Current drivers answer while MIG is off too (what
+ * mig-parted's and the agent's discovery read before enabling MIG); the older branch (personality
+ * "r535") refuses while MIG is disabled, as NVIDIA's mig-parted notes for R535 (pkg/mig/discovery). */
+static nvmlReturn_t gi_profile(json_t *state, json_t *gpu, unsigned int profile, json_t **found)
+{
+	if (profile >= NVML_GPU_INSTANCE_PROFILE_COUNT)
+		return NVML_ERROR_INVALID_ARGUMENT;
+	if (!mig_capable(gpu) || (fake_old_branch(state) && !fake_mig_enabled(gpu)))
+		return NVML_ERROR_NOT_SUPPORTED;
+	*found = profile_by_enum(gpu, profile);
+	return *found ? NVML_SUCCESS : NVML_ERROR_NOT_SUPPORTED;
+}
+
+static void engines(json_t *p, unsigned int out[5])
+{
+	for (int i = 0; i < 5; i++)
+		out[i] = (unsigned int)json_integer_value(json_array_get(json_object_get(p, "engines"), (size_t)i));
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfo(nvmlDevice_t device, unsigned int profile,
+							     nvmlGpuInstanceProfileInfo_t *info)
+{
+	ENTER();
+	GPU_OR_RETURN(device);
+	json_t *p;
+	if (!info)
+		RETURN(NVML_ERROR_INVALID_ARGUMENT);
+	if ((rc = gi_profile(state, gpu, profile, &p)) != NVML_SUCCESS)
+		RETURN(rc);
+	unsigned int e[5];
+	engines(p, e);
+	*info = (nvmlGpuInstanceProfileInfo_t){
+		.id = (unsigned int)fake_int(p, "id", 0), .isP2pSupported = 0,
+		.sliceCount = (unsigned int)fake_int(p, "slices", 0),
+		.instanceCount = (unsigned int)fake_int(p, "maxCount", 0),
+		.multiprocessorCount = (unsigned int)fake_int(p, "sm", 0), .copyEngineCount = e[0],
+		.decoderCount = e[1], .encoderCount = e[2], .jpegCount = e[3], .ofaCount = e[4],
+		.memorySizeMB = (unsigned long long)fake_int(p, "memoryMiB", 0)};
+	RETURN(NVML_SUCCESS);
+}
+
+/* The caller sets info->version (v2 or v3); INVALID_ARGUMENT "If ... info->version are invalid". */
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfoV(nvmlDevice_t device, unsigned int profile,
+							      nvmlGpuInstanceProfileInfo_v2_t *info)
+{
+	ENTER();
+	GPU_OR_RETURN(device);
+	json_t *p;
+	if (!info || (info->version != nvmlGpuInstanceProfileInfo_v2 && info->version != nvmlGpuInstanceProfileInfo_v3))
+		RETURN(NVML_ERROR_INVALID_ARGUMENT);
+	if ((rc = gi_profile(state, gpu, profile, &p)) != NVML_SUCCESS)
+		RETURN(rc);
+	unsigned int e[5];
+	engines(p, e);
+	char name[NVML_DEVICE_NAME_V2_BUFFER_SIZE];
+	snprintf(name, sizeof name, "MIG %s", fake_str(p, "name", ""));
+	if (info->version == nvmlGpuInstanceProfileInfo_v3) {
+		nvmlGpuInstanceProfileInfo_v3_t *v3 = (nvmlGpuInstanceProfileInfo_v3_t *)info;
+		*v3 = (nvmlGpuInstanceProfileInfo_v3_t){
+			.version = nvmlGpuInstanceProfileInfo_v3, .id = (unsigned int)fake_int(p, "id", 0),
+			.sliceCount = (unsigned int)fake_int(p, "slices", 0),
+			.instanceCount = (unsigned int)fake_int(p, "maxCount", 0),
+			.multiprocessorCount = (unsigned int)fake_int(p, "sm", 0), .copyEngineCount = e[0],
+			.decoderCount = e[1], .encoderCount = e[2], .jpegCount = e[3], .ofaCount = e[4],
+			.memorySizeMB = (unsigned long long)fake_int(p, "memoryMiB", 0), .capabilities = 0};
+		memcpy(v3->name, name, sizeof name);
+		RETURN(NVML_SUCCESS);
+	}
+	*info = (nvmlGpuInstanceProfileInfo_v2_t){
+		.version = nvmlGpuInstanceProfileInfo_v2, .id = (unsigned int)fake_int(p, "id", 0),
+		.isP2pSupported = 0, .sliceCount = (unsigned int)fake_int(p, "slices", 0),
+		.instanceCount = (unsigned int)fake_int(p, "maxCount", 0),
+		.multiprocessorCount = (unsigned int)fake_int(p, "sm", 0), .copyEngineCount = e[0],
+		.decoderCount = e[1], .encoderCount = e[2], .jpegCount = e[3], .ofaCount = e[4],
+		.memorySizeMB = (unsigned long long)fake_int(p, "memoryMiB", 0)};
+	memcpy(info->name, name, sizeof name);
+	RETURN(NVML_SUCCESS);
+}
+
+/* "This API only returns all the possible placements for the given profile regardless of whether
+ * MIG is enabled or not"; placements may be NULL "to discover number of allowed placements";
+ * otherwise it "must be large enough" (count is output only, as in NVML). */
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstancePossiblePlacements_v2(nvmlDevice_t device, unsigned int profileId,
+								       nvmlGpuInstancePlacement_t *placements,
+								       unsigned int *count)
+{
+	ENTER();
+	GPU_OR_RETURN(device);
+	if (!count)
+		RETURN(NVML_ERROR_INVALID_ARGUMENT);
+	json_t *p = mig_capable(gpu) ? fake_profile_by_id(gpu, profileId) : NULL;
+	if (!p)
+		RETURN(NVML_ERROR_NOT_SUPPORTED); /* "doesn't support MIG or profileId isn't supported" */
+	json_t *starts = json_object_get(p, "placements");
+	*count = (unsigned int)json_array_size(starts);
+	if (placements)
+		for (unsigned int i = 0; i < *count; i++)
+			placements[i] = (nvmlGpuInstancePlacement_t){
+				(unsigned int)json_integer_value(json_array_get(starts, i)), (unsigned int)fake_int(p, "size", 0)};
+	RETURN(NVML_SUCCESS);
+}
+
+/* ---- GPU instances ---------------------------------------------------------------------------- */
+
+static nvmlReturn_t create_gi(json_t *state, json_t *gpu, unsigned int profileId, const nvmlGpuInstancePlacement_t *at,
+			      int *id)
+{
+	if (!fake_mig_enabled(gpu))
+		return NVML_ERROR_NOT_SUPPORTED; /* "If device doesn't have MIG mode enabled" */
+	json_t *p = fake_profile_by_id(gpu, profileId);
+	if (!p || !at || at->size != (unsigned int)fake_int(p, "size", -1))
+		return NVML_ERROR_INVALID_ARGUMENT;
+	size_t i;
+	json_t *s, *gi, *gis = json_object_get(gpu, "gpuInstances");
+	int valid = 0;
+	json_array_foreach(json_object_get(p, "placements"), i, s) valid |= json_integer_value(s) == at->start;
+	if (!valid)
+		return NVML_ERROR_INVALID_ARGUMENT; /* "placement ... invalid": not one of the possible placements */
+	/* INSUFFICIENT_RESOURCES "If the requested GPU instance could not be created": the profile's
+	 * maximum count, overlapping memory slices ("Creation of new GPU instance will fail if there is
+	 * overlap with the already occupied memory slices", PossiblePlacements doc), or no compute slices left. */
+	long long same = 0, compute = 0, used = 0;
+	json_array_foreach(gis, i, gi) {
+		long long start = fake_int(gi, "start", 0), size = fake_int(gi, "size", 0);
+		same += fake_int(gi, "profileId", -1) == profileId;
+		compute += fake_int(fake_profile_by_id(gpu, fake_int(gi, "profileId", -1)), "slices", 0);
+		if (at->start < start + size && start < at->start + at->size)
+			return NVML_ERROR_INSUFFICIENT_RESOURCES;
+		used |= 1ll << fake_int(gi, "id", 0);
+	}
+	if (same >= fake_int(p, "maxCount", 0) ||
+	    compute + fake_int(p, "slices", 0) > fake_int(json_object_get(gpu, "mig"), "computeSlices", 0))
+		return NVML_ERROR_INSUFFICIENT_RESOURCES;
+	for (*id = 0; *id < MAX_GI - 1 && (used >> *id & 1); (*id)++)
+		;
+	json_t *entry = json_pack("{s:i, s:I, s:i, s:i, s:[]}", "id", *id, "profileId", (json_int_t)profileId, "start",
+				  (int)at->start, "size", (int)at->size, "computeInstances");
+	json_array_append_new(gis, entry);
+	(void)state;
+	return NVML_SUCCESS;
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceCreateGpuInstanceWithPlacement(nvmlDevice_t device, unsigned int profileId,
+								  const nvmlGpuInstancePlacement_t *placement,
+								  nvmlGpuInstance_t *gpuInstance)
+{
+	ENTER();
+	struct fake_handle *h = fake_check(device);
+	if (!h || h->kind != K_GPU || !gpuInstance)
+		RETURN(NVML_ERROR_INVALID_ARGUMENT);
+	json_t *state = fake_mutate_begin();
+	if (!state)
+		RETURN(NVML_ERROR_UNKNOWN);
+	json_t *gpu = fake_gpu(state, h->gpu);
+	int id = 0;
+	nvmlReturn_t rc = !gpu ? NVML_ERROR_INVALID_ARGUMENT
+			  : fake_bool(gpu, "lost") ? NVML_ERROR_GPU_IS_LOST
+						   : create_gi(state, gpu, profileId, placement, &id);
+	fake_mutate_end(state, rc == NVML_SUCCESS);
+	if (rc == NVML_SUCCESS)
+		*gpuInstance = (nvmlGpuInstance_t)fake_handle(K_GI, h->gpu, id, 0);
+	RETURN(rc);
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstances(nvmlDevice_t device, unsigned int profileId,
+						   nvmlGpuInstance_t *gpuInstances, unsigned int *count)
+{
+	ENTER();
+	GPU_OR_RETURN(device);
+	if (!count || !gpuInstances)
+		RETURN(NVML_ERROR_INVALID_ARGUMENT);
+	if (!fake_mig_enabled(gpu))
+		RETURN(NVML_ERROR_NOT_SUPPORTED);
+	if (!fake_profile_by_id(gpu, profileId))
+		RETURN(NVML_ERROR_INVALID_ARGUMENT);
+	size_t i;
+	json_t *gi;
+	unsigned int n = 0;
+	json_array_foreach(json_object_get(gpu, "gpuInstances"), i, gi)
+		if (fake_int(gi, "profileId", -1) == profileId)
+			gpuInstances[n++] = (nvmlGpuInstance_t)fake_handle(K_GI, (int)fake_int(gpu, "index", 0),
+									   (int)fake_int(gi, "id", 0), 0);
+	*count = n;
+	RETURN(NVML_SUCCESS);
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceById(nvmlDevice_t device, unsigned int id, nvmlGpuInstance_t *gpuInstance)
+{
+	ENTER();
+	GPU_OR_RETURN(device);
+	if (!gpuInstance)
+		RETURN(NVML_ERROR_INVALID_ARGUMENT);
+	if (!fake_mig_enabled(gpu))
+		RETURN(NVML_ERROR_NOT_SUPPORTED);
+	if (!fake_gi(gpu, (int)id))
+		RETURN(NVML_ERROR_NOT_FOUND); /* "If the GPU instance is not found." */
+	*gpuInstance = (nvmlGpuInstance_t)fake_handle(K_GI, (int)fake_int(gpu, "index", 0), (int)id, 0);
+	RETURN(NVML_SUCCESS);
+}
+
+/* A GPU- or compute-instance handle whose instance still exists; INVALID_ARGUMENT otherwise. */
+static nvmlReturn_t instance(const void *handle, int kind, json_t *state, json_t **gpu, json_t **gi, json_t **ci)
+{
+	struct fake_handle *h = fake_check(handle);
+	if (!h || h->kind != kind || !state || !(*gpu = fake_gpu(state, h->gpu)))
+		return NVML_ERROR_INVALID_ARGUMENT;
+	if (fake_bool(*gpu, "lost"))
+		return NVML_ERROR_GPU_IS_LOST;
+	if (!(*gi = fake_gi(*gpu, h->gi)))
+		return NVML_ERROR_INVALID_ARGUMENT;
+	if (kind == K_CI && !(*ci = fake_ci(*gi, h->ci)))
+		return NVML_ERROR_INVALID_ARGUMENT;
+	return NVML_SUCCESS;
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlGpuInstanceGetInfo(nvmlGpuInstance_t gpuInstance, nvmlGpuInstanceInfo_t *info)
+{
+	ENTER();
+	json_t *gpu, *gi, *ci;
+	nvmlReturn_t rc = instance(gpuInstance, K_GI, fake_state(), &gpu, &gi, &ci);
+	if (rc != NVML_SUCCESS || !info)
+		RETURN(rc != NVML_SUCCESS ? rc : NVML_ERROR_INVALID_ARGUMENT);
+	info->device = (nvmlDevice_t)fake_handle(K_GPU, (int)fake_int(gpu, "index", 0), 0, 0);
+	info->id = (unsigned int)fake_int(gi, "id", 0);
+	info->profileId = (unsigned int)fake_int(gi, "profileId", 0);
+	info->placement = (nvmlGpuInstancePlacement_t){(unsigned int)fake_int(gi, "start", 0),
+						       (unsigned int)fake_int(gi, "size", 0)};
+	RETURN(NVML_SUCCESS);
+}
+
+/* IN_USE "if processes (e.g. CUDA application) or compute instances are active on the GPU instance". */
+FAKE_EXPORT nvmlReturn_t nvmlGpuInstanceDestroy(nvmlGpuInstance_t gpuInstance)
+{
+	ENTER();
+	json_t *state = fake_mutate_begin(), *gpu, *gi, *ci;
+	if (!state)
+		RETURN(NVML_ERROR_UNKNOWN);
+	nvmlReturn_t rc = instance(gpuInstance, K_GI, state, &gpu, &gi, &ci);
+	if (rc == NVML_SUCCESS && json_array_size(json_object_get(gi, "computeInstances")))
+		rc = NVML_ERROR_IN_USE;
+	if (rc == NVML_SUCCESS) {
+		json_t *gis = json_object_get(gpu, "gpuInstances");
+		size_t i;
+		json_t *item;
+		json_array_foreach(gis, i, item) if (item == gi) break;
+		json_array_remove(gis, i);
+	}
+	fake_mutate_end(state, rc == NVML_SUCCESS);
+	RETURN(rc);
+}
+
+/* ---- compute instances --------------------------------------------------------------------------- */
+
+/* NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE .. _6_SLICE (nvml.h) -> compute slices; REV1 and NVL
+ * variants are not played. */
+static const int ci_slices[NVML_COMPUTE_INSTANCE_PROFILE_COUNT] = {1, 2, 3, 4, 7, 8, 6, 0, 0};
+
+/* Which compute-instance sizes a GPU instance of `whole` slices offers: all of it, or at most about
+ * half (A100 7g: 1c,2c,3c,4c,7c; 4g: 1c,2c,4c; 3g: 1c,2c,3c: `nvidia-smi mig -lcip`, MIG user guide
+ * "Supported MIG Profiles"). */
+static int ci_supported(int slices, long long whole)
+{
+	return slices > 0 && slices <= whole && (slices == whole || 2 * slices <= whole + 1);
+}
+
+static nvmlReturn_t ci_profile(json_t *gpu, json_t *gi, unsigned int profile, unsigned int engProfile, json_t **gip)
+{
+	if (profile >= NVML_COMPUTE_INSTANCE_PROFILE_COUNT || engProfile != NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+		return NVML_ERROR_INVALID_ARGUMENT;
+	*gip = fake_profile_by_id(gpu, fake_int(gi, "profileId", -1));
+	return ci_supported(ci_slices[profile], fake_int(*gip, "slices", 0)) ? NVML_SUCCESS : NVML_ERROR_NOT_SUPPORTED;
+}
+
+static void fill_ci_info(json_t *gip, unsigned int profile, nvmlComputeInstanceProfileInfo_v2_t *info)
+{
+	long long whole = fake_int(gip, "slices", 1);
+	int slices = ci_slices[profile];
+	unsigned int e[5];
+	engines(gip, e);
+	info->id = profile; /* the profile id is the NVML_COMPUTE_INSTANCE_PROFILE_* value */
+	info->sliceCount = (unsigned int)slices;
+	info->instanceCount = (unsigned int)(whole / slices);
+	info->multiprocessorCount = (unsigned int)(fake_int(gip, "sm", 0) / whole * slices);
+	info->sharedCopyEngineCount = e[0];
+	info->sharedDecoderCount = e[1];
+	info->sharedEncoderCount = e[2];
+	info->sharedJpegCount = e[3];
+	info->sharedOfaCount = e[4];
+	if (slices == whole)
+		snprintf(info->name, sizeof info->name, "MIG %s", fake_str(gip, "name", ""));
+	else
+		snprintf(info->name, sizeof info->name, "MIG %dc.%s", slices, fake_str(gip, "name", ""));
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfoV(nvmlGpuInstance_t gpuInstance, unsigned int profile,
+								       unsigned int engProfile,
+								       nvmlComputeInstanceProfileInfo_v2_t *info)
+{
+	ENTER();
+	json_t *gpu, *gi, *ci, *gip;
+	nvmlReturn_t rc = instance(gpuInstance, K_GI, fake_state(), &gpu, &gi, &ci);
+	if (rc != NVML_SUCCESS)
+		RETURN(rc);
+	if (!info || (info->version != nvmlComputeInstanceProfileInfo_v2 && info->version != nvmlComputeInstanceProfileInfo_v3))
+		RETURN(NVML_ERROR_INVALID_ARGUMENT); /* "If ... info, or info->version are invalid" */
+	if ((rc = ci_profile(gpu, gi, profile, engProfile, &gip)) != NVML_SUCCESS)
+		RETURN(rc);
+	if (info->version == nvmlComputeInstanceProfileInfo_v3) {
+		nvmlComputeInstanceProfileInfo_v2_t v2 = {.version = nvmlComputeInstanceProfileInfo_v2};
+		fill_ci_info(gip, profile, &v2);
+		nvmlComputeInstanceProfileInfo_v3_t *v3 = (nvmlComputeInstanceProfileInfo_v3_t *)info;
+		memset(v3, 0, sizeof *v3);
+		v3->version = nvmlComputeInstanceProfileInfo_v3;
+		memcpy(&v3->id, &v2.id, offsetof(nvmlComputeInstanceProfileInfo_v2_t, name) - offsetof(nvmlComputeInstanceProfileInfo_v2_t, id));
+		memcpy(v3->name, v2.name, sizeof v3->name);
+		RETURN(NVML_SUCCESS);
+	}
+	fill_ci_info(gip, profile, info);
+	RETURN(NVML_SUCCESS);
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfo(nvmlGpuInstance_t gpuInstance, unsigned int profile,
+								      unsigned int engProfile,
+								      nvmlComputeInstanceProfileInfo_t *info)
+{
+	if (!info)
+		return NVML_ERROR_INVALID_ARGUMENT;
+	nvmlComputeInstanceProfileInfo_v2_t v2 = {.version = nvmlComputeInstanceProfileInfo_v2};
+	nvmlReturn_t rc = nvmlGpuInstanceGetComputeInstanceProfileInfoV(gpuInstance, profile, engProfile, &v2);
+	if (rc == NVML_SUCCESS)
+		memcpy(info, &v2.id, sizeof *info);
+	return rc;
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlGpuInstanceCreateComputeInstance(nvmlGpuInstance_t gpuInstance, unsigned int profileId,
+							      nvmlComputeInstance_t *computeInstance)
+{
+	ENTER();
+	if (!computeInstance)
+		RETURN(NVML_ERROR_INVALID_ARGUMENT);
+	json_t *state = fake_mutate_begin(), *gpu, *gi, *ci, *gip;
+	if (!state)
+		RETURN(NVML_ERROR_UNKNOWN);
+	nvmlReturn_t rc = instance(gpuInstance, K_GI, state, &gpu, &gi, &ci);
+	if (rc == NVML_SUCCESS)
+		rc = profileId >= NVML_COMPUTE_INSTANCE_PROFILE_COUNT ? NVML_ERROR_INVALID_ARGUMENT
+									: ci_profile(gpu, gi, profileId, 0, &gip);
+	json_t *cis = json_object_get(gi, "computeInstances");
+	long long used = 0, ids = 0, taken = 0;
+	int id = 0, mig = 0;
+	if (rc == NVML_SUCCESS) {
+		size_t i, j;
+		json_t *c, *g;
+		json_array_foreach(cis, i, c) {
+			used += fake_int(c, "size", 0);
+			ids |= 1ll << fake_int(c, "id", 0);
+		}
+		json_array_foreach(json_object_get(gpu, "gpuInstances"), i, g)
+			json_array_foreach(json_object_get(g, "computeInstances"), j, c) taken |= 1ll << fake_int(c, "migIndex", 0);
+		if (used + ci_slices[profileId] > fake_int(gip, "slices", 0))
+			rc = NVML_ERROR_INSUFFICIENT_RESOURCES; /* "could not be created" */
+	}
+	if (rc == NVML_SUCCESS) {
+		for (; id < MAX_CI - 1 && (ids >> id & 1); id++)
+			;
+		/* MIG device indices: the lowest free one on the GPU, so destroying leaves holes
+		 * (nvmlDeviceGetMigDeviceHandleByIndex: NOT_FOUND "if no valid MIG device was found at index"). */
+		for (; mig < 62 && (taken >> mig & 1); mig++)
+			;
+		char uuid[64];
+		fake_mig_uuid(state, uuid, sizeof uuid);
+		json_array_append_new(cis, json_pack("{s:i, s:i, s:I, s:i, s:i, s:s, s:b}", "id", id, "profileId",
+						     (int)profileId, "start", (json_int_t)used, "size", ci_slices[profileId],
+						     "migIndex", mig, "uuid", uuid, "busy", 0));
+		*computeInstance = (nvmlComputeInstance_t)fake_handle(K_CI, (int)fake_int(gpu, "index", 0),
+								      (int)fake_int(gi, "id", 0), id);
+	}
+	fake_mutate_end(state, rc == NVML_SUCCESS);
+	RETURN(rc);
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstances(nvmlGpuInstance_t gpuInstance, unsigned int profileId,
+							    nvmlComputeInstance_t *computeInstances, unsigned int *count)
+{
+	ENTER();
+	json_t *gpu, *gi, *ci;
+	nvmlReturn_t rc = instance(gpuInstance, K_GI, fake_state(), &gpu, &gi, &ci);
+	if (rc != NVML_SUCCESS)
+		RETURN(rc);
+	if (!computeInstances || !count || profileId >= NVML_COMPUTE_INSTANCE_PROFILE_COUNT)
+		RETURN(NVML_ERROR_INVALID_ARGUMENT);
+	size_t i;
+	json_t *c;
+	unsigned int n = 0;
+	json_array_foreach(json_object_get(gi, "computeInstances"), i, c)
+		if (fake_int(c, "profileId", -1) == profileId)
+			computeInstances[n++] = (nvmlComputeInstance_t)fake_handle(
+				K_CI, (int)fake_int(gpu, "index", 0), (int)fake_int(gi, "id", 0), (int)fake_int(c, "id", 0));
+	*count = n;
+	RETURN(NVML_SUCCESS);
+}
+
+/* nvml.h nvmlComputeInstanceInfo_st: "nvmlDevice_t device; //!< Parent device", the GPU's handle
+ * (not the MIG device's), and "nvmlGpuInstance_t gpuInstance; //!< Parent GPU instance". */
+FAKE_EXPORT nvmlReturn_t nvmlComputeInstanceGetInfo_v2(nvmlComputeInstance_t computeInstance, nvmlComputeInstanceInfo_t *info)
+{
+	ENTER();
+	json_t *gpu, *gi, *ci;
+	nvmlReturn_t rc = instance(computeInstance, K_CI, fake_state(), &gpu, &gi, &ci);
+	if (rc != NVML_SUCCESS || !info)
+		RETURN(rc != NVML_SUCCESS ? rc : NVML_ERROR_INVALID_ARGUMENT);
+	int index = (int)fake_int(gpu, "index", 0), g = (int)fake_int(gi, "id", 0);
+	info->device = (nvmlDevice_t)fake_handle(K_GPU, index, 0, 0);
+	info->gpuInstance = (nvmlGpuInstance_t)fake_handle(K_GI, index, g, 0);
+	info->id = (unsigned int)fake_int(ci, "id", 0);
+	info->profileId = (unsigned int)fake_int(ci, "profileId", 0);
+	info->placement = (nvmlComputeInstancePlacement_t){(unsigned int)fake_int(ci, "start", 0),
+							   (unsigned int)fake_int(ci, "size", 0)};
+	RETURN(NVML_SUCCESS);
+}
+
+/* IN_USE "If the compute instance is in use. This error would be returned if processes (e.g. CUDA
+ * application) are active on the compute instance." */
+FAKE_EXPORT nvmlReturn_t nvmlComputeInstanceDestroy(nvmlComputeInstance_t computeInstance)
+{
+	ENTER();
+	json_t *state = fake_mutate_begin(), *gpu, *gi, *ci;
+	if (!state)
+		RETURN(NVML_ERROR_UNKNOWN);
+	nvmlReturn_t rc = instance(computeInstance, K_CI, state, &gpu, &gi, &ci);
+	if (rc == NVML_SUCCESS && fake_bool(ci, "busy"))
+		rc = NVML_ERROR_IN_USE;
+	if (rc == NVML_SUCCESS) {
+		json_t *cis = json_object_get(gi, "computeInstances");
+		size_t i;
+		json_t *item;
+		json_array_foreach(cis, i, item) if (item == ci) break;
+		json_array_remove(cis, i);
+	}
+	fake_mutate_end(state, rc == NVML_SUCCESS);
+	RETURN(rc);
+}
+
+/* ---- MIG devices ------------------------------------------------------------------------------- */
+
+/* "Returns zero if MIG is not supported or enabled" (nvmlDeviceGetMaxMigDeviceCount). */
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *count)
+{
+	ENTER();
+	GPU_OR_RETURN(device);
+	if (!count)
+		RETURN(NVML_ERROR_INVALID_ARGUMENT);
+	*count = fake_mig_enabled(gpu) ? (unsigned int)fake_int(json_object_get(gpu, "mig"), "computeSlices", 0) : 0;
+	RETURN(NVML_SUCCESS);
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsigned int index, nvmlDevice_t *migDevice)
+{
+	ENTER();
+	GPU_OR_RETURN(device);
+	if (!migDevice)
+		RETURN(NVML_ERROR_INVALID_ARGUMENT);
+	if (!fake_mig_enabled(gpu))
+		RETURN(NVML_ERROR_NOT_SUPPORTED);
+	if (index >= (unsigned int)fake_int(json_object_get(gpu, "mig"), "computeSlices", 0))
+		RETURN(NVML_ERROR_INVALID_ARGUMENT);
+	size_t i, j;
+	json_t *gi, *ci;
+	json_array_foreach(json_object_get(gpu, "gpuInstances"), i, gi)
+		json_array_foreach(json_object_get(gi, "computeInstances"), j, ci)
+			if (fake_int(ci, "migIndex", -1) == index) {
+				*migDevice = (nvmlDevice_t)fake_handle(K_MIG, (int)fake_int(gpu, "index", 0),
+								       (int)fake_int(gi, "id", 0), (int)fake_int(ci, "id", 0));
+				RETURN(NVML_SUCCESS);
+			}
+	RETURN(NVML_ERROR_NOT_FOUND);
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t device, unsigned int *isMigDevice)
+{
+	ENTER();
+	struct fake_handle *h = fake_check(device);
+	if (!h || (h->kind != K_GPU && h->kind != K_MIG) || !isMigDevice)
+		RETURN(NVML_ERROR_INVALID_ARGUMENT);
+	*isMigDevice = h->kind == K_MIG;
+	RETURN(NVML_SUCCESS);
+}
+
+/* A whole GPU has no GPU- or compute-instance id: NOT_SUPPORTED "if this query is not supported by the device". */
+static nvmlReturn_t mig_ids(nvmlDevice_t device, unsigned int *id, int compute)
+{
+	ENTER();
+	json_t *state = fake_state(), *gpu, *gi, *ci;
+	nvmlReturn_t rc = fake_device(device, state, &gpu, &gi, &ci);
+	if (rc != NVML_SUCCESS || !id)
+		RETURN(rc != NVML_SUCCESS ? rc : NVML_ERROR_INVALID_ARGUMENT);
+	if (!ci)
+		RETURN(NVML_ERROR_NOT_SUPPORTED);
+	*id = (unsigned int)fake_int(compute ? ci : gi, "id", 0);
+	RETURN(NVML_SUCCESS);
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t device, unsigned int *id) { return mig_ids(device, id, 0); }
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t device, unsigned int *id) { return mig_ids(device, id, 1); }
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t migDevice, nvmlDevice_t *device)
+{
+	ENTER();
+	json_t *state = fake_state(), *gpu, *gi, *ci;
+	nvmlReturn_t rc = fake_device(migDevice, state, &gpu, &gi, &ci);
+	if (rc != NVML_SUCCESS || !device || !ci)
+		RETURN(rc != NVML_SUCCESS ? rc : NVML_ERROR_INVALID_ARGUMENT);
+	*device = (nvmlDevice_t)fake_handle(K_GPU, (int)fake_int(gpu, "index", 0), 0, 0);
+	RETURN(NVML_SUCCESS);
+}
