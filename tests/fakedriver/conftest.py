@@ -102,23 +102,31 @@ def machine(tmp_path: Path) -> State:
 class Nvml:
     """pynvml in a worker process over the fake driver: `call(NAME, *args)` as pynvml.NAME(*args)."""
 
-    def __init__(self, root: Path, state: State) -> None:
+    def __init__(self, root: Path, state: State, env: dict[str, str] | None = None) -> None:
         self._proc = subprocess.Popen(
             [sys.executable, str(WORKER)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
-            env=driver_env(root, state.path),
+            env=env or driver_env(root, state.path),
         )
         self.out: list[Any] = []
 
-    def call(self, name: str, *args: Any) -> Any:
-        """The wrapper's result; NvmlError for an NVML error. Output arrays/counters: `.out`."""
-        assert self._proc.stdin is not None and self._proc.stdout is not None
+    def send(self, name: str, *args: Any) -> None:
+        """Start pynvml.NAME(*args) in the worker; `receive()` waits for its result."""
+        assert self._proc.stdin is not None
         self._proc.stdin.write(json.dumps({"call": name, "args": list(args)}) + "\n")
         self._proc.stdin.flush()
+
+    def call(self, name: str, *args: Any) -> Any:
+        """The wrapper's result; NvmlError for an NVML error. Output arrays/counters: `.out`."""
+        self.send(name, *args)
+        return self.receive()
+
+    def receive(self) -> Any:
+        assert self._proc.stdout is not None
         line = self._proc.stdout.readline()
-        assert line, f"the pynvml worker died during {name} (exit {self._proc.wait()})"
+        assert line, f"the pynvml worker died (exit {self._proc.wait()})"
         reply = json.loads(line)
         self.out = reply["out"]
         if "error" in reply:
@@ -134,7 +142,8 @@ class Nvml:
         return 0
 
     def close(self) -> None:
-        assert self._proc.stdin is not None and self._proc.stdout is not None
+        assert self._proc.stdin is not None
+        assert self._proc.stdout is not None
         self._proc.stdin.close()
         self._proc.wait(timeout=30)
         self._proc.stdout.close()

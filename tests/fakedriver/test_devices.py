@@ -16,7 +16,9 @@ A100 = "A100-SXM4-40GB"
 
 def test_every_exported_symbol_is_an_nvml_function_the_tests_call(driver_root: Path) -> None:
     lib = driver_root / "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
-    symbols = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True, check=True)
+    symbols = subprocess.run(
+        ["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True, check=True
+    )
     exported = {line.split()[-1] for line in symbols.stdout.splitlines()}
     tests = "".join(p.read_text() for p in Path(__file__).parent.glob("test_*.py"))
     assert all(name.startswith("nvml") for name in exported), exported
@@ -52,7 +54,9 @@ def test_error_strings(nvml_for: Callable[[State], Nvml], machine: State) -> Non
     assert n.call("nvmlErrorString", pynvml.NVML_ERROR_GPU_IS_LOST) == "GPU is lost"
 
 
-@pytest.mark.parametrize(("personality", "driver", "cuda"), [("r580", "580.65.06", 13000), ("r535", "535.261.03", 12020)])
+@pytest.mark.parametrize(
+    ("personality", "driver", "cuda"), [("r580", "580.65.06", 13000), ("r535", "535.261.03", 12020)]
+)
 def test_versions_follow_the_personality(
     nvml_for: Callable[[State], Nvml], machine: State, personality: str, driver: str, cuda: int
 ) -> None:
@@ -74,7 +78,8 @@ def test_identity_of_each_gpu(nvml_for: Callable[[State], Nvml], machine: State)
     assert n.call("nvmlDeviceGetName", handles[0]) == "NVIDIA A100-SXM4-40GB"
     assert n.call("nvmlDeviceGetMemoryInfo", handles[0])["total"] == 40960 << 20
     pci = n.call("nvmlDeviceGetPciInfo", handles[1])
-    assert pci["pciDeviceId"] == 0x20B010DE and pci["busId"] == "00000000:11:00.0"
+    assert pci["pciDeviceId"] == 0x20B010DE
+    assert pci["busId"] == "00000000:11:00.0"
     assert n.call("nvmlDeviceGetCudaComputeCapability", handles[0]) == [8, 0]
     assert n.call("nvmlDeviceGetMinorNumber", handles[2]) == 2
     assert n.call("nvmlDeviceGetVirtualizationMode", handles[0]) == pynvml.NVML_GPU_VIRTUALIZATION_MODE_NONE
@@ -99,7 +104,9 @@ def test_pci_info_ext_needs_its_struct_version(nvml_for: Callable[[State], Nvml]
     assert n.code("nvmlDeviceGetPciInfoExt", gpu, wrong) == pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
 
 
-def test_a_lost_gpu_answers_gpu_is_lost_and_the_others_answer(nvml_for: Callable[[State], Nvml], machine: State) -> None:
+def test_a_lost_gpu_answers_gpu_is_lost_and_the_others_answer(
+    nvml_for: Callable[[State], Nvml], machine: State
+) -> None:
     machine.init(f"{A100}:2")
     n = nvml_for(machine)
     machine.sim("lost", "--gpu", "0")
@@ -123,7 +130,9 @@ def test_a_busy_gpu_runs_one_process(nvml_for: Callable[[State], Nvml], machine:
     assert n.call("nvmlDeviceGetComputeRunningProcesses", gpu) == []
 
 
-def test_a_gpu_without_mig_does_not_support_mig_calls(nvml_for: Callable[[State], Nvml], machine: State) -> None:
+def test_a_gpu_without_mig_does_not_support_mig_calls(
+    nvml_for: Callable[[State], Nvml], machine: State
+) -> None:
     machine.init("T4")
     n = nvml_for(machine)
     gpu = n.call("nvmlDeviceGetHandleByIndex", 0)
@@ -133,7 +142,9 @@ def test_a_gpu_without_mig_does_not_support_mig_calls(nvml_for: Callable[[State]
     assert n.call("nvmlDeviceGetMaxMigDeviceCount", gpu) == 0
 
 
-def test_nvidia_smi_lists_gpus_and_mig_devices(driver_root: Path, machine: State, nvml_for: Callable[[State], Nvml]) -> None:
+def test_nvidia_smi_lists_gpus_and_mig_devices(
+    driver_root: Path, machine: State, nvml_for: Callable[[State], Nvml]
+) -> None:
     uuids = machine.init(A100)
     n = nvml_for(machine)
     gpu = n.call("nvmlDeviceGetHandleByIndex", 0)

@@ -41,12 +41,10 @@ static void node(const char *name)
 	snprintf(path, sizeof path, "%s/dev/%s", fake_root(), name);
 	if (lstat(path, &st) == 0)
 		return;
-	if (strchr(name, '/')) {
-		char dir[PATH_MAX];
-		snprintf(dir, sizeof dir, "%s", path);
-		*strrchr(dir, '/') = '\0';
-		mkdirs(dir);
-	}
+	char dir[PATH_MAX];
+	snprintf(dir, sizeof dir, "%s", path);
+	*strrchr(dir, '/') = '\0';
+	mkdirs(dir);
 	if (mknod(path, S_IFCHR | 0666, makedev(1, 3)) != 0 && errno != EEXIST)
 		return; /* not allowed here (no CAP_MKNOD): no stand-in */
 }
