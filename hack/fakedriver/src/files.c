@@ -1,12 +1,13 @@
 /* The files a driver brings, under the driver root, kept in step with the state.
  *
  * Layout of the NVIDIA driver (MIG user guide, "Device Nodes and Capabilities",
- * https://docs.nvidia.com/datacenter/tesla/mig-user-guide/#device-nodes-and-capabilities):
+ * https://docs.nvidia.com/datacenter/tesla/mig-user-guide/device-nodes-and-capabilities.html):
  * /dev/nvidiactl, /dev/nvidia-uvm, /dev/nvidia-uvm-tools, /dev/nvidia<minor> per GPU, and per MIG
  * instance /proc/driver/nvidia/capabilities/gpu<minor>/mig/gi<g>/access and .../gi<g>/ci<c>/access
- * holding "DeviceFileMinor: N", the minor of /dev/nvidia-caps/nvidia-cap<N>. The minors follow
- * /proc/driver/nvidia-caps/mig-minors as the guide lists it: config 1, monitor 2, then per GPU 15
- * GPU instances of 1 + 8 minors each, from 3 ("gpu0/gi0/access 3", "gpu0/gi0/ci0/access 4", ...).
+ * holding "DeviceFileMinor: N", the minor of /dev/nvidia-caps/nvidia-cap<N> (plus mig/config and
+ * mig/monitor). The numbers follow the order of the driver's /proc/driver/nvidia-caps/mig-minors
+ * (config 1, monitor 2, then per GPU 15 GPU instances of 1 + 8 minors each, from 3); readers take
+ * them from the access files, never from this formula.
  * Device nodes are character devices with /dev/null's numbers (1, 3): harmless stand-ins, made where
  * the process may mknod and skipped quietly elsewhere (the /proc files are plain files).
  */
