@@ -104,7 +104,7 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlD
 {
 	ENTER();
 	json_t *state = fake_state();
-	if (!device || !state || !fake_gpu(state, (int)index))
+	if (!device || !state || index >= MAX_GPUS || !fake_gpu(state, (int)index))
 		RETURN(NVML_ERROR_INVALID_ARGUMENT); /* "if \a index is invalid or \a device is NULL" */
 	*device = (nvmlDevice_t)fake_handle(K_GPU, (int)index, 0, 0);
 	RETURN(NVML_SUCCESS);
