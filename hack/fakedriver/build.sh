@@ -3,6 +3,8 @@
 # repository and print its driver root (one line on stdout; progress on stderr):
 #
 #   ROOT=$(hack/fakedriver/build.sh)
+#   ROOT=$(hack/fakedriver/build.sh --install DIR)   # also copy usr/ into DIR (a node's driver
+#                                                    # root; the state goes in DIR/var/lib/fake-nvidia)
 #   ${SHARING_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-sharing}/fakedriver/<key>/
 #     usr/lib/x86_64-linux-gnu/libnvidia-ml.so.<version>   the fake NVML (+ libnvidia-ml.so.1 link)
 #     usr/lib/x86_64-linux-gnu/libcuda.so.<version>        stand-in (+ libcuda.so.1 link)
@@ -17,6 +19,12 @@
 # installs gcc, make and cmake with apt-get (CI runs it on a fresh machine).
 set -euo pipefail
 
+install=""
+case ${1:-} in
+--install) install=${2:?"--install needs a directory"} ;;
+"") ;;
+*) printf '%s\n' "usage: $0 [--install DIR]" >&2; exit 2 ;;
+esac
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 log() { printf '%s\n' "fakedriver: $*" >&2; }
@@ -35,19 +43,28 @@ cache=${SHARING_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-sharing}/fakedriver
 key=$( { cd "$here" && sha256sum build.sh src/*; echo "$NVML_DEV_VERSION $JANSSON_VERSION $DRIVER_VERSION"; } \
 	| sha256sum | cut -c1-12)
 root=$cache/$key
-lib=$root/usr/lib/x86_64-linux-gnu
-if [ -f "$root/.complete" ]; then
-	printf '%s\n' "$root"
+# Copies, not links: a container that mounts DIR sees whole files. Replaced by rename, so a
+# process that has the library loaded keeps its copy.
+done_with() { # <built root>
+	if [ -n "$install" ]; then
+		mkdir -p "$install/usr/lib/x86_64-linux-gnu" "$install/usr/bin"
+		local f
+		for f in "$1"/usr/lib/x86_64-linux-gnu/* "$1/usr/bin/nvidia-smi"; do
+			local to=$install/${f#"$1"/}
+			cp -P "$f" "$to.tmp.$$" && mv -f "$to.tmp.$$" "$to"
+		done
+		printf '%s\n' "$(cd "$install" && pwd)"
+	else
+		printf '%s\n' "$1"
+	fi
 	exit 0
-fi
+}
+[ ! -f "$root/.complete" ] || done_with "$root"
 
 mkdir -p "$cache/deps"
 exec 9>"$cache/.build.lock" # one builder at a time per cache
 flock 9
-if [ -f "$root/.complete" ]; then
-	printf '%s\n' "$root"
-	exit 0
-fi
+[ ! -f "$root/.complete" ] || done_with "$root"
 
 need=()
 for tool in gcc make cmake curl; do command -v "$tool" >/dev/null 2>&1 || need+=("$tool"); done
@@ -118,4 +135,4 @@ gcc "${cflags[@]}" -o "$root.tmp/usr/bin/nvidia-smi" "$here/src/smi.c" -L"$out" 
 touch "$root.tmp/.complete"
 rm -rf "$root"
 mv "$root.tmp" "$root"
-printf '%s\n' "$root"
+done_with "$root"

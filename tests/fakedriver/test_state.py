@@ -71,16 +71,20 @@ def test_the_state_is_found_from_the_driver_root_without_any_variable(
 ) -> None:
     """In a container the agent sets nothing: the library finds <root>/var/lib/fake-nvidia/gpus.json."""
     uuids = machine.init(A100)
-    lib = machine.root / "usr/lib/x86_64-linux-gnu"
-    lib.mkdir(parents=True)
-    (lib / "libnvidia-ml.so.1").symlink_to(driver_root / "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1")
+    install = [str(REPO / "hack/fakedriver/build.sh"), "--install", str(machine.root)]
+    subprocess.run(install, check=True, capture_output=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("FAKE_NVML")}
-    n = Nvml(driver_root, machine, {**env, "LD_LIBRARY_PATH": str(lib)})
+    n = Nvml(driver_root, machine, {**env, "LD_LIBRARY_PATH": str(machine.root / "usr/lib/x86_64-linux-gnu")})
     try:
         n.call("nvmlInit")
         assert n.call("nvmlDeviceGetUUID", n.call("nvmlDeviceGetHandleByIndex", 0)) == uuids[0]
     finally:
         n.close()
+    # nvidia-smi finds its library (and so the GPUs) next to itself.
+    smi = subprocess.run(
+        [str(machine.root / "usr/bin/nvidia-smi"), "-L"], check=False, capture_output=True, text=True, env=env
+    )
+    assert smi.stdout.splitlines() == [f"GPU 0: NVIDIA A100-SXM4-40GB (UUID: {uuids[0]})"], smi.stderr
 
 
 def test_device_files_follow_the_instances(nvml_for: Callable[[State], Nvml], machine: State) -> None:

@@ -70,6 +70,11 @@ static void find_paths(void)
 		char *slash = strrchr(lib, '/');
 		if (slash)
 			*slash = '\0';
+		/* the directory canonical (nvidia-smi finds the library as $ORIGIN/../lib/...), the
+		 * file not: a linked-in library belongs to the root it is linked into */
+		char dir[PATH_MAX];
+		if (realpath(lib, dir))
+			snprintf(lib, sizeof lib, "%s", dir);
 		if (ends_with(lib, "/usr/lib/x86_64-linux-gnu"))
 			lib[strlen(lib) - strlen("/usr/lib/x86_64-linux-gnu")] = '\0';
 		snprintf(state_path, sizeof state_path, "%s%s", lib, suffix);
