@@ -64,18 +64,26 @@ def sim(state: Path, *args: str) -> str:
     return done.stdout
 
 
+PERSONALITIES = ("r580", "r535")
+"""The driver branches the fake driver plays (hack/fakedriver/README.md, "Personalities")."""
+
+
 class State:
     """One fake machine: its state file (under a driver-root layout) and its files."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, personality: str) -> None:
         self.root = root
         self.path = root / "var/lib/fake-nvidia/gpus.json"
+        self.personality = personality
 
     def init(self, gpus: str, *flags: str, **fields: Any) -> list[str]:
-        """`sharing sim init --gpus GPUS FLAGS`, then set top-level FIELDS; the GPU UUIDs."""
+        """`sharing sim init --gpus GPUS FLAGS`, then set top-level FIELDS; the GPU UUIDs.
+
+        The personality is the test's parameter unless FIELDS name one.
+        """
         out = sim(self.path, "init", "--gpus", gpus, *flags)
-        if fields:
-            self.edit(lambda state: state.update(fields))
+        changes = {"personality": self.personality, **fields}
+        self.edit(lambda state: state.update(changes))
         return [line.split()[-1] for line in out.splitlines()]
 
     def read(self) -> dict[str, Any]:
@@ -94,9 +102,10 @@ class State:
         return sim(self.path, *args)
 
 
-@pytest.fixture
-def machine(tmp_path: Path) -> State:
-    return State(tmp_path / "node")
+@pytest.fixture(params=PERSONALITIES)
+def machine(tmp_path: Path, request: pytest.FixtureRequest) -> State:
+    """A fake machine; every test runs on each personality (those about one branch name it)."""
+    return State(tmp_path / "node", request.param)
 
 
 class Nvml:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pynvml
+import pytest
 
 from tests.fakedriver.conftest import Nvml, State
 
@@ -14,6 +15,7 @@ RECOVERY = pynvml.nvmlEventTypeGpuRecoveryAction
 NA = 0xFFFFFFFF
 
 
+@pytest.mark.parametrize("machine", ["r580"], indirect=True)
 def test_an_xid_on_a_gpu_and_on_a_mig_device(nvml_for: Callable[[State], Nvml], machine: State) -> None:
     (uuid,) = machine.init(A100)
     n = nvml_for(machine)
@@ -36,6 +38,7 @@ def test_an_xid_on_a_gpu_and_on_a_mig_device(nvml_for: Callable[[State], Nvml], 
     assert n.code("nvmlEventSetWait", events, 0) == pynvml.NVML_ERROR_INVALID_ARGUMENT
 
 
+@pytest.mark.parametrize("machine", ["r580"], indirect=True)
 def test_a_reset_reports_that_no_recovery_action_is_needed(
     nvml_for: Callable[[State], Nvml], machine: State
 ) -> None:
@@ -61,8 +64,9 @@ def test_events_before_registration_are_not_recorded(
     assert n.code("nvmlEventSetWait", events, 0) == pynvml.NVML_ERROR_TIMEOUT
 
 
+@pytest.mark.parametrize("machine", ["r535"], indirect=True)
 def test_the_old_branch_has_no_recovery_events(nvml_for: Callable[[State], Nvml], machine: State) -> None:
-    (uuid,) = machine.init(A100, personality="r535")
+    (uuid,) = machine.init(A100)
     n = nvml_for(machine)
     gpu = n.call("nvmlDeviceGetHandleByIndex", 0)
     events = n.call("nvmlEventSetCreate")

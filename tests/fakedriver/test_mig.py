@@ -89,6 +89,7 @@ def table(n: Nvml, gpu: Any) -> dict[int, dict[str, Any]]:
     return found
 
 
+@pytest.mark.parametrize("machine", ["r580"], indirect=True)
 def test_the_current_branch_lists_profiles_while_mig_is_off(
     nvml_for: Callable[[State], Nvml], machine: State
 ) -> None:
@@ -102,10 +103,11 @@ def test_the_current_branch_lists_profiles_while_mig_is_off(
     assert profiles[pynvml.NVML_GPU_INSTANCE_PROFILE_7_SLICE]["id"] == P7G
 
 
+@pytest.mark.parametrize("machine", ["r535"], indirect=True)
 def test_the_old_branch_lists_no_profiles_until_mig_is_on(
     nvml_for: Callable[[State], Nvml], machine: State
 ) -> None:
-    machine.init(A100, personality="r535")
+    machine.init(A100)
     n = nvml_for(machine)
     gpu = n.call("nvmlDeviceGetHandleByIndex", 0)
     assert table(n, gpu) == {}
@@ -118,7 +120,7 @@ def test_the_old_branch_lists_no_profiles_until_mig_is_on(
 def test_profile_info_versions_and_bad_enums(nvml_for: Callable[[State], Nvml], machine: State) -> None:
     machine.init(A100)
     n = nvml_for(machine)
-    gpu = n.call("nvmlDeviceGetHandleByIndex", 0)
+    gpu = mig_on(n)  # the old branch answers only with MIG on
     v1 = n.call("nvmlDeviceGetGpuInstanceProfileInfo", gpu, 0, 1)  # the unversioned struct
     assert v1["id"] == P1G
     assert "version" not in v1
@@ -257,11 +259,10 @@ def test_mig_devices_have_sparse_indices_and_stable_uuids(
     assert n.call("nvmlDeviceGetMemoryInfo", migs[2])["total"] == 4864 << 20
 
 
-@pytest.mark.parametrize("personality", ["r580", "r535"])
 def test_an_unprivileged_container_cannot_list_mig_processes(
-    nvml_for: Callable[[State], Nvml], machine: State, personality: str
+    nvml_for: Callable[[State], Nvml], machine: State
 ) -> None:
-    machine.init(A100, personality=personality, unprivilegedProcesses=True)
+    machine.init(A100, unprivilegedProcesses=True)
     n = nvml_for(machine)
     gpu = mig_on(n)
     create(n, gpu, P1G, 0, 1)
