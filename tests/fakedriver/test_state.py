@@ -162,3 +162,15 @@ asyncio.run(main())
     assert seen["files"][0] == str(machine.root / "dev/nvidia0")
     assert len(seen["files"]) == (3 if os.geteuid() == 0 else 1)
     assert (seen["final"], seen["driver"]) == (0, "580.65.06")
+
+
+@pytest.mark.parametrize("machine", ["r580"], indirect=True)
+def test_a_state_file_without_the_new_fields_plays_the_current_branch(
+    nvml_for: Callable[[State], Nvml], machine: State
+) -> None:
+    machine.init(A100)
+    machine.edit(lambda s: s.pop("personality"))  # as `sharing sim init` writes it
+    n = nvml_for(machine)
+    gpu = n.call("nvmlDeviceGetHandleByIndex", 0)
+    assert n.call("nvmlDeviceGetGpuInstanceProfileInfo", gpu, 0)["name"] == "MIG 1g.5gb"  # MIG still off
+    assert n.call("nvmlSystemGetDriverVersion") == "580.65.06"
