@@ -137,7 +137,7 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_
 }
 
 #define DEVICE_OR_RETURN(handle)                                                                   \
-	json_t *state = fake_state(), *gpu, *gi, *ci;                                              \
+	json_t *state = fake_state(), *gpu = NULL, *gi = NULL, *ci = NULL;                                              \
 	nvmlReturn_t rc = fake_device((handle), state, &gpu, &gi, &ci);                            \
 	if (rc != NVML_SUCCESS)                                                                    \
 		RETURN(rc);

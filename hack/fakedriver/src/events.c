@@ -56,7 +56,7 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned 
 	struct event_set *s = set_of(set);
 	if (!s || (eventTypes & ~(unsigned long long)nvmlEventTypeAll))
 		RETURN(NVML_ERROR_INVALID_ARGUMENT);
-	json_t *state = fake_state(), *gpu, *gi, *ci;
+	json_t *state = fake_state(), *gpu = NULL, *gi = NULL, *ci = NULL;
 	nvmlReturn_t rc = fake_device(device, state, &gpu, &gi, &ci);
 	if (rc != NVML_SUCCESS)
 		RETURN(rc);

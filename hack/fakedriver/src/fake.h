@@ -17,6 +17,7 @@
 #define MAX_GPUS 64
 #define MAX_GI 16 /* GPU instance ids 0..14 on every MIG product (nvidia-caps: 15 per GPU) */
 #define MAX_CI 8  /* compute instance ids 0..7 per GPU instance */
+#define PATH_BUF 8192 /* room for a path plus what is appended to it */
 #define NA 0xFFFFFFFFu /* nvml.h nvmlProcessInfo_v2_st / nvmlEventData_st: "0xFFFFFFFF otherwise" */
 
 enum kind { K_GPU = 1, K_GI, K_CI, K_MIG, K_EVENTS };

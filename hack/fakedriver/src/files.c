@@ -24,7 +24,7 @@
 
 static void mkdirs(const char *path)
 {
-	char buf[PATH_MAX];
+	char buf[PATH_BUF];
 	snprintf(buf, sizeof buf, "%s", path);
 	for (char *p = buf + 1; *p; p++)
 		if (*p == '/') {
@@ -37,12 +37,12 @@ static void mkdirs(const char *path)
 
 static void node(const char *name)
 {
-	char path[PATH_MAX];
+	char path[PATH_BUF];
 	struct stat st;
 	snprintf(path, sizeof path, "%s/dev/%s", fake_root(), name);
 	if (lstat(path, &st) == 0)
 		return;
-	char dir[PATH_MAX];
+	char dir[PATH_BUF];
 	snprintf(dir, sizeof dir, "%s", path);
 	*strrchr(dir, '/') = '\0';
 	mkdirs(dir);
@@ -52,7 +52,7 @@ static void node(const char *name)
 
 static void cap_file(const char *dir, unsigned int minor)
 {
-	char path[PATH_MAX];
+	char path[PATH_BUF];
 	struct stat st;
 	snprintf(path, sizeof path, "%s/access", dir);
 	if (stat(path, &st) == 0)
@@ -71,7 +71,7 @@ static void cap_file(const char *dir, unsigned int minor)
 
 static void drop_cap(const char *dir, unsigned int minor)
 {
-	char path[PATH_MAX];
+	char path[PATH_BUF];
 	snprintf(path, sizeof path, "%s/access", dir);
 	unlink(path);
 	rmdir(dir);
@@ -83,7 +83,7 @@ static unsigned int gi_minor(int gpu, int gi) { return 3u + (unsigned int)gpu * 
 
 void fake_sync_files(json_t *state)
 {
-	char dir[PATH_MAX], sub[PATH_MAX + 16];
+	char dir[PATH_BUF], sub[PATH_BUF];
 	struct stat st;
 	node("nvidiactl");
 	node("nvidia-uvm");

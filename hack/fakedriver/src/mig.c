@@ -300,7 +300,7 @@ static nvmlReturn_t instance(const void *handle, int kind, json_t *state, json_t
 FAKE_EXPORT nvmlReturn_t nvmlGpuInstanceGetInfo(nvmlGpuInstance_t gpuInstance, nvmlGpuInstanceInfo_t *info)
 {
 	ENTER();
-	json_t *gpu, *gi, *ci;
+	json_t *gpu = NULL, *gi = NULL, *ci = NULL;
 	nvmlReturn_t rc = instance(gpuInstance, K_GI, fake_state(), &gpu, &gi, &ci);
 	if (rc != NVML_SUCCESS || !info)
 		RETURN(rc != NVML_SUCCESS ? rc : NVML_ERROR_INVALID_ARGUMENT);
@@ -316,7 +316,7 @@ FAKE_EXPORT nvmlReturn_t nvmlGpuInstanceGetInfo(nvmlGpuInstance_t gpuInstance, n
 FAKE_EXPORT nvmlReturn_t nvmlGpuInstanceDestroy(nvmlGpuInstance_t gpuInstance)
 {
 	ENTER();
-	json_t *state = fake_mutate_begin(), *gpu, *gi, *ci;
+	json_t *state = fake_mutate_begin(), *gpu = NULL, *gi = NULL, *ci = NULL;
 	if (!state)
 		RETURN(NVML_ERROR_UNKNOWN);
 	nvmlReturn_t rc = instance(gpuInstance, K_GI, state, &gpu, &gi, &ci);
@@ -381,7 +381,7 @@ FAKE_EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfoV(nvmlGpuIn
 								       nvmlComputeInstanceProfileInfo_v2_t *info)
 {
 	ENTER();
-	json_t *gpu, *gi, *ci, *gip;
+	json_t *gpu = NULL, *gi = NULL, *ci = NULL, *gip = NULL;
 	nvmlReturn_t rc = instance(gpuInstance, K_GI, fake_state(), &gpu, &gi, &ci);
 	if (rc != NVML_SUCCESS)
 		RETURN(rc);
@@ -422,7 +422,7 @@ FAKE_EXPORT nvmlReturn_t nvmlGpuInstanceCreateComputeInstance(nvmlGpuInstance_t 
 	ENTER();
 	if (!computeInstance)
 		RETURN(NVML_ERROR_INVALID_ARGUMENT);
-	json_t *state = fake_mutate_begin(), *gpu, *gi, *ci, *gip;
+	json_t *state = fake_mutate_begin(), *gpu = NULL, *gi = NULL, *ci = NULL, *gip = NULL;
 	if (!state)
 		RETURN(NVML_ERROR_UNKNOWN);
 	nvmlReturn_t rc = instance(gpuInstance, K_GI, state, &gpu, &gi, &ci);
@@ -467,7 +467,7 @@ FAKE_EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstances(nvmlGpuInstance_t gp
 							    nvmlComputeInstance_t *computeInstances, unsigned int *count)
 {
 	ENTER();
-	json_t *gpu, *gi, *ci;
+	json_t *gpu = NULL, *gi = NULL, *ci = NULL;
 	nvmlReturn_t rc = instance(gpuInstance, K_GI, fake_state(), &gpu, &gi, &ci);
 	if (rc != NVML_SUCCESS)
 		RETURN(rc);
@@ -489,7 +489,7 @@ FAKE_EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstances(nvmlGpuInstance_t gp
 FAKE_EXPORT nvmlReturn_t nvmlComputeInstanceGetInfo_v2(nvmlComputeInstance_t computeInstance, nvmlComputeInstanceInfo_t *info)
 {
 	ENTER();
-	json_t *gpu, *gi, *ci;
+	json_t *gpu = NULL, *gi = NULL, *ci = NULL;
 	nvmlReturn_t rc = instance(computeInstance, K_CI, fake_state(), &gpu, &gi, &ci);
 	if (rc != NVML_SUCCESS || !info)
 		RETURN(rc != NVML_SUCCESS ? rc : NVML_ERROR_INVALID_ARGUMENT);
@@ -508,7 +508,7 @@ FAKE_EXPORT nvmlReturn_t nvmlComputeInstanceGetInfo_v2(nvmlComputeInstance_t com
 FAKE_EXPORT nvmlReturn_t nvmlComputeInstanceDestroy(nvmlComputeInstance_t computeInstance)
 {
 	ENTER();
-	json_t *state = fake_mutate_begin(), *gpu, *gi, *ci;
+	json_t *state = fake_mutate_begin(), *gpu = NULL, *gi = NULL, *ci = NULL;
 	if (!state)
 		RETURN(NVML_ERROR_UNKNOWN);
 	nvmlReturn_t rc = instance(computeInstance, K_CI, state, &gpu, &gi, &ci);
@@ -574,7 +574,7 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t device, unsign
 static nvmlReturn_t mig_ids(nvmlDevice_t device, unsigned int *id, int compute)
 {
 	ENTER();
-	json_t *state = fake_state(), *gpu, *gi, *ci;
+	json_t *state = fake_state(), *gpu = NULL, *gi = NULL, *ci = NULL;
 	nvmlReturn_t rc = fake_device(device, state, &gpu, &gi, &ci);
 	if (rc != NVML_SUCCESS || !id)
 		RETURN(rc != NVML_SUCCESS ? rc : NVML_ERROR_INVALID_ARGUMENT);
@@ -590,7 +590,7 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t device, uns
 FAKE_EXPORT nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t migDevice, nvmlDevice_t *device)
 {
 	ENTER();
-	json_t *state = fake_state(), *gpu, *gi, *ci;
+	json_t *state = fake_state(), *gpu = NULL, *gi = NULL, *ci = NULL;
 	nvmlReturn_t rc = fake_device(migDevice, state, &gpu, &gi, &ci);
 	if (rc != NVML_SUCCESS || !device || !ci)
 		RETURN(rc != NVML_SUCCESS ? rc : NVML_ERROR_INVALID_ARGUMENT);

@@ -27,8 +27,8 @@
 static pthread_mutex_t lib_lock = PTHREAD_MUTEX_INITIALIZER;
 static int init_count;
 static long long first_event;
-static char state_path[PATH_MAX];
-static char root_path[PATH_MAX];
+static char state_path[PATH_BUF];
+static char root_path[PATH_BUF];
 static json_t *cached;
 static struct stat cached_id;
 static int lock_fd = -1;
@@ -64,7 +64,7 @@ static void find_paths(void)
 		snprintf(state_path, sizeof state_path, "%s", env);
 	} else {
 		Dl_info info;
-		char lib[PATH_MAX] = ".";
+		char lib[PATH_BUF] = ".";
 		if (dladdr((void *)&fake_enter, &info) && info.dli_fname)
 			snprintf(lib, sizeof lib, "%s", info.dli_fname);
 		char *slash = strrchr(lib, '/');
@@ -72,7 +72,7 @@ static void find_paths(void)
 			*slash = '\0';
 		/* the directory canonical (nvidia-smi finds the library as $ORIGIN/../lib/...), the
 		 * file not: a linked-in library belongs to the root it is linked into */
-		char dir[PATH_MAX];
+		char dir[PATH_BUF];
 		if (realpath(lib, dir))
 			snprintf(lib, sizeof lib, "%s", dir);
 		if (ends_with(lib, "/usr/lib/x86_64-linux-gnu"))
@@ -152,7 +152,7 @@ static void pass_gate(void)
 	const char *gate = getenv("SHARING_SIM_GATE");
 	if (!gate || !*gate)
 		return;
-	char waiting[PATH_MAX];
+	char waiting[PATH_BUF];
 	snprintf(waiting, sizeof waiting, "%s.waiting", gate);
 	FILE *f = fopen(waiting, "w");
 	if (f) {
@@ -175,7 +175,7 @@ json_t *fake_mutate_begin(void)
 	fake_leave(); /* other threads' calls go on while a change waits at the gate */
 	pass_gate();
 	fake_enter();
-	char lock[PATH_MAX + 8];
+	char lock[PATH_BUF];
 	snprintf(lock, sizeof lock, "%s.lock", state_path);
 	lock_fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
 	if (lock_fd < 0)
@@ -202,7 +202,7 @@ void fake_mutate_end(json_t *state, int changed)
 	json_object_set_new(state, "mutatingCalls", json_integer(fake_int(state, "mutatingCalls", 0) + 1));
 	if (changed)
 		json_object_set_new(state, "mutations", json_integer(fake_int(state, "mutations", 0) + 1));
-	char tmp[PATH_MAX + 8];
+	char tmp[PATH_BUF];
 	const char *slash = strrchr(state_path, '/');
 	if (slash)
 		snprintf(tmp, sizeof tmp, "%.*s/.%s.tmp", (int)(slash - state_path), state_path, slash + 1);
