@@ -7,7 +7,8 @@ Both run the agent's own NvmlBackend.observe() over the same state file: once ov
 LD_LIBRARY_PATH, as pynvml loads the library once per process), once over the Python SimNvml. A
 counting proxy between the backend and the NVML module counts the calls one observe makes (the
 same proxy on both sides). Prints, per side: NVML calls per observe, ms per observe, µs per call
-(the median of N rounds, after one warm-up round). --json also writes the figures.
+(the median of N rounds, after one warm-up round), and for the fake driver the cost of one call
+that reads no state and of one that reads it. --json also writes the figures.
 """
 
 from __future__ import annotations
@@ -99,11 +100,28 @@ def driver_env(state: Path, root: Path) -> dict[str, str]:
             "LD_LIBRARY_PATH": str(root / "usr/lib/x86_64-linux-gnu")}  # fmt: skip
 
 
+def floor(pynvml: Any) -> dict[str, float]:
+    """µs per call of one call that reads no state and one that reads it (a stat() and lookups)."""
+    pynvml.nvmlInit()
+    gpu = pynvml.nvmlDeviceGetHandleByIndex(0)
+    figures = {}
+    for name, call in (
+        ("us_no_state", lambda: pynvml.nvmlDeviceIsMigDeviceHandle(gpu)),
+        ("us_state_read", lambda: pynvml.nvmlDeviceGetMaxMigDeviceCount(gpu)),
+    ):
+        start = time.perf_counter()
+        for _ in range(20000):
+            call()
+        figures[name] = (time.perf_counter() - start) / 20000 * 1e6
+    pynvml.nvmlShutdown()
+    return figures
+
+
 def child(kind: str, state: Path, rounds: int) -> dict[str, float]:
     if kind == "fake":
         import pynvml  # noqa: PLC0415
 
-        return measure(pynvml, rounds)
+        return {**measure(pynvml, rounds), **floor(pynvml)}
     from sharing.gpu.simnvml import SimNvml  # noqa: PLC0415
 
     return measure(SimNvml(state), rounds)
@@ -139,7 +157,10 @@ def main() -> int:
     for name, f in figures.items():
         calls, ms, us = f["calls_per_observe"], f["observe_ms"], f["us_per_call"]
         print(f"{name:12} {calls:6.0f} NVML calls/observe  {ms:8.2f} ms/observe  {us:7.2f} µs/call")
-    ratio = figures["simnvml"]["us_per_call"] / figures["fake_driver"]["us_per_call"]
+    fake = figures["fake_driver"]
+    print(f"fake driver, one call through pynvml: {fake['us_no_state']:.2f} µs reading no state, "
+          f"{fake['us_state_read']:.2f} µs reading it (stat, lookups)")  # fmt: skip
+    ratio = figures["simnvml"]["us_per_call"] / fake["us_per_call"]
     print(f"SimNvml costs {ratio:.1f}x the fake driver per call")
     if args.json:
         args.json.write_text(json.dumps({**figures, "simnvml_vs_fake_driver": ratio}, indent=2) + "\n")
