@@ -75,9 +75,21 @@ nvmlReturn_t fake_device(const void *handle, json_t *state, json_t **gpu, json_t
 
 /* MIG */
 json_t *fake_profile_by_id(json_t *gpu, long long id); /* from the GPU's "mig" table */
+void fake_engines(json_t *profile, unsigned int out[5]); /* copy, decoder, encoder, jpeg, ofa */
+/* A GPU- or compute-instance handle (kind K_GI or K_CI) whose instance still exists. */
+nvmlReturn_t fake_instance(const void *handle, int kind, json_t *state, json_t **gpu, json_t **gi, json_t **ci);
 int fake_mig_enabled(json_t *gpu);
 int fake_gpu_busy(json_t *gpu);
 void fake_mig_uuid(json_t *state, char *out, size_t size);
+
+/* In an NVML function: resolve a whole-GPU handle into `state` and `gpu`, or return. */
+#define GPU_OR_RETURN(handle)                                                                      \
+	json_t *state = fake_state(), *gpu, *gi_, *ci_;                                            \
+	nvmlReturn_t rc = fake_device((handle), state, &gpu, &gi_, &ci_);                          \
+	if (rc != NVML_SUCCESS)                                                                    \
+		RETURN(rc);                                                                        \
+	if (ci_)                                                                                   \
+		RETURN(NVML_ERROR_INVALID_ARGUMENT);
 
 /* the files a driver brings */
 void fake_sync_files(json_t *state);
