@@ -88,7 +88,8 @@ if [ ! -f "$header" ]; then
 	log "downloading nvidia-nvml-dev $NVML_DEV_VERSION (NVIDIA's nvml.h) with pip"
 	tmp=$(mktemp -d)
 	pip=("$("$repo/hack/venv.sh")/bin/python" -m pip)
-	"${pip[@]}" download --quiet --no-deps "nvidia-nvml-dev==$NVML_DEV_VERSION" -d "$tmp" >&2 \
+	"${pip[@]}" download --quiet --no-deps --only-binary=:all: --platform manylinux2014_x86_64 \
+		"nvidia-nvml-dev==$NVML_DEV_VERSION" -d "$tmp" >&2 \
 		|| die "pip download nvidia-nvml-dev==$NVML_DEV_VERSION failed"
 	verify "$tmp/$NVML_DEV_WHEEL" "$NVML_DEV_SHA256"
 	mkdir -p "$(dirname "$header")"
