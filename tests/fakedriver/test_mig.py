@@ -101,6 +101,14 @@ def test_the_current_branch_lists_profiles_while_mig_is_off(
     assert one["name"] == "MIG 1g.5gb"
     assert one["version"] == pynvml.nvmlGpuInstanceProfileInfo_v2
     assert profiles[pynvml.NVML_GPU_INSTANCE_PROFILE_7_SLICE]["id"] == P7G
+    # Multiprocessors and engines are the catalog's, as `sharing sim init` wrote them.
+    for written in machine.read()["gpus"][0]["mig"]["profiles"]:
+        got = profiles[written["enum"]]
+        engines = ["copyEngineCount", "decoderCount", "encoderCount", "jpegCount", "ofaCount"]
+        assert [got["multiprocessorCount"], *(got[e] for e in engines)] == [
+            written["sm"],
+            *written["engines"],
+        ]
 
 
 @pytest.mark.parametrize("machine", ["r535"], indirect=True)
