@@ -1,13 +1,14 @@
 """The GPU backend over NVML: the only module that imports `pynvml`.
 
 `NvmlBackend` takes anything that satisfies the typed `nvmlapi.Nvml` surface: the real `pynvml`
-module (see `open_nvml`) or `simnvml.SimNvml`, so the code that runs on real GPUs is the code the
-tests run. Every NVML call runs on one dedicated worker thread, never on the event loop. Reading is
-`nvmlread`'s; this module changes MIG (nvmlDeviceSetMigMode reports refusal in its activation
-status instead of raising; GPU instances are created at explicit placements from the driver's own
-profile table; compute instances are destroyed before their GPU instance), polls XID events, logs
-once per GPU where the driver disagrees with the hardware catalog, and turns NVML errors into
-BackendError subclasses that name the GPU and say what to do.
+module bound to the libnvidia-ml.so.1 under the driver root (`open_nvml`; in tests the fake
+driver's, hack/fakedriver), so the code that runs on real GPUs is the code the tests run. Every
+NVML call runs on one dedicated worker thread, never on the event loop. Reading is `nvmlread`'s;
+this module changes MIG (nvmlDeviceSetMigMode reports refusal in its activation status instead of
+raising; GPU instances are created at explicit placements from the driver's own profile table;
+compute instances are destroyed before their GPU instance), polls XID events, logs once per GPU
+where the driver disagrees with the hardware catalog, and turns NVML errors into BackendError
+subclasses that name the GPU and say what to do.
 """
 
 from __future__ import annotations
@@ -48,16 +49,67 @@ def read_machine(path: Path = DMI_PRODUCT_NAME) -> str | None:
         return None
 
 
-def open_nvml(catalog: Catalog, *, ignored_xids: Collection[int] = APPLICATION_XIDS) -> NvmlBackend:
-    """The backend over the real NVML library (loaded when first used)."""
+LIBRARY = "libnvidia-ml.so.1"
+LIBRARY_DIRS = (
+    "", "usr/lib64", "usr/lib/x86_64-linux-gnu", "usr/lib/aarch64-linux-gnu",
+    "usr/lib/x86_64-linux-gnu/nvidia/current", "usr/lib/aarch64-linux-gnu/nvidia/current",
+    "lib64", "lib/x86_64-linux-gnu", "lib/aarch64-linux-gnu",
+    "lib/x86_64-linux-gnu/nvidia/current", "lib/aarch64-linux-gnu/nvidia/current",
+)  # fmt: skip
+"""Where under the driver root the library is looked for, in order: the NVIDIA container toolkit's
+search paths (https://github.com/NVIDIA/nvidia-container-toolkit/blob/main/internal/lookup/library.go,
+NewLibraryLocator)."""
+_loaded: list[Path] = []
+
+
+def find_library(driver_root: Path) -> Path:
+    """`<driver root>/<lib dir>/libnvidia-ml.so.1`; NvmlUnavailableError names where it looked."""
+    for where in LIBRARY_DIRS:
+        path = driver_root / where / LIBRARY
+        if path.exists():
+            return path
+    raise NvmlUnavailableError(
+        f"no {LIBRARY} under the driver root {driver_root} (looked in "
+        f"{', '.join(str(driver_root / d) for d in LIBRARY_DIRS if d)}): is the NVIDIA driver installed, "
+        "and --driver-root / SHARING_DRIVER_ROOT where it is (in the chart: driverRoot)?"
+    )
+
+
+def load_pynvml(driver_root: Path) -> Nvml:
+    """The real `pynvml`, bound to the NVML library under `driver_root` (what go-nvml's
+    WithLibraryPath does): loaded here by path, so pynvml's nvmlInit, which opens libnvidia-ml.so.1
+    by name with ctypes.CDLL, gets this one, because the dynamic loader reuses a loaded library whose
+    SONAME is the name asked for (glibc dlopen). One library per process: another root fails."""
     try:
         import pynvml  # noqa: PLC0415  (only when asked for: machines without GPUs never load it)
     except ImportError as err:
         raise NvmlUnavailableError(
-            "the NVML Python binding is not installed (pip install nvidia-ml-py); "
-            "without NVIDIA GPUs use --backend sim"
+            "the NVML Python binding is not installed (pip install nvidia-ml-py)"
         ) from err
-    return NvmlBackend(pynvml, catalog, ignored_xids=ignored_xids, machine=read_machine)
+    path = find_library(driver_root).resolve()
+    if _loaded and _loaded[0] != path:
+        raise NvmlUnavailableError(f"this process already loaded NVML from {_loaded[0]}, not {path}")
+    if not _loaded:
+        try:
+            ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+        except OSError as err:
+            raise NvmlUnavailableError(f"cannot load {path}: {err}") from err
+        _loaded.append(path)
+    module: Nvml = pynvml
+    return module
+
+
+def open_nvml(
+    catalog: Catalog, driver_root: Path = Path("/"), *, ignored_xids: Collection[int] = APPLICATION_XIDS
+) -> NvmlBackend:
+    """The backend over the NVIDIA driver under `driver_root` (its library, its device files)."""
+    return NvmlBackend(
+        load_pynvml(driver_root),
+        catalog,
+        ignored_xids=ignored_xids,
+        machine=read_machine,
+        device_files=DriverFiles(driver_root / "dev", driver_root / "proc/driver/nvidia/capabilities"),
+    )
 
 
 class NvmlBackend:
@@ -101,7 +153,7 @@ class NvmlBackend:
             except self._nvml.NVMLError as err:
                 raise NvmlUnavailableError(
                     f"NVML could not be loaded ({err}): is the NVIDIA driver installed and a GPU visible "
-                    "(run nvidia-smi)? Without NVIDIA GPUs use --backend sim"
+                    "(run nvidia-smi)?"
                 ) from err
             self._initialised = True
         return work()

@@ -172,3 +172,50 @@ def nvml_for(driver_root: Path) -> Iterator[Callable[[State], Nvml]]:
     yield start
     for worker in workers:
         worker.close()
+
+
+# ---- in this process: the agent's own backend over the real pynvml ---------------------------
+
+
+@pytest.fixture(scope="session")
+def node_root(driver_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """This test process's node: a driver root with the fake driver installed (`build.sh --install`).
+
+    pynvml loads one libnvidia-ml.so.1 per process, and the library finds its state next to itself
+    (dladdr), so every in-process test shares this root; each one makes its GPUs afresh (`state`)."""
+    root = tmp_path_factory.mktemp("node")
+    done = subprocess.run(
+        [str(REPO / "hack/fakedriver/build.sh"), "--install", str(root)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        pytest.fail(f"hack/fakedriver/build.sh --install failed:\n{done.stderr}")
+    return root
+
+
+@pytest.fixture
+def state(node_root: Path) -> Path:
+    """Where this test writes its GPUs (`simstate.init_state`), replacing the last test's."""
+    return node_root / "var/lib/fake-nvidia/gpus.json"
+
+
+@pytest.fixture
+def nvml(node_root: Path) -> Any:
+    """The real pynvml, bound to this process's fake driver the way the agent binds it."""
+    from sharing.gpu.nvml import load_pynvml  # noqa: PLC0415
+
+    return load_pynvml(node_root)
+
+
+def make_gpu_instance(nvml: Any, gpu: int, profile_id: int, start: int, size: int) -> None:
+    """A GPU instance without its compute instance: what an agent killed half-way leaves behind."""
+    import ctypes  # noqa: PLC0415
+
+    nvml.nvmlInit()  # another NVML user (reference counted)
+    try:
+        placement = nvml.c_nvmlGpuInstancePlacement_t()
+        placement.start, placement.size = start, size
+        handle = nvml.nvmlDeviceGetHandleByIndex(gpu)
+        nvml.nvmlDeviceCreateGpuInstanceWithPlacement(handle, profile_id, ctypes.byref(placement))
+    finally:
+        nvml.nvmlShutdown()

@@ -109,22 +109,25 @@ def test_device_files_follow_the_instances(nvml_for: Callable[[State], Nvml], ma
     assert not (dev / "nvidia-caps/nvidia-cap138").exists()
 
 
-# r535: NvmlReader.table() caches "no profiles" read while MIG is off (issue 23, defect 2).
+# r580: the profiles are read before MIG is on (r535: tests/fakedriver/test_defects.py).
 @pytest.mark.parametrize("machine", ["r580"], indirect=True)
 def test_the_agents_backend_over_the_real_pynvml(driver_root: Path, machine: State) -> None:
-    """NvmlBackend (open_nvml: the real pynvml) observes, creates and destroys on the fake driver."""
+    """NvmlBackend as the agent opens it (open_nvml over a driver root: the real pynvml) observes,
+    creates and destroys on the fake driver, with nothing in its environment about the driver."""
     machine.init(f"{A100},T4")
+    installed = subprocess.run(
+        [str(REPO / "hack/fakedriver/build.sh"), "--install", str(machine.root)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert installed.returncode == 0, installed.stderr
     script = """
 import asyncio, json, sys
 from pathlib import Path
-from sharing.catalog import default_catalog
-from sharing.gpu.devfiles import DriverFiles
+from sharing.mig import default_catalog
 from sharing.gpu.nvml import open_nvml
 
 async def main():
-    root = Path(sys.argv[1])
-    backend = open_nvml(default_catalog())
-    backend.device_files = DriverFiles(root / "dev", root / "proc/driver/nvidia/capabilities")
+    backend = open_nvml(default_catalog(), Path(sys.argv[1]))
     before = await backend.observe()
     a100 = before.gpus[0]
     await backend.set_mig_mode(a100.uuid, True)
@@ -147,7 +150,9 @@ asyncio.run(main())
 """
     done = subprocess.run(
         [sys.executable, "-c", script, str(machine.root)],
-        capture_output=True, text=True, check=False, env=driver_env(driver_root, machine.path), cwd=REPO,
+        capture_output=True, text=True, check=False, cwd=REPO,
+        env={k: v for k, v in driver_env(driver_root, machine.path).items()
+             if k not in ("LD_LIBRARY_PATH", "FAKE_NVML_STATE", "FAKE_NVML_ROOT")},
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout)

@@ -226,7 +226,8 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device
 	json_t *gi, *ci;
 	json_array_foreach(json_object_get(gpu, "gpuInstances"), i, gi)
 		json_array_foreach(json_object_get(gi, "computeInstances"), j, ci)
-			if (fake_int(ci, "migIndex", -1) == index) {
+			/* "hidden": a test hook, a compute instance not enumerated as a MIG device */
+			if (fake_int(ci, "migIndex", -1) == index && !fake_bool(ci, "hidden")) {
 				*migDevice = (nvmlDevice_t)fake_handle(K_MIG, (int)fake_int(gpu, "index", 0),
 								       (int)fake_int(gi, "id", 0), (int)fake_int(ci, "id", 0));
 				RETURN(NVML_SUCCESS);

@@ -21,11 +21,11 @@ from sharing.deviceplugin import Fleet, FleetSettings
 from sharing.errors import BackendError
 from sharing.gpu import simstate
 from sharing.gpu.nvml import NvmlBackend
-from sharing.gpu.simnvml import SimNvml
 from sharing.kubelet.api import deviceplugin_v1beta1_pb2 as api
 from sharing.mig.catalog import default_catalog
 from sharing.model import HealthEvent
 from sharing.settings import Settings
+from tests.unit.conftest import plugin_dir  # noqa: F401  (the fixture)
 from tests.unit.fakekube import FakeKube
 from tests.unit.fakekubelet import FakeKubelet
 
@@ -39,14 +39,17 @@ def replicas(n: int) -> str:
 
 
 class FlakyHealthBackend(NvmlBackend):
-    """The simulated GPUs, whose first health watch dies of a raw driver error (not a BackendError)."""
+    """The fake driver's GPUs, whose first health watch dies of a raw driver error (not a BackendError)."""
 
     failures = 0
+    watching: asyncio.Event
 
     async def health_events(self) -> AsyncIterator[HealthEvent]:
         if not self.failures:
             self.failures += 1
             raise RuntimeError("NVML_ERROR_UNKNOWN from nvmlEventSetWait")
+        # No task switch between this and the registration reaching the (one, in-order) NVML worker.
+        self.watching.set()
         async for event in super().health_events():
             yield event
 
@@ -56,7 +59,7 @@ class Running:
     agent: Agent
     kube: FakeKube
     kubelet: FakeKubelet
-    backend: NvmlBackend
+    backend: FlakyHealthBackend
     state: Path
     plugin_dir: Path
     stop: asyncio.Event
@@ -64,16 +67,16 @@ class Running:
 
 
 @pytest.fixture
-async def running(tmp_path: Path, plugin_dir: Path) -> AsyncIterator[Running]:
-    state = tmp_path / "gpus.json"
+async def running(tmp_path: Path, plugin_dir: Path, state: Path, nvml: Any) -> AsyncIterator[Running]:  # noqa: F811
     simstate.init_state(state, [simstate.resolve_product(CATALOG, "T4")])
     kubelet = await FakeKubelet(plugin_dir).start()
     kube = FakeKube(
         "n1", {(NS, "gpu-sharing-config"): {"mine": replicas(2)}, (NS, "gpu-sharing-presets"): {}}
     )
-    backend = FlakyHealthBackend(SimNvml(state, CATALOG), CATALOG, event_poll_s=0.05)
+    backend = FlakyHealthBackend(nvml, CATALOG, event_poll_s=0.05)
+    backend.watching = asyncio.Event()
     settings = Settings(
-        node_name="n1", backend="sim", sim_state=state, device_plugin_dir=plugin_dir, journal=tmp_path / "j"
+        node_name="n1", driver_root=state.parents[3], device_plugin_dir=plugin_dir, journal=tmp_path / "j"
     )
     fleet = Fleet(FleetSettings(plugin_dir=plugin_dir, poll_interval_s=0.02))
     agent = Agent(settings, kube=kube, backend=backend, fleet=fleet, catalog=CATALOG)
@@ -92,6 +95,8 @@ async def test_a_dead_health_watch_is_said_and_restarted_and_shutdown_still_clea
     running: Running,
 ) -> None:
     gpu = simstate.read(running.state)["gpus"][0]["uuid"]
+    await running.backend.watching.wait()  # NVML records events only after their registration:
+    await running.backend.observe()  # this call runs after the watch's registration
     simstate.inject_xid(running.state, gpu, 79)  # fell off the bus: critical
     await running.kubelet.wait(lambda: running.kubelet.allocatable() == {GPU: 0}, timeout=10)
     assert ("Warning", "GpuUnhealthy") in [(k, r) for k, r, _ in running.kube.events]
