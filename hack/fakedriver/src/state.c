@@ -195,7 +195,7 @@ json_t *fake_mutate_begin(void)
 }
 
 /* Count the call ("mutatingCalls") and, if it changed the hardware, the change ("mutations"), as
- * sharing/gpu/simcore.py _mutate() does; write; unlock. SHARING_SIM_CRASH_AFTER=N kills the process
+ * sharing/gpu/simstate.py counters() reads them; write; unlock. SHARING_SIM_CRASH_AFTER=N kills the process
  * (exit 137) right after its N-th change, for the crash-recovery tests. */
 void fake_mutate_end(json_t *state, int changed)
 {
