@@ -14,7 +14,6 @@ subclasses that name the GPU and say what to do.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ctypes
 from collections.abc import AsyncIterator, Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
@@ -31,6 +30,7 @@ from sharing.gpu.devfiles import DeviceFiles, DriverFiles
 from sharing.gpu.naming import CI_ENUM_FOR_SLICES
 from sharing.gpu.nvmlapi import Handle, Nvml, code, optional_int
 from sharing.gpu.nvmlerrors import backend_error
+from sharing.gpu.nvmllib import name_os_thread, preload
 from sharing.gpu.nvmlread import NvmlReader
 from sharing.mig import Catalog, Product, differences
 from sharing.model import GpuInstance, GpuUuid, HealthEvent, NodeState
@@ -50,32 +50,6 @@ def read_machine(path: Path = DMI_PRODUCT_NAME) -> str | None:
         return None
 
 
-LIBRARY = "libnvidia-ml.so.1"
-LIBRARY_DIRS = (
-    "", "usr/lib64", "usr/lib/x86_64-linux-gnu", "usr/lib/aarch64-linux-gnu",
-    "usr/lib/x86_64-linux-gnu/nvidia/current", "usr/lib/aarch64-linux-gnu/nvidia/current",
-    "lib64", "lib/x86_64-linux-gnu", "lib/aarch64-linux-gnu",
-    "lib/x86_64-linux-gnu/nvidia/current", "lib/aarch64-linux-gnu/nvidia/current",
-)  # fmt: skip
-"""Where under the driver root the library is looked for, in order: the NVIDIA container toolkit's
-search paths (https://github.com/NVIDIA/nvidia-container-toolkit/blob/main/internal/lookup/library.go,
-NewLibraryLocator)."""
-_loaded: list[Path] = []
-
-
-def find_library(driver_root: Path) -> Path:
-    """`<driver root>/<lib dir>/libnvidia-ml.so.1`; NvmlUnavailableError names where it looked."""
-    for where in LIBRARY_DIRS:
-        path = driver_root / where / LIBRARY
-        if path.exists():
-            return path
-    raise NvmlUnavailableError(
-        f"no {LIBRARY} under the driver root {driver_root} (looked in "
-        f"{', '.join(str(driver_root / d) for d in LIBRARY_DIRS if d)}): is the NVIDIA driver installed, "
-        "and --driver-root / SHARING_DRIVER_ROOT where it is (in the chart: driverRoot)?"
-    )
-
-
 def load_pynvml(driver_root: Path) -> Nvml:
     """The real `pynvml`, bound to the NVML library under `driver_root` (what go-nvml's
     WithLibraryPath does): loaded here by path, so pynvml's nvmlInit, which opens libnvidia-ml.so.1
@@ -87,15 +61,7 @@ def load_pynvml(driver_root: Path) -> Nvml:
         raise NvmlUnavailableError(
             "the NVML Python binding is not installed (pip install nvidia-ml-py)"
         ) from err
-    path = find_library(driver_root.absolute())
-    if _loaded and _loaded[0] != path:
-        raise NvmlUnavailableError(f"this process already loaded NVML from {_loaded[0]}, not {path}")
-    if not _loaded:
-        try:
-            ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
-        except OSError as err:
-            raise NvmlUnavailableError(f"cannot load {path}: {err}") from err
-        _loaded.append(path)
+    preload(driver_root)
     module: Nvml = pynvml
     return module
 
@@ -111,13 +77,6 @@ def open_nvml(
         machine=read_machine,
         device_files=DriverFiles(driver_root / "dev", driver_root / "proc/driver/nvidia/capabilities"),
     )
-
-
-def _name_os_thread(name: bytes) -> None:
-    """Name the OS thread (prctl PR_SET_NAME), so `top -H` and /proc/PID/task/TID/comm show the NVML
-    worker: what NVML costs can be told apart from the rest of the agent."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None).prctl(15, name, 0, 0, 0)
 
 
 class NvmlBackend:
@@ -140,7 +99,7 @@ class NvmlBackend:
         self._event_poll_s = event_poll_s
         self._machine = machine
         self._worker = ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="nvml", initializer=_name_os_thread, initargs=(b"nvml",)
+            max_workers=1, thread_name_prefix="nvml", initializer=name_os_thread, initargs=(b"nvml",)
         )
         self._initialised = False
         self._closed = False

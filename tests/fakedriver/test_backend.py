@@ -339,3 +339,9 @@ def test_device_files_are_the_driver_roots(node_root: Path, nvml: Nvml) -> None:
     files = backend.device_files
     assert isinstance(files, DriverFiles)
     assert (files.dev, files.caps) == (node_root / "dev", node_root / "proc/driver/nvidia/capabilities")
+
+
+async def test_the_nvml_worker_thread_is_named_for_top_and_proc(backend: NvmlBackend) -> None:
+    """`top -H` and /proc/PID/task/TID/comm show it (the fleet bench tells NVML's CPU apart so)."""
+    await backend.observe()
+    assert "nvml" in {(task / "comm").read_text().strip() for task in Path("/proc/self/task").iterdir()}
