@@ -181,6 +181,7 @@ def test_killed_after_every_hardware_change_then_recovered(
 
     def copy_of(name: str) -> Path:
         state = install(tmp_path / name)
+        state.parent.mkdir(parents=True)
         shutil.copy(initial, state)
         return state
 

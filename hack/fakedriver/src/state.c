@@ -102,14 +102,24 @@ static int same_file(const struct stat *a, const struct stat *b)
 	       a->st_ctim.tv_sec == b->st_ctim.tv_sec && a->st_ctim.tv_nsec == b->st_ctim.tv_nsec;
 }
 
+/* The whole file in one read, then parsed: jansson's json_loadfd reads one byte per read() call,
+ * which made every parse of a fleet node's state thousands of system calls. */
 static json_t *parse(struct stat *id)
 {
 	int fd = open(state_path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
 		return NULL;
 	json_t *state = NULL;
-	if (fstat(fd, id) == 0)
-		state = json_loadfd(fd, 0, NULL);
+	char *text = NULL;
+	if (fstat(fd, id) == 0 && id->st_size > 0 && (text = malloc((size_t)id->st_size)) != NULL) {
+		size_t got = 0, size = (size_t)id->st_size;
+		ssize_t n;
+		while (got < size && (n = read(fd, text + got, size - got)) > 0)
+			got += (size_t)n;
+		if (got == size)
+			state = json_loadb(text, size, 0, NULL);
+		free(text);
+	}
 	close(fd);
 	if (state && !json_is_array(json_object_get(state, "gpus"))) {
 		json_decref(state);
