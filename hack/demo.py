@@ -157,8 +157,10 @@ def main() -> int:
     if args.detach:
         print(f"stop it with: hack/demo.sh --down\nexport KUBECONFIG={node.kubeconfig}")
         return 0
-    print(f"export KUBECONFIG={node.kubeconfig}\nThe demo runs until Ctrl-C.", flush=True)
     try:
+        # Inside the try: a Ctrl-C that lands right after this line (a script that waits for it
+        # and sends SIGINT at once) still ends in `down`.
+        print(f"export KUBECONFIG={node.kubeconfig}\nThe demo runs until Ctrl-C.", flush=True)
         signal.pause()
     except KeyboardInterrupt:
         pass
