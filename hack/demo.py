@@ -1,10 +1,11 @@
-"""The demo: a real single-node Kubernetes, the agent installed with its Helm chart, simulated GPUs,
-and a pod that gets a MIG slice.
+"""The demo: a real single-node Kubernetes with the fake NVIDIA driver, the agent installed with its
+Helm chart, and a pod that gets a MIG slice.
 
 Run through hack/demo.sh. It builds (or reuses) the Go binaries and the images, starts node
 `demo-gpu-node` (etcd, kube-apiserver, containerd 2.x, kubelet, scheduler, controller-manager,
-kube-proxy in private namespaces), labels it with a preset, installs the chart (DaemonSet
-`gpu-sharing` in namespace `gpu-sharing`, 2x A100-SXM4-40GB + 2x H100 80GB HBM3 simulated), waits
+kube-proxy in private namespaces; the fake driver under its driver root /run/nvidia/driver with
+2x A100-SXM4-40GB + 2x H100 80GB HBM3), labels it with a preset, installs the chart (DaemonSet
+`gpu-sharing` in namespace `gpu-sharing`: the real pynvml over the node's libnvidia-ml.so.1), waits
 for the slices on the Node, and starts a pod that requests `nvidia.com/mig-1g.5gb: 1`.
 Without --detach it stays up until Ctrl-C; --down stops what a detached run left running.
 """
@@ -82,7 +83,7 @@ def up() -> RealNode:
 
     say(f"labelling {NODE} with {CONFIG_LABEL}={PRESET}")
     kubectl("label", "node", NODE, f"{CONFIG_LABEL}={PRESET}", "--overwrite")
-    say("installing the agent with its Helm chart (deploy/helm/gpu-sharing), simulated GPUs")
+    say("installing the agent with its Helm chart (deploy/helm/gpu-sharing), driverRoot /run/nvidia/driver")
     Helm(node.kubeconfig).upgrade_install(lab_values())
     started = time.monotonic()
 

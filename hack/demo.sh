@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The main job: a real single-node Kubernetes (containerd, kubelet, scheduler, ... in private
-# namespaces), the agent installed with its Helm chart on simulated GPUs (2x A100 + 2x H100), the
+# namespaces), the fake NVIDIA driver (2x A100 + 2x H100), the agent installed with its Helm chart, the
 # slices in `kubectl describe node demo-gpu-node`, and a pod running with a MIG slice.
 #   hack/demo.sh            run until Ctrl-C
 #   hack/demo.sh --detach   return once the pod runs (last line: export KUBECONFIG=...)

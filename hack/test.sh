@@ -31,8 +31,9 @@ if [ -n "$bin" ]; then
   export HELM_CACHE_HOME="$cache/helm/cache" HELM_CONFIG_HOME="$cache/helm/config" HELM_DATA_HOME="$cache/helm/data"
   chart=deploy/helm/gpu-sharing
   step "helm lint" "$bin/helm" lint --strict "$chart"
-  step "helm lint (simulated GPUs, CDI)" "$bin/helm" lint --strict "$chart" \
-    --set backend=sim --set "deviceListStrategy={envvar,cdi-cri}" --set config.create=true
+  step "helm lint (the lab's fake driver, CDI)" "$bin/helm" lint --strict "$chart" \
+    --set driverRoot=/run/nvidia/driver --set driverRootReadOnly=false \
+    --set "deviceListStrategy={envvar,cdi-cri}" --set config.create=true
   step "deploy/ is the chart's default render" env SHARING_HELM="$bin/helm" python hack/gen-deploy.py --check
 fi
 # tests/node runs on a real single-node Kubernetes (hack/lab; needs root): ~2 minutes warm.

@@ -33,7 +33,9 @@ class Settings:
     config_label: str = "nvidia.com/device-plugin.config"
     fallback_label: str = "nvidia.com/mig.config"
     backend: str = "nvml"
-    sim_state: Path | None = None
+    driver_root: Path = Path("/")
+    """Where the NVIDIA driver's files are (NVIDIA's driverRoot): <root>/usr/lib/.../libnvidia-ml.so.1,
+    <root>/dev/nvidia*, <root>/proc/driver/nvidia/capabilities."""
     device_plugin_dir: Path = Path("/var/lib/kubelet/device-plugins")
     pod_resources_socket: Path = DEFAULT_POD_RESOURCES_SOCKET
     journal: Path = DEFAULT_JOURNAL
@@ -95,8 +97,8 @@ _OPTIONS: dict[str, str] = {
     ),
     "config_label": "node label that names the config",
     "fallback_label": "label used when the first is absent",
-    "backend": "GPU backend: nvml or sim",
-    "sim_state": "state file of the simulated GPUs (--backend sim)",
+    "backend": "GPU backend: nvml",
+    "driver_root": "where the NVIDIA driver's files are (libnvidia-ml.so.1, /dev/nvidia*): / or its mount",
     "device_plugin_dir": "the kubelet's device-plugin dir",
     "pod_resources_socket": "the PodResources socket",
     "journal": "journal of hardware steps (crash recovery)",
@@ -170,10 +172,8 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] = os.environ)
     if "node_name" not in values:
         raise ValueError("the node name is required: --node-name or SHARING_NODE_NAME")
     settings = Settings(**values)  # type: ignore[arg-type]
-    if settings.backend not in ("nvml", "sim"):
-        raise ValueError(f"--backend / SHARING_BACKEND: {settings.backend!r} is not nvml or sim")
-    if settings.backend == "sim" and settings.sim_state is None:
-        raise ValueError("--backend sim needs --sim-state or SHARING_SIM_STATE")
+    if settings.backend != "nvml":
+        raise ValueError(f"--backend / SHARING_BACKEND: {settings.backend!r} is not nvml")
     if settings.allocation_policy not in ("distributed", "packed"):
         raise ValueError(f"allocation policy {settings.allocation_policy!r} is not distributed or packed")
     if settings.default_mig_strategy not in ("none", "single", "mixed"):

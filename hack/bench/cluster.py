@@ -1,6 +1,6 @@
 """The fast cluster the single-node benches share: etcd + kube-apiserver with an audit log, deploy/
 applied, the kubelet harness (the kubelet's own device manager) as the node, and the agent on
-simulated GPUs with a token bound to a pod on that node, as its DaemonSet pod would have.
+the fake driver's GPUs with a token bound to a pod on that node, as its DaemonSet pod would have.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import lab
 
 from bench.clients import CONFIG_LABEL, NAMESPACE, Api, Watch, node_view
 from bench.expect import Inventory, expected_inventory, expected_labels, labels_match, resources_match
-from bench.procs import REPO, free_port, start_agent, stop_process
+from bench.procs import REPO, free_port, install_driver, start_agent, stop_process
 from bench.report import say
 from sharing.cli.sim import parse_gpus
 from sharing.config import parse_configmap
@@ -103,19 +103,20 @@ class Cluster:
     catalog: Catalog
     agent: subprocess.Popen[bytes] | None = None
     agents: int = 0
-    sim: Path = Path()
+    driver: Path = Path()
+    """The node's driver root (the fake driver, fresh GPUs per sim_init)."""
     gpus: list[str] = field(default_factory=list)
 
     def sim_init(self, gpus: str) -> None:
         specs = parse_gpus(gpus)
-        self.sim = self.tmp / f"gpus-{len(specs)}-{self.agents}.json"
-        simstate.init_state(self.sim, specs)
+        self.driver = self.tmp / f"driver-{len(specs)}-{self.agents}"
+        simstate.init_state(install_driver(self.driver), specs)
         self.gpus = [s.product for s in specs]
 
     def start_agent(self, kubeconfig: Path | None = None) -> subprocess.Popen[bytes]:
         self.agents += 1
         self.agent = start_agent(
-            node=NODE, kubeconfig=kubeconfig or self.agent_kubeconfig, sim=self.sim,
+            node=NODE, kubeconfig=kubeconfig or self.agent_kubeconfig, driver_root=self.driver,
             plugin_dir=self.kubelet.device_plugin_dir, pod_resources=self.kubelet.pod_resources_socket,
             log=self.tmp / f"agent-{self.agents}.log", http_port=free_port(),
         )  # fmt: skip

@@ -1,8 +1,9 @@
-"""A fleet: N simulated GPU nodes on one kube-apiserver, each with its own agent and kubelet.
+"""A fleet: N GPU nodes on the fake NVIDIA driver, on one kube-apiserver, each with its own agent and kubelet.
 
 Each node is a kubelet harness (the kubelet's own device manager, registering its Node and copying
 capacity into it at once on a change and every 10 s otherwise, as a kubelet's status loop does),
-its own simulated GPUs (8x A100-SXM4-40GB), kubelet socket directory, journal and pod-bound agent
+its own driver root with the fake driver (hack/fakedriver: 8x A100-SXM4-40GB; the agent reaches it
+through --driver-root and the real pynvml), kubelet socket directory, journal and pod-bound agent
 token; all node state lives on tmpfs (/dev/shm), so a hundred agents' fsyncs do not queue on one
 disk as they never would on a hundred machines. Every Node is labelled with one config of the
 user's ConfigMap; a ConfigMap edit switches its layout (7x 1g.5gb <-> 2x 3g.20gb on every GPU), so
@@ -41,7 +42,15 @@ from bench.expect import (
     labels_match,
     mig_config,
 )
-from bench.procs import cpu_seconds, free_port, rss_mb, start_agent, stop_all
+from bench.procs import (
+    cpu_seconds,
+    free_port,
+    install_driver,
+    rss_mb,
+    start_agent,
+    stop_all,
+    thread_cpu_seconds,
+)
 from bench.report import Budget, Results, percentile, say
 from sharing.cli.sim import parse_gpus
 from sharing.config import parse_config
@@ -58,7 +67,8 @@ CONVERGE_TIMEOUT_S = 900.0
 class Node:
     name: str
     harness: lab.KubeletHarness
-    sim: Path
+    driver: Path
+    """The node's driver root."""
     kubeconfig: Path
     agent: subprocess.Popen[bytes] | None = None
 
@@ -118,27 +128,28 @@ class Fleet:
     nodes: list[Node] = field(default_factory=list)
 
     def add_nodes(self, root: Path, n: int, bins: lab.Binaries) -> None:
-        """Harnesses (each registers its Node), labels, pod-bound tokens, simulated GPUs."""
+        """Harnesses (each registers its Node), labels, pod-bound tokens, the fake driver and its GPUs."""
         for i in range(n):
             name = f"fleet-{i:03d}"
             harness = lab.KubeletHarness(
                 root / name, kubeconfig=self.cp.kubeconfig, node_name=name, node_status_interval="10s",
                 binary=bins.kubelet_harness,
             )  # fmt: skip
-            self.nodes.append(Node(name, harness, root / name / "gpus.json", Path()))
+            self.nodes.append(Node(name, harness, root / name / "driver", Path()))
             harness.start()
         for node in self.nodes:
             self.watch.wait(node.name, lambda v: True, 0, 60)
             self.api.label_node(node.name, {CONFIG_LABEL: KEY})
             node.kubeconfig = self.cp.token_kubeconfig(self.api.agent_token(node.name), f"agent-{node.name}")
-            simstate.init_state(node.sim, parse_gpus(GPUS))
+            simstate.init_state(install_driver(node.driver), parse_gpus(GPUS))
 
     def start_agents(self) -> None:
         for node in self.nodes:
-            harness, sim = node.harness, node.sim
+            harness, driver = node.harness, node.driver
             node.agent = start_agent(
-                node=node.name, kubeconfig=node.kubeconfig, sim=sim, plugin_dir=harness.device_plugin_dir,
-                pod_resources=harness.pod_resources_socket, log=sim.with_suffix(".log"),
+                node=node.name, kubeconfig=node.kubeconfig, driver_root=driver,
+                plugin_dir=harness.device_plugin_dir,
+                pod_resources=harness.pod_resources_socket, log=driver.with_suffix(".log"),
                 http_port=free_port(),
             )  # fmt: skip
 
@@ -169,7 +180,9 @@ class Fleet:
                 )
             for node in self.nodes:
                 if node.agent is not None and node.agent.poll() is not None:
-                    raise RuntimeError(f"the agent of {node.name} exited; see {node.sim.with_suffix('.log')}")
+                    raise RuntimeError(
+                        f"the agent of {node.name} exited; see {node.driver.with_suffix('.log')}"
+                    )
             time.sleep(0.05)
         return [done[node.name] for node in self.nodes]
 
@@ -218,10 +231,22 @@ class Fleet:
         n = len(self.nodes)
         say(f"fleet: ConfigMap edit to {layout} on every GPU, until all {n} nodes show it")
         since = self.watch.mark()
+        agents = self.groups()["agents"]
+        nvml_before = sum(thread_cpu_seconds(p, "nvml") for p in agents)
         with _cpu(self.groups()) as used:
             start = time.monotonic()
             self.api.put_config(KEY, mig_config(layout))
             times = self.converged(inventory, since, start)
+        # The agent's NVML worker thread (named "nvml"): the backend's reads and changes, pynvml and
+        # the fake libnvidia-ml.so.1 all run on it; the rest of the agent is its other threads.
+        nvml = (sum(thread_cpu_seconds(p, "nvml") for p in agents) - nvml_before) / n
+        agent = used["agents"] / n
+        self.results.add("fleet_agent_cpu_s_per_node_converge", agent)
+        self.results.add("fleet_agent_nvml_cpu_s_per_node_converge", nvml)
+        self.results.note(
+            "fleet converge: agent CPU per node, without / on its NVML thread (reads, pynvml, fake driver)",
+            f"{agent - nvml:.2f} s / {nvml:.2f} s",
+        )
         wall = max(times)
         cost = sum(v for k, v in used.items() if k not in ("machine", "bench")) / n
         self.results.add("fleet_cpu_s_per_node_converge", cost)

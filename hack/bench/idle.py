@@ -1,6 +1,6 @@
 """What an agent costs while nothing changes: memory, CPU and API requests.
 
-The agent on 8 simulated GPUs x 64 replicas (512 devices), started fresh; once the node shows the
+The agent on 8 fake-driver GPUs x 64 replicas (512 devices), started fresh; once the node shows the
 config done, windows of `idle_window_s` with nothing changing: VmRSS at the end of each window
 (agent_rss_mb: the first window ends ~60 s after start in a full run), utime+stime over the window
 in percent of one core (idle_cpu_pct), and the agent's API requests from the audit log

@@ -1,6 +1,6 @@
-"""The applier on simulated GPUs: NVML mutations per transition versus destroy-all-and-recreate.
+"""The applier on the fake driver's GPUs: NVML mutations per transition versus destroy-all-and-recreate.
 
-20 fixed MIG transitions on one simulated A100 and one H100 through `apply_config`: mutating NVML
+20 fixed MIG transitions on one fake-driver A100 and one H100 through `apply_config`: mutating NVML
 calls (the simulator's counters) / what mig-parted's way would need (destroy every instance and
 create every one: 2 calls per destroyed and per created instance, 1 per mode change; 0 for a GPU
 that matches). The transitions mix small edits with reshapes that keep nothing (any layout <-> 7g).
@@ -12,6 +12,7 @@ import asyncio
 from collections.abc import Mapping
 from pathlib import Path
 
+from bench.procs import install_driver
 from bench.report import Results
 from sharing.config.spec import MigMode, MigStrategy, Rule, Selector, SharingConfig
 from sharing.gpu import open_backend, simstate
@@ -56,7 +57,8 @@ def bench_mutations(tmp: Path, results: Results) -> None:
 
 async def _mutations(tmp: Path, results: Results) -> None:
     catalog = default_catalog()
-    sim = tmp / "mutations.json"
+    root = tmp / "mutations-driver"
+    sim = install_driver(root)
     simstate.init_state(
         sim,
         [
@@ -71,7 +73,7 @@ async def _mutations(tmp: Path, results: Results) -> None:
         [_named(p, _LAYOUTS[(i + off) % len(_LAYOUTS)]) for i in range(len(_LAYOUTS))] + [None]
         for p, off in zip(products, offsets, strict=True)
     ]
-    backend = open_backend("sim", catalog, sim_state=sim)
+    backend = open_backend("nvml", catalog, driver_root=root)
     journal = Journal(tmp / "mutations-journal.jsonl")
     recreate_calls = agent_calls = nothing_kept = 0
     try:

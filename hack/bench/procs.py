@@ -54,11 +54,35 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
 
 
+def thread_cpu_seconds(pid: int, name: str) -> float:
+    """utime + stime so far of the process's threads called `name` (/proc/PID/task/TID/comm)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            if (task / "comm").read_text().strip() != name:
+                continue
+            fields = (task / "stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue  # the thread ended
+        total += int(fields[11]) + int(fields[12])
+    return total / _CLOCK_TICKS
+
+
 def rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def install_driver(root: Path) -> Path:
+    """The fake NVIDIA driver installed under `root` (a node's driver root); its state file's path."""
+    subprocess.run(
+        [str(REPO / "hack/fakedriver/build.sh"), "--install", str(root)],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    return root / "var/lib/fake-nvidia/gpus.json"
 
 
 def free_port() -> int:
@@ -71,24 +95,23 @@ def start_agent(
     *,
     node: str,
     kubeconfig: Path,
-    sim: Path,
+    driver_root: Path,
     plugin_dir: Path,
     pod_resources: Path,
     log: Path,
     http_port: int,
     extra: Sequence[str] = (),
 ) -> subprocess.Popen[bytes]:
-    """`sharing agent` on simulated GPUs, as the DaemonSet runs it (its own journal, CDI dir and
-    port; `http_port` 0 serves no HTTP)."""
+    """`sharing agent` on the fake driver under `driver_root`, as the DaemonSet runs it (its own
+    journal, CDI dir and port beside the root; `http_port` 0 serves no HTTP)."""
     args = [
         "--node-name", node,
         "--kubeconfig", str(kubeconfig),
-        "--backend", "sim",
-        "--sim-state", str(sim),
+        "--driver-root", str(driver_root),
         "--device-plugin-dir", str(plugin_dir),
         "--pod-resources-socket", str(pod_resources),
-        "--journal", str(sim.with_suffix(".journal")),
-        "--cdi-spec-dir", str(sim.with_suffix(".cdi")),
+        "--journal", str(driver_root.with_suffix(".journal")),
+        "--cdi-spec-dir", str(driver_root.with_suffix(".cdi")),
         "--log-format", "json",
         "--http-port", str(http_port),
         *extra,

@@ -1,6 +1,6 @@
 """A real node (hack/lab: containerd, kubelet, scheduler, controller-manager, kube-proxy in private
 namespaces, as tests/node brings it up), with the agent installed by its Helm chart as a DaemonSet
-pod on simulated GPUs (2x A100-SXM4-40GB + 2x H100 80GB HBM3).
+pod on the fake driver's GPUs (2x A100-SXM4-40GB + 2x H100 80GB HBM3).
 
 - pod_start_vs_plain_p50: pod creation (the POST, from this process) until a pod watch shows it
   Running with its container ready, for a pod asking `nvidia.com/mig-1g.5gb: 1` over the same pod

@@ -1,7 +1,8 @@
 """Helm (built from its Go module) against a lab cluster, and the chart values the lab installs with.
 
 Helm keeps its caches and config under the lab's cache (``HELM_*_HOME``), never in the user's home.
-``lab_values`` are what a user of simulated GPUs would set, adjusted to the agent in this checkout:
+``lab_values`` are what a user would set on a node with the lab's fake NVIDIA driver (lab.driver),
+adjusted to the agent in this checkout:
 probes only when the agent serves them, and the presets copied into the user's map only while the
 agent does not read the presets ConfigMap itself (so the same chart works before and after).
 """
@@ -15,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from lab import driver
 from lab.binaries import binaries
 from lab.errors import ClusterError
 from lab.images import agent_image
@@ -23,7 +25,6 @@ from lab.paths import REPO, cache_dir
 CHART = REPO / "deploy" / "helm" / "gpu-sharing"
 RELEASE = "gpu-sharing"
 NAMESPACE = "gpu-sharing"
-SIM_GPUS = "A100-SXM4-40GB:2,H100-80GB-HBM3:2"
 
 
 class Helm:
@@ -82,13 +83,14 @@ class Helm:
 
 
 def lab_values(configs: Mapping[str, str] | None = None, **overrides: Any) -> dict[str, Any]:
-    """Values for the lab: the local image, simulated GPUs, and the user's ``configs`` (name: YAML)."""
+    """Values for the lab: the local image, the node's fake driver, the user's ``configs`` (name: YAML)."""
     repository, _, tag = agent_image().rpartition(":")
     user = dict(configs or {})
     values: dict[str, Any] = {
         "image": {"repository": repository.removeprefix("docker.io/library/"), "tag": tag},
-        "backend": "sim",
-        "sim": {"gpus": SIM_GPUS},
+        # The fake driver writes its state and device stand-ins under its root: mounted read-write.
+        "driverRoot": driver.NODE_DRIVER_ROOT,
+        "driverRootReadOnly": False,
         "logFormat": "console",
         "config": {"create": True, "map": user},
     }

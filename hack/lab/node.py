@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lab import components, containerd, packages
+from lab import components, containerd, driver, packages
 from lab.binaries import Binaries, binaries
 from lab.cgroups import CgroupTree
 from lab.controlplane import ControlPlane, NodeNetwork
@@ -45,6 +45,16 @@ class RealNode:
         self.kubeconfig = self.state / "control-plane" / "admin.kubeconfig"
         self._bins: Binaries | None = None
         self._cp: ControlPlane | None = None
+
+    @property
+    def driver_root(self) -> Path:
+        """The node's driver root as the host sees it (the node sees it at driver.NODE_DRIVER_ROOT)."""
+        return self.state / "driver"
+
+    @property
+    def gpus_state(self) -> Path:
+        """The fake driver's state file (`sharing sim ... --sim-state`)."""
+        return self.driver_root / driver.STATE
 
     @property
     def state_file(self) -> Path:
@@ -80,7 +90,13 @@ class RealNode:
     def _up(self, bins: Binaries, images: Sequence[Path]) -> None:
         self.cgroup.create()
         procs = self.cgroup.daemon_procs()
-        mounts = {"/var/lib/kubelet": self.state / "kubelet", "/var/log": self.state / "log"}
+        # A GPU node: the fake NVIDIA driver and its GPUs, under the node's driver root.
+        driver.install(self.driver_root)
+        mounts = {
+            "/var/lib/kubelet": self.state / "kubelet",
+            "/var/log": self.state / "log",
+            driver.NODE_DRIVER_ROOT: self.driver_root,
+        }
         self.records.append(self.ns.start(procs, mounts))
         self._save()
         net = NodeNetwork(self.ns.address, self.ns.launcher, procs)

@@ -49,7 +49,7 @@ async def _serve(config: settings.Settings) -> None:
         config,
         kube=ApiClient(config.kubeconfig),
         backend=open_backend(
-            config.backend, catalog, sim_state=config.sim_state, ignored_xids=config.ignored_xids
+            config.backend, catalog, driver_root=config.driver_root, ignored_xids=config.ignored_xids
         ),
         fleet=Fleet(
             FleetSettings(

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from sharing import logs
 from sharing.cli.common import Subparsers, UsageError, print_json
-from sharing.cli.gpuargs import add_backend_arguments, backend_kind, open_from_args, sim_state
+from sharing.cli.gpuargs import add_backend_arguments, open_from_args
 from sharing.config import InvalidConfigError, SharingConfig, load_yaml, parse_configmap, parse_file
 from sharing.mig import default_catalog
 from sharing.rollout import ApplyReport, apply_config
@@ -37,8 +37,7 @@ def register(commands: Subparsers) -> None:
         type=Path,
         default=None,
         metavar="PATH",
-        help="journal of hardware steps for crash recovery [SHARING_JOURNAL; default: next to "
-        f"--sim-state, or {DEFAULT_JOURNAL}]",
+        help=f"journal of hardware steps for crash recovery [SHARING_JOURNAL; default: {DEFAULT_JOURNAL}]",
     )
     parser.add_argument(
         "--pod-resources-socket",
@@ -134,14 +133,11 @@ def load_config(path: Path, name: str) -> SharingConfig:
 
 
 def journal_path(args: argparse.Namespace) -> Path:
-    """--journal > SHARING_JOURNAL > next to the simulator's state > the agent's default."""
+    """--journal > SHARING_JOURNAL > the agent's default."""
     if args.journal is not None:
         return Path(args.journal)
     if os.environ.get("SHARING_JOURNAL"):
         return Path(os.environ["SHARING_JOURNAL"])
-    state = sim_state(args)
-    if backend_kind(args) == "sim" and state is not None:
-        return state.with_name(state.name + ".journal")
     return DEFAULT_JOURNAL
 
 

@@ -1,6 +1,6 @@
-"""The flags every command that touches GPUs shares: which backend, and the simulator's state file.
+"""The flags every command that touches GPUs shares: which backend, and where the driver is.
 
-Flag > environment (SHARING_BACKEND, SHARING_SIM_STATE) > default (nvml), as in the agent's settings.
+Flag > environment (SHARING_BACKEND, SHARING_DRIVER_ROOT) > default (nvml, /), as in the agent's settings.
 """
 
 from __future__ import annotations
@@ -15,19 +15,17 @@ from sharing.mig import default_catalog
 
 
 def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
-    """--backend and --sim-state."""
+    """--backend and --driver-root."""
     parser.add_argument(
-        "--backend",
-        choices=BACKENDS,
-        default=None,
-        help="GPU backend: nvml (real GPUs, the default) or sim [SHARING_BACKEND]",
+        "--backend", choices=BACKENDS, default=None, help="GPU backend: nvml (the default) [SHARING_BACKEND]"
     )
     parser.add_argument(
-        "--sim-state",
+        "--driver-root",
         type=Path,
         default=None,
-        metavar="PATH",
-        help="state file of the simulated GPUs, for --backend sim [SHARING_SIM_STATE]",
+        metavar="DIR",
+        help="where the NVIDIA driver's files are (libnvidia-ml.so.1, /dev/nvidia*) "
+        "[SHARING_DRIVER_ROOT; default: /]",
     )
 
 
@@ -39,18 +37,12 @@ def backend_kind(args: argparse.Namespace) -> str:
     return kind
 
 
-def sim_state(args: argparse.Namespace) -> Path | None:
-    """The simulator's state file, if one was given."""
-    path: Path | None = args.sim_state
-    if path is None and os.environ.get("SHARING_SIM_STATE"):
-        path = Path(os.environ["SHARING_SIM_STATE"])
-    return path
+def driver_root(args: argparse.Namespace) -> Path:
+    """The driver root: --driver-root, else SHARING_DRIVER_ROOT, else /."""
+    path: Path | None = args.driver_root
+    return path or Path(os.environ.get("SHARING_DRIVER_ROOT") or "/")
 
 
 def open_from_args(args: argparse.Namespace) -> GpuBackend:
     """The backend the flags and environment name."""
-    kind = backend_kind(args)
-    state = sim_state(args)
-    if kind == "sim" and state is None:
-        raise UsageError("--backend sim needs --sim-state PATH (or SHARING_SIM_STATE)")
-    return open_backend(kind, default_catalog(), sim_state=state)
+    return open_backend(backend_kind(args), default_catalog(), driver_root=driver_root(args))

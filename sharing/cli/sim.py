@@ -1,13 +1,17 @@
-"""`sharing sim`: create and poke simulated GPUs (init, busy, idle, xid, reset, lost, found)."""
+"""`sharing sim`: create and poke the fake NVIDIA driver's GPUs (init, busy, idle, xid, reset, lost, found).
+
+The command writes the state file the fake libnvidia-ml.so.1 (hack/fakedriver) reads; the agent and
+every other command reach those GPUs only through that library (--driver-root).
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 from pathlib import Path
 
 from sharing.cli.common import Subparsers, UsageError
-from sharing.cli.gpuargs import sim_state
 from sharing.errors import BackendError
 from sharing.gpu import simstate
 from sharing.mig import default_catalog
@@ -19,8 +23,9 @@ def register(commands: Subparsers) -> None:
     """Add the command and its subcommands to the CLI."""
     parser = commands.add_parser(
         "sim",
-        help="create and change simulated GPUs",
-        description="Simulated GPUs for `--backend sim`, kept in a state file.",
+        help="create and change the fake NVIDIA driver's GPUs",
+        description="The GPUs of the fake NVIDIA driver (hack/fakedriver), kept in its state file "
+        "(<driver root>/var/lib/fake-nvidia/gpus.json).",
     )
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION", parser_class=type(parser))
 
@@ -44,6 +49,17 @@ def register(commands: Subparsers) -> None:
         help="MIG mode changes wait for `sharing sim reset` (as in VMs), not applied at once",
     )
     init.add_argument("--seed", default="sim", help="seed of the UUIDs (same seed, same UUIDs)")
+    init.add_argument(
+        "--personality",
+        choices=simstate.PERSONALITIES,
+        default="r580",
+        help="the driver branch played: r580 (current) or r535 (lists no MIG profiles while MIG is off)",
+    )
+    init.add_argument(
+        "--unprivileged-processes",
+        action="store_true",
+        help="process lists in MIG mode answer NO_PERMISSION, as in an unprivileged container",
+    )
     init.set_defaults(run=_init)
     for name, help_text in (("busy", "start work on a GPU or MIG device"), ("idle", "stop work on a device")):
         busy = action(name, help_text)
@@ -86,7 +102,12 @@ def parse_gpus(text: str) -> list[simstate.SimGpuSpec]:
 def _init(args: argparse.Namespace) -> int:
     specs = parse_gpus(args.gpus)
     state = simstate.init_state(
-        _state(args), specs, pending_mode_changes=args.pending_mode_changes, seed=args.seed
+        _state(args),
+        specs,
+        pending_mode_changes=args.pending_mode_changes,
+        seed=args.seed,
+        personality=args.personality,
+        unprivileged_processes=args.unprivileged_processes,
     )
     for gpu in state["gpus"]:
         print(f"GPU {gpu['index']}  {gpu['name']}  {gpu['uuid']}")
@@ -116,8 +137,10 @@ def _lost(args: argparse.Namespace) -> int:
 
 
 def _state(args: argparse.Namespace) -> Path:
-    """The state file: --sim-state, else SHARING_SIM_STATE, as every other command reads it."""
-    path = sim_state(args)
+    """The state file: --sim-state, else SHARING_SIM_STATE."""
+    path: Path | None = args.sim_state
+    if path is None and os.environ.get("SHARING_SIM_STATE"):
+        path = Path(os.environ["SHARING_SIM_STATE"])
     if path is None:
         raise UsageError("sharing sim needs --sim-state PATH (or SHARING_SIM_STATE)")
     return path

@@ -1,13 +1,14 @@
 """The GPU backend over NVML: the only module that imports `pynvml`.
 
 `NvmlBackend` takes anything that satisfies the typed `nvmlapi.Nvml` surface: the real `pynvml`
-module (see `open_nvml`) or `simnvml.SimNvml`, so the code that runs on real GPUs is the code the
-tests run. Every NVML call runs on one dedicated worker thread, never on the event loop. Reading is
-`nvmlread`'s; this module changes MIG (nvmlDeviceSetMigMode reports refusal in its activation
-status instead of raising; GPU instances are created at explicit placements from the driver's own
-profile table; compute instances are destroyed before their GPU instance), polls XID events, logs
-once per GPU where the driver disagrees with the hardware catalog, and turns NVML errors into
-BackendError subclasses that name the GPU and say what to do.
+module bound to the libnvidia-ml.so.1 under the driver root (`open_nvml`; in tests the fake
+driver's, hack/fakedriver), so the code that runs on real GPUs is the code the tests run. Every
+NVML call runs on one dedicated worker thread, never on the event loop. Reading is `nvmlread`'s;
+this module changes MIG (nvmlDeviceSetMigMode reports refusal in its activation status instead of
+raising; GPU instances are created at explicit placements from the driver's own profile table;
+compute instances are destroyed before their GPU instance), polls XID events, logs once per GPU
+where the driver disagrees with the hardware catalog, and turns NVML errors into BackendError
+subclasses that name the GPU and say what to do.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from sharing.gpu.devfiles import DeviceFiles, DriverFiles
 from sharing.gpu.naming import CI_ENUM_FOR_SLICES
 from sharing.gpu.nvmlapi import Handle, Nvml, code, optional_int
 from sharing.gpu.nvmlerrors import backend_error
+from sharing.gpu.nvmllib import name_os_thread, preload
 from sharing.gpu.nvmlread import NvmlReader
 from sharing.mig import Catalog, Product, differences
 from sharing.model import GpuInstance, GpuUuid, HealthEvent, NodeState
@@ -48,16 +50,33 @@ def read_machine(path: Path = DMI_PRODUCT_NAME) -> str | None:
         return None
 
 
-def open_nvml(catalog: Catalog, *, ignored_xids: Collection[int] = APPLICATION_XIDS) -> NvmlBackend:
-    """The backend over the real NVML library (loaded when first used)."""
+def load_pynvml(driver_root: Path) -> Nvml:
+    """The real `pynvml`, bound to the NVML library under `driver_root` (what go-nvml's
+    WithLibraryPath does): loaded here by path, so pynvml's nvmlInit, which opens libnvidia-ml.so.1
+    by name with ctypes.CDLL, gets this one, because the dynamic loader reuses a loaded library whose
+    SONAME is the name asked for (glibc dlopen). One library per process: another root fails."""
     try:
         import pynvml  # noqa: PLC0415  (only when asked for: machines without GPUs never load it)
     except ImportError as err:
         raise NvmlUnavailableError(
-            "the NVML Python binding is not installed (pip install nvidia-ml-py); "
-            "without NVIDIA GPUs use --backend sim"
+            "the NVML Python binding is not installed (pip install nvidia-ml-py)"
         ) from err
-    return NvmlBackend(pynvml, catalog, ignored_xids=ignored_xids, machine=read_machine)
+    preload(driver_root)
+    module: Nvml = pynvml
+    return module
+
+
+def open_nvml(
+    catalog: Catalog, driver_root: Path = Path("/"), *, ignored_xids: Collection[int] = APPLICATION_XIDS
+) -> NvmlBackend:
+    """The backend over the NVIDIA driver under `driver_root` (its library, its device files)."""
+    return NvmlBackend(
+        load_pynvml(driver_root),
+        catalog,
+        ignored_xids=ignored_xids,
+        machine=read_machine,
+        device_files=DriverFiles(driver_root / "dev", driver_root / "proc/driver/nvidia/capabilities"),
+    )
 
 
 class NvmlBackend:
@@ -79,7 +98,9 @@ class NvmlBackend:
         self._ignored_xids = frozenset(ignored_xids)
         self._event_poll_s = event_poll_s
         self._machine = machine
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nvml")
+        self._worker = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="nvml", initializer=name_os_thread, initargs=(b"nvml",)
+        )
         self._initialised = False
         self._closed = False
         self._read = NvmlReader(nvml)
@@ -101,7 +122,7 @@ class NvmlBackend:
             except self._nvml.NVMLError as err:
                 raise NvmlUnavailableError(
                     f"NVML could not be loaded ({err}): is the NVIDIA driver installed and a GPU visible "
-                    "(run nvidia-smi)? Without NVIDIA GPUs use --backend sim"
+                    "(run nvidia-smi)?"
                 ) from err
             self._initialised = True
         return work()

@@ -1,6 +1,6 @@
 """The read side of NVML: the node's GPUs, MIG instances and devices, observed without changing anything.
 
-Synchronous, over the typed NVML surface (the real `pynvml` or the simulated one), called by
+Synchronous, over the typed NVML surface (the real `pynvml`), called by
 `NvmlBackend` on its worker thread. It copes with NVML's read quirks: the caller allocates the
 arrays GetGpuInstances and GetComputeInstances fill (and NVML under-reports some counts),
 nvmlDeviceIsMigDeviceHandle returns a ctypes value, MIG device indices have holes, GPUs without MIG
@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 from dataclasses import replace
 
+from sharing.errors import BackendError
 from sharing.gpu.backend import GpuNotFoundError
 from sharing.gpu.nvmlapi import Handle, Nvml, code
 from sharing.gpu.nvmlprofiles import read_table, with_identity
@@ -32,8 +33,12 @@ from sharing.model import (
 MigDevices = dict[tuple[int, int], tuple[MigUuid, bool, int | None]]
 
 
+class NoMigDeviceError(BackendError):
+    """A compute instance with no MIG device: its GPU is reported unreadable (nothing of it is used)."""
+
+
 class NvmlReader:
-    """Observes GPUs through NVML; caches each GPU's profile table (it never changes)."""
+    """Observes GPUs through NVML; caches each GPU's profile table once the driver lists one."""
 
     def __init__(self, nvml: Nvml) -> None:
         self._nvml = nvml
@@ -53,14 +58,18 @@ class NvmlReader:
         raise GpuNotFoundError(f"no readable GPU with UUID {uuid} on this node (see `sharing export`)")
 
     def table(self, handle: Handle, uuid: str) -> Product | None:
-        """The GPU's MIG profiles as its driver reports them (cached); None when the driver lists none."""
+        """The GPU's MIG profiles as its driver reports them; None when the driver lists none now.
+
+        Old drivers (R535) list none while MIG is off, and the catalog fills in (model.geometry):
+        only a non-empty table is kept, so the driver's own is read once MIG is on."""
         if uuid not in self._tables:
             n = self._nvml
             table = read_table(n, handle, n.nvmlDeviceGetName(handle))
+            if not table.profiles:
+                return None
             pci = n.nvmlDeviceGetPciInfo(handle).pciDeviceId
             capability = n.nvmlDeviceGetCudaComputeCapability(handle)
-            # Old drivers list no profiles while MIG is off: then the catalog fills in (model.geometry).
-            self._tables[uuid] = with_identity(table, pci, capability) if table.profiles else None
+            self._tables[uuid] = with_identity(table, pci, capability)
         return self._tables[uuid]
 
     def gpu_instances(self, handle: Handle, profile_id: int, max_count: int) -> list[Handle]:
@@ -103,12 +112,19 @@ class NvmlReader:
             if not _truthy(n.nvmlDeviceIsMigDeviceHandle(mig)):
                 continue
             key = (n.nvmlDeviceGetGpuInstanceId(mig), n.nvmlDeviceGetComputeInstanceId(mig))
-            devices[key] = (
-                MigUuid(n.nvmlDeviceGetUUID(mig)),
-                bool(n.nvmlDeviceGetComputeRunningProcesses(mig)),
-                index,
-            )
+            devices[key] = (MigUuid(n.nvmlDeviceGetUUID(mig)), self.mig_busy(mig), index)
         return devices
+
+    def mig_busy(self, mig: Handle) -> bool:
+        """Processes on a MIG device; True when they cannot be read (NO_PERMISSION, an unprivileged
+        container): what cannot be seen counts as in use, so it is never destroyed."""
+        n = self._nvml
+        try:
+            return bool(n.nvmlDeviceGetComputeRunningProcesses(mig))
+        except n.NVMLError as err:
+            if code(err) == n.NVML_ERROR_NO_PERMISSION:
+                return True
+            raise
 
     def instance(self, gi: Handle, profile: str, migs: MigDevices) -> GpuInstance:
         n = self._nvml
@@ -117,12 +133,12 @@ class NvmlReader:
         for ci in self.compute_instances(gi):
             ci_info = n.nvmlComputeInstanceGetInfo(ci)
             found = migs.get((info.id, ci_info.id))
-            if found is None:  # not enumerated as a MIG device: ask the CI's own handle
-                device = ci_info.device
-                found = (
-                    MigUuid(n.nvmlDeviceGetUUID(device)),
-                    bool(n.nvmlDeviceGetComputeRunningProcesses(device)),
-                    None,
+            if found is None:
+                # ci_info.device is the PARENT GPU (nvml.h nvmlComputeInstanceInfo_st: "Parent
+                # device"), never the MIG device: its UUID would hand the whole GPU out. Fail closed.
+                raise NoMigDeviceError(
+                    f"compute instance {ci_info.id} of GPU instance {info.id} has no MIG device "
+                    "(nvmlDeviceGetMigDeviceHandleByIndex lists none): the GPU is not used until it has"
                 )
             cis.append(ComputeInstance(id=ci_info.id, uuid=found[0], busy=found[1], mig_index=found[2]))
         return GpuInstance(
@@ -148,6 +164,9 @@ class NvmlReader:
                 unreadable.append(
                     UnreadableGpu(index, self._uuids.get(index), bounded(f"NVML error {code(err)}: {err}"))
                 )
+                continue
+            except NoMigDeviceError as err:
+                unreadable.append(UnreadableGpu(index, self._uuids.get(index), bounded(str(err))))
                 continue
             self._uuids[index] = gpu.uuid
             gpus.append(gpu)

@@ -16,10 +16,6 @@ from sharing.mig import NVIDIA_VENDOR, Catalog, Engines, Product, Profile
 
 State = dict[str, Any]
 
-DRIVER_VERSION = "580.65.06"
-"""The driver version the simulated NVML reports (any well-formed X.Y.Z)."""
-CUDA_VERSION = 13000
-"""The CUDA driver version the simulated NVML reports (13.0)."""
 COMPUTE_CLASS = 0x030200
 """PCI class of a 3D controller: what data-center GPUs report (GPU feature discovery: `compute`)."""
 

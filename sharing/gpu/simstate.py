@@ -1,9 +1,10 @@
-"""The simulated GPUs' state file, and the test hooks that change it from outside NVML.
+"""The fake NVIDIA driver's state file, and the hooks that change it from outside NVML.
 
-The state is one JSON document, written atomically and locked around every access, so separate
-processes (the agent, `sharing sim busy`, a test) and restarts see the same GPUs. `simnvml` reads
-and changes it through the pynvml functions; the hooks here do what no NVML call can: create the
-GPUs, start and stop work on a device, raise an XID, reset a GPU, lose a GPU and find it again.
+The state is one JSON document (its schema: hack/fakedriver/README.md), written atomically under
+the lock the fake libnvidia-ml.so.1 takes, so separate processes (the agent, `sharing sim busy`, a
+test) and restarts see the same GPUs. The library reads and changes it through the NVML functions;
+the hooks here do what no NVML call can: create the GPUs, start and stop work on a device, raise
+an XID, reset a GPU, lose a GPU and find it again.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import contextlib
 import fcntl
 import json
 import os
-import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -20,8 +20,6 @@ from pathlib import Path
 
 from sharing.errors import BackendError
 from sharing.gpu.simspec import (
-    CUDA_VERSION,
-    DRIVER_VERSION,
     SimGpuSpec,
     State,
     gpu_state,
@@ -32,24 +30,35 @@ from sharing.gpu.simspec import (
 __all__ = ["SimGpuSpec", "State", "resolve_product", "spec_of"]
 
 _MAX_EVENTS = 256
+PERSONALITIES = ("r580", "r535")
+"""The driver branches the fake driver plays (hack/fakedriver/README.md, "Personalities")."""
 
 
 def init_state(
-    path: Path, gpus: Sequence[SimGpuSpec], *, pending_mode_changes: bool = False, seed: str = "sim"
+    path: Path,
+    gpus: Sequence[SimGpuSpec],
+    *,
+    pending_mode_changes: bool = False,
+    seed: str = "sim",
+    personality: str = "r580",
+    unprivileged_processes: bool = False,
 ) -> State:
-    """Create (or replace) the state file with idle GPUs, MIG disabled, no instances."""
+    """Create (or replace) the state file with idle GPUs, MIG disabled, no instances.
+
+    The driver and CUDA versions are the personality's (the library's defaults)."""
+    if personality not in PERSONALITIES:
+        raise BackendError(f"unknown driver personality {personality!r} (one of: {', '.join(PERSONALITIES)})")
     state: State = {
         "version": 1,
         "seed": seed,
+        "personality": personality,
         "pendingModeChanges": pending_mode_changes,
+        "unprivilegedProcesses": unprivileged_processes,
         "mutations": 0,
         "mutatingCalls": 0,
         "uuidCounter": 0,
         "eventSeq": 0,
         "events": [],
-        "driverVersion": DRIVER_VERSION,
-        "cudaVersion": CUDA_VERSION,
-        "machine": "gpu-sharing simulator",
         "gpus": [
             gpu_state(
                 i, "GPU-" + str(uuid.uuid5(uuid.NAMESPACE_URL, f"gpu-sharing-sim/{seed}/gpu/{i}")), spec
@@ -190,7 +199,7 @@ def gpu_busy(gpu: State) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class Counters:
-    """How often NVML was asked to change the simulated hardware, and how often it did."""
+    """How often NVML was asked to change the fake hardware, and how often it did."""
 
     mutating_calls: int
     mutations: int
@@ -207,30 +216,3 @@ def read(path: Path) -> State:
     """A snapshot of the whole state (for tests and `sharing sim`)."""
     with locked(path):
         return load(path)
-
-
-GATE_TIMEOUT_S = 120.0
-
-
-def pass_gate() -> None:
-    """With SHARING_SIM_GATE=PATH, wait before a hardware change until a test lets it through.
-
-    The process writes `PATH.waiting` and waits for the file `PATH` to appear; it consumes it (one
-    change per file) and goes on. Tests use it to look at the node in the middle of a change.
-    """
-    gate = os.environ.get("SHARING_SIM_GATE")
-    if not gate:
-        return
-    path, waiting = Path(gate), Path(gate + ".waiting")
-    waiting.write_text(str(os.getpid()))
-    deadline = time.monotonic() + GATE_TIMEOUT_S
-    while True:
-        try:
-            path.unlink()
-            break
-        except FileNotFoundError:
-            if time.monotonic() > deadline:
-                break
-            time.sleep(0.01)  # another process opens the gate: there is nothing to wait on but the file
-    with contextlib.suppress(FileNotFoundError):
-        waiting.unlink()

@@ -1,4 +1,8 @@
-"""A simulated GPU node run by the real agent: control plane, kubelet harness, deploy/ and a sim state.
+"""A GPU node run by the real agent: control plane, kubelet harness, deploy/ and the fake NVIDIA driver.
+
+Each node has its own driver root (`hack/fakedriver/build.sh --install`, its GPUs made with
+`sharing sim init`), and the agent reaches the GPUs as on a real node: `--driver-root`, the real
+pynvml over the libnvidia-ml.so.1 found there.
 
 The agent authenticates with its ServiceAccount's token (TokenRequest), never as admin; the test
 drives it the way an operator does: `kubectl label`, `kubectl patch configmap`, `kubectl get`.
@@ -105,19 +109,25 @@ class AgentProcess:
 
 @dataclass
 class GpuNode:
-    """One simulated GPU node and the handles a test needs."""
+    """One GPU node on the fake driver and the handles a test needs."""
 
     name: str
     control_plane: lab.ControlPlane
     kubelet: lab.KubeletHarness
     kubeconfig: Path
-    sim: Path
+    root: Path
+    """The node's driver root (the agent's --driver-root)."""
     tmp: Path
+    sim: Path = field(init=False)
+    """The fake driver's state (`sharing sim ... --sim-state`)."""
     agent: AgentProcess = field(init=False)
     configs: list[str] = field(default_factory=list)
     agents: list[AgentProcess] = field(default_factory=list)
     bound: set[str] = field(default_factory=set)
     """Pods of the API server bound to this node (in `default`), deleted after the test."""
+
+    def __post_init__(self) -> None:
+        self.sim = self.root / "var/lib/fake-nvidia/gpus.json"
 
     def sharing(self, *args: str, env: dict[str, str] | None = None) -> str:
         done = subprocess.run(
@@ -148,8 +158,7 @@ class GpuNode:
             "--namespace", NAMESPACE,
             "--configmap", CONFIGMAP,
             "--kubeconfig", str(kubeconfig or self.kubeconfig),
-            "--backend", "sim",
-            "--sim-state", str(self.sim),
+            "--driver-root", str(self.root),
             "--device-plugin-dir", str(self.kubelet.device_plugin_dir),
             "--pod-resources-socket", str(self.kubelet.pod_resources_socket),
             "--journal", str(self.tmp / "journal.jsonl"),
@@ -256,15 +265,24 @@ class GpuNode:
         return len(seen)
 
     def export(self) -> dict[str, Any]:
-        return dict(
-            json.loads(self.sharing("export", "--backend", "sim", "--sim-state", str(self.sim), "--json"))
-        )
+        return dict(json.loads(self.sharing("export", "--driver-root", str(self.root), "--json")))
 
     def export_mig_uuids(self) -> set[str]:
-        exported = json.loads(
-            self.sharing("export", "--backend", "sim", "--sim-state", str(self.sim), "--json")
-        )
+        exported = json.loads(self.sharing("export", "--driver-root", str(self.root), "--json"))
         return {i["uuid"] for g in exported["gpus"] for i in g["instances"]}
+
+
+def install_driver(root: Path) -> Path:
+    """The fake NVIDIA driver installed under `root`, as a driver installer puts it on a node."""
+    done = subprocess.run(
+        [str(REPO / "hack/fakedriver/build.sh"), "--install", str(root)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        pytest.fail(f"hack/fakedriver/build.sh --install failed:\n{done.stderr}")
+    return root
 
 
 @pytest.fixture
@@ -274,13 +292,12 @@ def gpu_node(
     deployed: lab.ControlPlane,
     tmp_path: Path,
 ) -> Iterator[GpuNode]:
-    """2x A100-SXM4-40GB + 2x H100 80GB HBM3 (simulated), the kubelet harness and the agent."""
+    """2x A100-SXM4-40GB + 2x H100 80GB HBM3 (fake driver), the kubelet harness and the agent."""
     name = f"gpu-{uuid.uuid4().hex[:8]}"
     kubelet = make_kubelet(node_name=name)
-    sim = tmp_path / "gpus.json"
     kubeconfig = control_plane.token_kubeconfig(agent_token(control_plane, name), f"agent-{name}")
-    node = GpuNode(name, control_plane, kubelet, kubeconfig, sim, tmp_path)
-    node.sharing("sim", "init", "--sim-state", str(sim), "--gpus", GPUS)
+    node = GpuNode(name, control_plane, kubelet, kubeconfig, install_driver(tmp_path / "root"), tmp_path)
+    node.sharing("sim", "init", "--sim-state", str(node.sim), "--gpus", GPUS)
     node.start_agent()
     yield node
     for agent in node.agents:

@@ -1,7 +1,7 @@
 """The whole agent on a real control plane and the kubelet's own device manager, as an operator uses it.
 
 The agent runs as a process with the ServiceAccount token of deploy/ (TokenRequest), so the RBAC there
-is proven sufficient. GPUs are simulated through the pynvml-shaped simulator, with state in a file.
+is proven sufficient. GPUs are the fake NVIDIA driver's (hack/fakedriver), reached through the real pynvml.
 Waits are for conditions (the harness's long-poll, or the API with a deadline), never fixed sleeps.
 """
 
@@ -175,9 +175,7 @@ def test_agent_crash_mid_apply_converges_after_restart(gpu_node: GpuNode) -> Non
     gpu_node.start_agent()
     gpu_node.kubelet.wait_resources(mig_and_shared, timeout=60)
     gpu_node.wait_labels(lambda labels: labels.get("nvidia.com/mig.config.state") == "success")
-    exported = json.loads(
-        gpu_node.sharing("export", "--backend", "sim", "--sim-state", str(gpu_node.sim), "--json")
-    )
+    exported = json.loads(gpu_node.sharing("export", "--driver-root", str(gpu_node.root), "--json"))
     for gpu in exported["gpus"][:2]:
         assert ["1g.5gb", "1g.5gb", "2g.10gb", "3g.20gb"] == sorted(i["profile"] for i in gpu["instances"])
 
@@ -185,9 +183,7 @@ def test_agent_crash_mid_apply_converges_after_restart(gpu_node: GpuNode) -> Non
 def test_an_xid_marks_a_gpu_and_its_replicas_unhealthy_until_it_is_reset(gpu_node: GpuNode) -> None:
     gpu_node.label(DEMO)
     gpu_node.kubelet.wait_resources(mig_and_shared, timeout=60)
-    exported = json.loads(
-        gpu_node.sharing("export", "--backend", "sim", "--sim-state", str(gpu_node.sim), "--json")
-    )
+    exported = json.loads(gpu_node.sharing("export", "--driver-root", str(gpu_node.root), "--json"))
     h100s = [g["uuid"] for g in exported["gpus"] if "H100" in g["product"]]
     sim = ("--sim-state", str(gpu_node.sim))
     gpu_node.sharing("sim", "xid", *sim, "--uuid", h100s[0], "--xid", "13")  # an application error: ignored

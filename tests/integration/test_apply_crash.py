@@ -1,15 +1,17 @@
 """Crash safety of `sharing apply`: killed after every single NVML change, then run again.
 
 For each transition, `python -m sharing apply` runs in a subprocess with SHARING_SIM_CRASH_AFTER=k
-(the simulated NVML exits 137 right after its k-th hardware change) for every k from 1 to the
+(the fake NVIDIA driver exits 137 right after its k-th hardware change) for every k from 1 to the
 number of changes the transition makes, then once more without the crash. Each time the GPUs must
 end exactly in the wanted layout, with no leaked or half-built instance, and the busy instance
-must still be there. Needs no cluster: only the simulated GPUs.
+must still be there. Needs no cluster: only the fake driver, one driver root per run (the apply
+reaches it through --driver-root and the real pynvml; this process reads it in a subprocess, as
+pynvml loads one library per process).
 """
 
 from __future__ import annotations
 
-import asyncio
+import json
 import os
 import shutil
 import subprocess
@@ -18,16 +20,11 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from sharing.cli.apply import load_config
-from sharing.config.spec import SharingConfig
-from sharing.gpu import open_backend, simstate
-from sharing.mig.catalog import default_catalog
-from sharing.model import Gpu
-from sharing.rollout.apply import apply_config
-from sharing.store.journal import Journal
+from sharing.gpu import simstate
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -100,35 +97,41 @@ def sharing(*args: str, crash_after: int | None = None) -> subprocess.CompletedP
     )
 
 
-def observe(state: Path) -> tuple[Gpu, ...]:
-    async def run() -> tuple[Gpu, ...]:
-        backend = open_backend("sim", default_catalog(), sim_state=state)
-        try:
-            return (await backend.observe()).gpus
-        finally:
-            await backend.close()
-
-    return asyncio.run(run())
+STATE = "var/lib/fake-nvidia/gpus.json"
 
 
-def converged(state: Path, config: SharingConfig, tmp_path: Path) -> bool:
+def install(root: Path) -> Path:
+    """A driver root with the fake driver; its state file."""
+    done = subprocess.run(
+        [str(REPO / "hack/fakedriver/build.sh"), "--install", str(root)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return root / STATE
+
+
+def root_of(state: Path) -> str:
+    return str(state.parents[3])
+
+
+def observe(state: Path) -> list[dict[str, Any]]:
+    """The GPUs as `sharing export --json` reports them."""
+    done = sharing("export", "--driver-root", root_of(state), "--json")
+    assert done.returncode == 0, done.stderr
+    gpus: list[dict[str, Any]] = json.loads(done.stdout)["gpus"]
+    return gpus
+
+
+def converged(state: Path, config: Path, name: str) -> bool:
     """A dry run finds nothing left to do."""
-
-    async def run() -> bool:
-        backend = open_backend("sim", default_catalog(), sim_state=state)
-        try:
-            report = await apply_config(
-                backend,
-                config,
-                catalog=default_catalog(),
-                journal=Journal(tmp_path / "unused.journal"),
-                dry_run=True,
-            )
-        finally:
-            await backend.close()
-        return all(g.outcome.value == "unchanged" for g in report.gpus)
-
-    return asyncio.run(run())
+    done = sharing(
+        "apply", "--config", str(config), "--name", name, "--driver-root", root_of(state),
+        "--journal", str(state.with_suffix(".dry-run.journal")), "--no-kubelet", "--dry-run", "--json",
+    )  # fmt: skip
+    assert done.returncode in (0, 1), done.stderr
+    return all(g["outcome"] == "unchanged" for g in json.loads(done.stdout)["gpus"])
 
 
 def apply(
@@ -140,10 +143,8 @@ def apply(
         str(config),
         "--name",
         name,
-        "--backend",
-        "sim",
-        "--sim-state",
-        str(state),
+        "--driver-root",
+        root_of(state),
         "--journal",
         str(state.with_suffix(".journal")),
         "--no-kubelet",
@@ -151,13 +152,15 @@ def apply(
     )
 
 
-def check_layout(gpus: tuple[Gpu, ...], wanted: list[dict[str, int] | None], busy: str | None) -> None:
+def check_layout(gpus: list[dict[str, Any]], wanted: list[dict[str, int] | None], busy: str | None) -> None:
     for gpu, want in zip(gpus, wanted, strict=True):
-        assert gpu.mig_enabled == (want is not None), gpu
-        assert Counter(gi.profile for gi in gpu.instances) == Counter(want or {}), gpu
-        assert all(len(gi.compute_instances) == 1 for gi in gpu.instances), f"half-built or leaked: {gpu}"
+        assert gpu["migEnabled"] == (want is not None), gpu
+        assert Counter(row["profile"] for row in gpu["instances"]) == Counter(want or {}), gpu
+        assert all(row["uuid"] for row in gpu["instances"]), f"half-built: {gpu}"
     if busy is not None:
-        assert busy in {ci.uuid for g in gpus for _, ci in g.mig_devices}, "the busy instance was destroyed"
+        assert busy in {row["uuid"] for g in gpus for row in g["instances"]}, (
+            "the busy instance was destroyed"
+        )
 
 
 @pytest.mark.parametrize(("name", "start", "target", "wanted"), TRANSITIONS, ids=[t[0] for t in TRANSITIONS])
@@ -166,19 +169,23 @@ def test_killed_after_every_hardware_change_then_recovered(
 ) -> None:
     config = tmp_path / "configmap.yaml"
     config.write_text(CONFIGMAP)
-    wanted_config = load_config(config, target)
-    initial = tmp_path / "initial.json"
+    initial = install(tmp_path / "initial")
     done = sharing("sim", "init", "--sim-state", str(initial), "--gpus", "A100-SXM4-40GB:2,T4:1")
     assert done.returncode == 0, done.stderr
     busy = None
     if start is not None:
         assert apply(initial, config, start).returncode == 0
         # Work runs on the 2g: it must survive every crash and every recovery.
-        busy = next(ci.uuid for gi, ci in observe(initial)[0].mig_devices if gi.profile == "2g.10gb")
+        busy = next(row["uuid"] for row in observe(initial)[0]["instances"] if row["profile"] == "2g.10gb")
         simstate.set_busy(initial, busy, True)
 
-    state = tmp_path / "gpus.json"
-    shutil.copy(initial, state)
+    def copy_of(name: str) -> Path:
+        state = install(tmp_path / name)
+        state.parent.mkdir(parents=True)
+        shutil.copy(initial, state)
+        return state
+
+    state = copy_of("clean")
     first = simstate.counters(state).mutations
     clean = apply(state, config, target)
     assert clean.returncode == 0, clean.stdout + clean.stderr
@@ -187,14 +194,13 @@ def test_killed_after_every_hardware_change_then_recovered(
     assert changes > 0
 
     def crash_then_recover(k: int) -> CrashRun:
-        copy = tmp_path / f"crash-{k}.json"
-        shutil.copy(initial, copy)
+        copy = copy_of(f"crash-{k}")
         crashed = apply(copy, config, target, crash_after=k)
         changed = simstate.counters(copy).mutations - first
         journal_left = copy.with_suffix(".journal").exists()
         return CrashRun(copy, crashed, changed, journal_left, apply(copy, config, target))
 
-    # Crash points are independent (one state file each): run a few at once to keep this quick.
+    # Crash points are independent (one driver root each): run a few at once to keep this quick.
     with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
         runs = list(pool.map(crash_then_recover, range(1, changes + 1)))
     for k, run in enumerate(runs, 1):
@@ -206,6 +212,4 @@ def test_killed_after_every_hardware_change_then_recovered(
         assert "recovered an interrupted apply" in recovered.stdout, f"k={k}"
         assert not run.state.with_suffix(".journal").exists()
         check_layout(observe(run.state), wanted, busy)
-        assert converged(run.state, wanted_config, tmp_path), (
-            f"k={k}: a second apply would still change something"
-        )
+        assert converged(run.state, config, target), f"k={k}: a second apply would still change something"

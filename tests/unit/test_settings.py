@@ -25,6 +25,11 @@ def test_flag_beats_environment_beats_default() -> None:
     assert (13, 43) == got.ignored_xids
     assert "gpu-sharing" == got.namespace
     assert Path("/var/lib/kubelet/device-plugins") == got.device_plugin_dir
+    assert Path("/") == got.driver_root
+    assert (
+        Path("/driver-root")
+        == parse(["--node-name", "n"], {"SHARING_DRIVER_ROOT": "/driver-root"}).driver_root
+    )
 
 
 def test_kubeconfig_falls_back_to_KUBECONFIG() -> None:
@@ -36,8 +41,7 @@ def test_kubeconfig_falls_back_to_KUBECONFIG() -> None:
     ("argv", "env", "message"),
     [
         ([], {}, "the node name is required"),
-        (["--node-name", "n", "--backend", "cuda"], {}, "'cuda' is not nvml or sim"),
-        (["--node-name", "n", "--backend", "sim"], {}, "--backend sim needs --sim-state"),
+        (["--node-name", "n", "--backend", "sim"], {}, "'sim' is not nvml"),
         (
             ["--node-name", "n"],
             {"SHARING_RESYNC_SECONDS": "soon"},
@@ -52,7 +56,7 @@ def test_kubeconfig_falls_back_to_KUBECONFIG() -> None:
         (["--node-name", "n", "--http-port", "70000"], {}, "70000 is not a port"),
         (["--node-name", "n", "--allocation-policy", "random"], {}, "'random' is not distributed or packed"),
     ],
-    ids=["no-node", "backend", "sim-state", "env-number", "list-strategy", "id-strategy", "port", "policy"],
+    ids=["no-node", "backend", "env-number", "list-strategy", "id-strategy", "port", "policy"],
 )
 def test_bad_settings_name_the_setting(argv: list[str], env: dict[str, str], message: str) -> None:
     with pytest.raises(ValueError, match=message):

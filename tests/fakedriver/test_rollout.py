@@ -11,6 +11,7 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,7 +20,6 @@ from sharing.deviceplugin import Fleet
 from sharing.errors import KubeError
 from sharing.gpu import simstate
 from sharing.gpu.nvml import NvmlBackend
-from sharing.gpu.simnvml import SimNvml
 from sharing.labels import ConfigState
 from sharing.mig.catalog import default_catalog
 from sharing.model import BoundPod, Holding, Listing, NodeState
@@ -58,10 +58,9 @@ class Kubelet:
 
 
 @pytest.fixture
-async def backend(tmp_path: Path) -> AsyncIterator[NvmlBackend]:
-    state = tmp_path / "gpus.json"
+async def backend(state: Path, nvml: Any) -> AsyncIterator[NvmlBackend]:
     simstate.init_state(state, [simstate.resolve_product(CATALOG, "A100-SXM4-40GB")])
-    b = NvmlBackend(SimNvml(state, CATALOG), CATALOG)
+    b = NvmlBackend(nvml, CATALOG)
     yield b
     await b.close()
 

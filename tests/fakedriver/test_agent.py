@@ -23,13 +23,13 @@ from sharing.deviceplugin import Fleet, FleetSettings
 from sharing.errors import BackendError, KubeError
 from sharing.gpu import simstate
 from sharing.gpu.nvml import NvmlBackend
-from sharing.gpu.simnvml import SimNvml
 from sharing.kube import sources as sources_module
 from sharing.kubelet.api import deviceplugin_v1beta1_pb2 as api
 from sharing.labels import STATE_LABEL
 from sharing.mig.catalog import default_catalog
 from sharing.model import HealthEvent
 from sharing.settings import Settings
+from tests.unit.conftest import plugin_dir  # noqa: F401  (the fixture)
 from tests.unit.fakekube import FakeKube
 from tests.unit.fakekubelet import FakeKubelet
 
@@ -43,14 +43,17 @@ def replicas(n: int) -> str:
 
 
 class FlakyHealthBackend(NvmlBackend):
-    """The simulated GPUs, whose first health watch dies of a raw driver error (not a BackendError)."""
+    """The fake driver's GPUs, whose first health watch dies of a raw driver error (not a BackendError)."""
 
     failures = 0
+    watching: asyncio.Event
 
     async def health_events(self) -> AsyncIterator[HealthEvent]:
         if not self.failures:
             self.failures += 1
             raise RuntimeError("NVML_ERROR_UNKNOWN from nvmlEventSetWait")
+        # No task switch between this and the registration reaching the (one, in-order) NVML worker.
+        self.watching.set()
         async for event in super().health_events():
             yield event
 
@@ -70,24 +73,25 @@ class Running:
     agent: Agent
     kube: FakeKube
     kubelet: FakeKubelet
-    backend: NvmlBackend
+    backend: FlakyHealthBackend
     state: Path
     plugin_dir: Path
     stop: asyncio.Event
     task: asyncio.Task[None]
+    backend_nvml: Any
 
 
 @pytest.fixture
-async def running(tmp_path: Path, plugin_dir: Path) -> AsyncIterator[Running]:
-    state = tmp_path / "gpus.json"
+async def running(tmp_path: Path, plugin_dir: Path, state: Path, nvml: Any) -> AsyncIterator[Running]:  # noqa: F811
     simstate.init_state(state, [simstate.resolve_product(CATALOG, "T4")])
     kubelet = await FakeKubelet(plugin_dir).start()
     kube = FakeKube(
         "n1", {(NS, "gpu-sharing-config"): {"mine": replicas(2)}, (NS, "gpu-sharing-presets"): {}}
     )
-    backend = FlakyHealthBackend(SimNvml(state, CATALOG), CATALOG, event_poll_s=0.05)
+    backend = FlakyHealthBackend(nvml, CATALOG, event_poll_s=0.05)
+    backend.watching = asyncio.Event()
     settings = Settings(
-        node_name="n1", backend="sim", sim_state=state, device_plugin_dir=plugin_dir, journal=tmp_path / "j"
+        node_name="n1", driver_root=state.parents[3], device_plugin_dir=plugin_dir, journal=tmp_path / "j"
     )
     fleet = Fleet(FleetSettings(plugin_dir=plugin_dir, poll_interval_s=0.02))
     agent = Agent(settings, kube=kube, backend=backend, fleet=fleet, catalog=CATALOG)
@@ -95,7 +99,7 @@ async def running(tmp_path: Path, plugin_dir: Path) -> AsyncIterator[Running]:
     task = asyncio.create_task(agent.run(stop))
     kube.label(**{"nvidia.com/device-plugin.config": "mine"})
     await kubelet.wait(lambda: kubelet.allocatable() == {GPU: 2}, timeout=10)
-    yield Running(agent, kube, kubelet, backend, state, plugin_dir, stop, task)
+    yield Running(agent, kube, kubelet, backend, state, plugin_dir, stop, task, nvml)
     stop.set()
     await task
     kube.close()
@@ -106,6 +110,8 @@ async def test_a_dead_health_watch_is_said_and_restarted_and_shutdown_still_clea
     running: Running,
 ) -> None:
     gpu = simstate.read(running.state)["gpus"][0]["uuid"]
+    await running.backend.watching.wait()  # NVML records events only after their registration:
+    await running.backend.observe()  # this call runs after the watch's registration
     simstate.inject_xid(running.state, gpu, 79)  # fell off the bus: critical
     await running.kubelet.wait(lambda: running.kubelet.allocatable() == {GPU: 0}, timeout=10)
     assert ("Warning", "GpuUnhealthy") in [(k, r) for k, r, _ in running.kube.events]
@@ -175,11 +181,16 @@ def _fifo(path: Path) -> None:
         pytest.param("j.lock", _fifo, "JournalUnusable", id="lock-file-is-a-fifo"),
     ],
 )
-async def test_a_journal_path_that_is_not_a_file_is_said_and_the_devices_stay_served(
-    tmp_path: Path, plugin_dir: Path, broken: str, make: Callable[[Path], object], reason: str
+async def test_a_journal_path_that_is_not_a_file_is_said_and_the_devices_stay_served(  # noqa: PLR0917
+    tmp_path: Path,
+    plugin_dir: Path,  # noqa: F811
+    state: Path,
+    nvml: Any,
+    broken: str,
+    make: Callable[[Path], object],
+    reason: str,
 ) -> None:
     make(tmp_path / broken)
-    state = tmp_path / "gpus.json"
     simstate.init_state(state, [simstate.resolve_product(CATALOG, "T4")])
     kubelet = await FakeKubelet(plugin_dir).start()
     kube = FakeKube(
@@ -187,9 +198,9 @@ async def test_a_journal_path_that_is_not_a_file_is_said_and_the_devices_stay_se
     )
     kube.label(**{"nvidia.com/device-plugin.config": "mine"})
     settings = Settings(
-        node_name="n1", backend="sim", sim_state=state, device_plugin_dir=plugin_dir, journal=tmp_path / "j"
+        node_name="n1", driver_root=state.parents[3], device_plugin_dir=plugin_dir, journal=tmp_path / "j"
     )
-    backend = NvmlBackend(SimNvml(state, CATALOG), CATALOG, event_poll_s=0.05)
+    backend = NvmlBackend(nvml, CATALOG, event_poll_s=0.05)
     fleet = Fleet(FleetSettings(plugin_dir=plugin_dir, poll_interval_s=0.02))
     agent = Agent(settings, kube=kube, backend=backend, fleet=fleet, catalog=CATALOG)
     stop = asyncio.Event()
@@ -223,7 +234,7 @@ async def test_a_restarted_agent_registers_what_its_last_good_config_gives_befor
     await running.kubelet.wait(lambda: running.kubelet.allocatable() == {GPU: 0}, timeout=10)
     monkeypatch.setattr(agent_module, "API_GRACE_S", 3600.0)
     kube = Unreachable("n1", {})
-    backend = NvmlBackend(SimNvml(running.state, CATALOG), CATALOG, event_poll_s=0.05)
+    backend = NvmlBackend(running.backend_nvml, CATALOG, event_poll_s=0.05)
     fleet = Fleet(FleetSettings(plugin_dir=running.plugin_dir, poll_interval_s=0.02))
     agent = Agent(running.agent.settings, kube=kube, backend=backend, fleet=fleet, catalog=CATALOG)
     stop = asyncio.Event()
@@ -244,8 +255,16 @@ async def test_sharing_apply_refuses_beside_a_running_agent_and_changes_nothing(
     config.write_text("version: v1\ngpus:\n  - devices: all\n    mig: disabled\n    replicas: 4\n")
     before = simstate.counters(running.state)
     capsys.readouterr()
-    args = ["apply", "--config", str(config), "--name", "all-mig", "--backend", "sim"]
-    args += ["--sim-state", str(running.state), "--journal", str(tmp_path / "j"), "--no-kubelet"]
+    args = [
+        "apply",
+        "--config",
+        str(config),
+        "--name",
+        "all-mig",
+        "--driver-root",
+        str(running.state.parents[3]),
+    ]
+    args += ["--journal", str(tmp_path / "j"), "--no-kubelet"]
     assert 1 == await asyncio.to_thread(main, args)
     err = capsys.readouterr().err
     assert "Traceback" not in err

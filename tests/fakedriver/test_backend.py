@@ -1,4 +1,4 @@
-"""NvmlBackend's whole behaviour, run against the simulated NVML (the same code runs on real GPUs)."""
+"""NvmlBackend's whole behaviour over the real pynvml and the fake driver (the code run on real GPUs)."""
 
 from __future__ import annotations
 
@@ -6,13 +6,14 @@ import asyncio
 import ctypes
 import dataclasses
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
 from sharing.errors import BackendError
-from sharing.gpu import open_backend, simspec, simstate
+from sharing.gpu import open_backend, simstate
 from sharing.gpu.backend import (
     GpuBusyError,
     GpuNotFoundError,
@@ -20,28 +21,47 @@ from sharing.gpu.backend import (
     NotSupportedError,
     NvmlUnavailableError,
 )
+from sharing.gpu.devfiles import DriverFiles
 from sharing.gpu.nvml import NvmlBackend
-from sharing.gpu.simnvml import SimNvml
+from sharing.gpu.nvmlapi import Nvml
 from sharing.mig.catalog import Catalog, default_catalog, differences
 from sharing.model import DriverInfo, GpuUuid, HealthEvent
+from tests.fakedriver.conftest import make_gpu_instance
 
 CATALOG = default_catalog()
 
 
 @pytest.fixture
-def state(tmp_path: Path) -> Path:
-    path = tmp_path / "gpus.json"
+def gpus(state: Path) -> Path:
     simstate.init_state(
-        path, [simstate.resolve_product(CATALOG, p) for p in ("A100-SXM4-40GB", "H100-80GB-HBM3", "T4")]
+        state, [simstate.resolve_product(CATALOG, p) for p in ("A100-SXM4-40GB", "H100-80GB-HBM3", "T4")]
     )
-    return path
+    return state
+
+
+def over(nvml: Nvml, catalog: Catalog = CATALOG) -> NvmlBackend:
+    return NvmlBackend(nvml, catalog, event_poll_s=0.01)
 
 
 @pytest.fixture
-async def backend(state: Path) -> AsyncIterator[NvmlBackend]:
-    b = NvmlBackend(SimNvml(state, CATALOG, event_poll_s=0.001), CATALOG, event_poll_s=0.01)
+async def backend(gpus: Path, nvml: Nvml) -> AsyncIterator[NvmlBackend]:
+    b = over(nvml)
     yield b
     await b.close()
+
+
+class Replaced:
+    """The real pynvml with some functions replaced (a test's view of a misbehaving driver)."""
+
+    def __init__(self, nvml: Nvml, **functions: Callable[..., Any]) -> None:
+        self._nvml, self._functions = nvml, functions
+
+    def __getattr__(self, name: str) -> Any:
+        return self._functions.get(name) or getattr(self._nvml, name)
+
+
+def replaced(nvml: Nvml, **functions: Callable[..., Any]) -> Nvml:
+    return cast(Nvml, Replaced(nvml, **functions))
 
 
 async def uuids(backend: NvmlBackend) -> list[GpuUuid]:
@@ -60,7 +80,8 @@ async def test_observe_a_fresh_node(backend: NvmlBackend) -> None:
     assert all(g.uuid.startswith("GPU-") and g.instances == () for g in gpus)
 
 
-async def test_create_observe_destroy(backend: NvmlBackend, state: Path) -> None:
+async def test_create_observe_destroy(backend: NvmlBackend, gpus: Path) -> None:
+    state = gpus
     a100 = (await uuids(backend))[0]
     assert await backend.set_mig_mode(a100, True) is False
     made = await backend.create_instance(a100, "3g.20gb", 4)
@@ -76,12 +97,12 @@ async def test_create_observe_destroy(backend: NvmlBackend, state: Path) -> None
     assert (await backend.observe()).gpus[0].instances == (small,)
 
 
-async def test_mode_change_pending_until_reset(tmp_path: Path) -> None:
-    path = tmp_path / "vm.json"
+async def test_mode_change_pending_until_reset(state: Path, node_root: Path) -> None:
+    path = state
     simstate.init_state(
         path, [simstate.resolve_product(CATALOG, "A100-SXM4-40GB")], pending_mode_changes=True
     )
-    backend = open_backend("sim", CATALOG, sim_state=path)
+    backend = open_backend("nvml", CATALOG, driver_root=node_root)
     try:
         gpu = (await backend.observe()).gpus[0]
         assert await backend.set_mig_mode(gpu.uuid, True) is True
@@ -94,14 +115,16 @@ async def test_mode_change_pending_until_reset(tmp_path: Path) -> None:
         await backend.close()
 
 
-async def test_mode_change_on_a_busy_gpu_is_left_pending(backend: NvmlBackend, state: Path) -> None:
+async def test_mode_change_on_a_busy_gpu_is_left_pending(backend: NvmlBackend, gpus: Path) -> None:
+    state = gpus
     a100 = (await uuids(backend))[0]
     simstate.set_busy(state, a100, True)
     assert await backend.set_mig_mode(a100, True) is True
     assert (await backend.observe()).gpus[0].busy
 
 
-async def test_busy_instances_are_reported_and_protected(backend: NvmlBackend, state: Path) -> None:
+async def test_busy_instances_are_reported_and_protected(backend: NvmlBackend, gpus: Path) -> None:
+    state = gpus
     a100 = (await uuids(backend))[0]
     await backend.set_mig_mode(a100, True)
     made = await backend.create_instance(a100, "2g.10gb", 2)
@@ -133,15 +156,13 @@ async def test_error_mapping_names_the_gpu(backend: NvmlBackend) -> None:
         await backend.destroy_instance(GpuUuid("GPU-nope"), 0)
 
 
-async def test_a_half_built_instance_is_completed_not_duplicated(backend: NvmlBackend, state: Path) -> None:
+async def test_a_half_built_instance_is_completed_not_duplicated(
+    backend: NvmlBackend, gpus: Path, nvml: Nvml
+) -> None:
+    state = gpus
     a100 = (await uuids(backend))[0]
     await backend.set_mig_mode(a100, True)
-    sim = SimNvml(state, CATALOG)
-    sim.nvmlInit()
-    placement = sim.c_nvmlGpuInstancePlacement_t(4, 4)
-    sim.nvmlDeviceCreateGpuInstanceWithPlacement(
-        sim.nvmlDeviceGetHandleByIndex(0), 9, ctypes.byref(placement)
-    )
+    make_gpu_instance(nvml, 0, 9, 4, 4)
     assert (await backend.observe()).gpus[0].instances[0].compute_instances == ()
     before = simstate.counters(state).mutations
     made = await backend.create_instance(a100, "3g.20gb", 4)
@@ -165,7 +186,7 @@ async def test_the_driver_reports_the_catalogs_profiles(backend: NvmlBackend) ->
     assert {} == backend.catalog_differences
 
 
-async def test_the_drivers_names_win_and_the_disagreement_is_recorded(state: Path) -> None:
+async def test_the_drivers_names_win_and_the_disagreement_is_recorded(gpus: Path, nvml: Nvml) -> None:
     """The agent uses what the driver reports; where the catalog says otherwise it is logged, not used."""
     a100 = CATALOG.product("A100-SXM4-40GB")
     renamed = tuple(
@@ -175,7 +196,7 @@ async def test_the_drivers_names_win_and_the_disagreement_is_recorded(state: Pat
         tuple(dataclasses.replace(p, profiles=renamed) if p is a100 else p for p in CATALOG.products),
         CATALOG.plain,
     )
-    backend = NvmlBackend(SimNvml(state), catalog)
+    backend = over(nvml, catalog)
     try:
         gpu = (await backend.observe()).gpus[0]
         assert gpu.profiles is not None
@@ -198,11 +219,12 @@ async def test_identity_versions_and_architecture_are_observed(backend: NvmlBack
     assert (a100.pci_device_id, a100.compute_capability, a100.pci_class) == (0x20B010DE, (8, 0), 0x030200)
     assert (h100.pci_device_id, h100.compute_capability) == (0x233010DE, (9, 0))
     assert (t4.compute_capability, t4.profiles, t4.mig_capable) == ((7, 5), None, False)
-    assert node.driver == DriverInfo(simspec.DRIVER_VERSION, simspec.CUDA_VERSION)
+    assert node.driver == DriverInfo("580.65.06", 13000)  # the r580 personality's
     assert not node.virtual
 
 
-async def test_a_lost_gpu_does_not_hide_the_others(backend: NvmlBackend, state: Path) -> None:
+async def test_a_lost_gpu_does_not_hide_the_others(backend: NvmlBackend, gpus: Path) -> None:
+    state = gpus
     a100, h100, t4 = await uuids(backend)
     simstate.set_lost(state, 1, True)
     node = await backend.observe()
@@ -217,9 +239,9 @@ async def test_a_lost_gpu_does_not_hide_the_others(backend: NvmlBackend, state: 
     assert [g.uuid for g in (await backend.observe()).gpus] == [a100, h100, t4]
 
 
-async def test_a_gpu_lost_before_it_was_ever_read_has_no_uuid(state: Path) -> None:
-    simstate.set_lost(state, 0, True)
-    backend = NvmlBackend(SimNvml(state), CATALOG)
+async def test_a_gpu_lost_before_it_was_ever_read_has_no_uuid(gpus: Path, nvml: Nvml) -> None:
+    simstate.set_lost(gpus, 0, True)
+    backend = over(nvml)
     try:
         node = await backend.observe()
     finally:
@@ -228,12 +250,11 @@ async def test_a_gpu_lost_before_it_was_ever_read_has_no_uuid(state: Path) -> No
     assert 2 == len(node.gpus)
 
 
-async def test_failing_to_count_the_gpus_fails_the_observation(state: Path) -> None:
-    class NoCount(SimNvml):
-        def nvmlDeviceGetCount(self) -> int:
-            raise self.NVMLError(999)
+async def test_failing_to_count_the_gpus_fails_the_observation(gpus: Path, nvml: Nvml) -> None:
+    def no_count() -> int:
+        raise nvml.NVMLError(999)
 
-    backend = NvmlBackend(NoCount(state), CATALOG)
+    backend = over(replaced(nvml, nvmlDeviceGetCount=no_count))
     try:
         with pytest.raises(BackendError, match="counting the GPUs on this node"):
             await backend.observe()
@@ -241,14 +262,16 @@ async def test_failing_to_count_the_gpus_fails_the_observation(state: Path) -> N
         await backend.close()
 
 
-async def test_health_events(backend: NvmlBackend, state: Path) -> None:
+async def test_health_events(backend: NvmlBackend, gpus: Path) -> None:
+    state = gpus
     a100 = (await uuids(backend))[0]
     await backend.set_mig_mode(a100, True)
     made = await backend.create_instance(a100, "7g.40gb", 0)
     mig = made.compute_instances[0].uuid
     events = backend.health_events()
     first = asyncio.ensure_future(anext(events))
-    # No wait for registration: the simulated event set delivers every event since nvmlInit.
+    await asyncio.sleep(0)  # the watch's first step hands its registration to the NVML worker ...
+    await backend.observe()  # ... which runs it before this (one worker, in order): registered now
     simstate.inject_xid(state, mig, 13)  # an application error: ignored
     simstate.inject_xid(state, mig, 94)
     simstate.inject_xid(state, a100, 79)
@@ -260,15 +283,14 @@ async def test_health_events(backend: NvmlBackend, state: Path) -> None:
     ]
 
 
-async def test_nvml_calls_run_on_one_worker_thread(state: Path) -> None:
+async def test_nvml_calls_run_on_one_worker_thread(gpus: Path, nvml: Nvml) -> None:
     seen: set[str] = set()
 
-    class Recording(SimNvml):
-        def nvmlDeviceGetCount(self) -> int:
-            seen.add(threading.current_thread().name)
-            return super().nvmlDeviceGetCount()
+    def count() -> int:
+        seen.add(threading.current_thread().name)
+        return nvml.nvmlDeviceGetCount()
 
-    backend = NvmlBackend(Recording(state, CATALOG), CATALOG)
+    backend = over(replaced(nvml, nvmlDeviceGetCount=count))
     try:
         await asyncio.gather(*(backend.observe() for _ in range(3)))
     finally:
@@ -278,21 +300,48 @@ async def test_nvml_calls_run_on_one_worker_thread(state: Path) -> None:
     assert threading.current_thread().name not in seen
 
 
-async def test_nvml_that_cannot_load_says_to_use_the_simulator(state: Path) -> None:
-    class Broken(SimNvml):
-        def nvmlInit(self) -> None:
-            raise self.NVMLError(12)
+async def test_nvml_that_cannot_load_says_what_to_check(gpus: Path, nvml: Nvml) -> None:
+    def broken() -> None:
+        raise nvml.NVMLError(12)
 
-    backend = NvmlBackend(Broken(state, CATALOG), CATALOG)
+    backend = over(replaced(nvml, nvmlInit=broken))
     try:
-        with pytest.raises(NvmlUnavailableError, match="--backend sim"):
+        with pytest.raises(NvmlUnavailableError, match="is the NVIDIA driver installed"):
             await backend.observe()
     finally:
         await backend.close()
 
 
-def test_sim_backend_needs_a_state_file() -> None:
-    with pytest.raises(BackendError, match="--sim-state"):
-        open_backend("sim", CATALOG)
+def test_a_driver_root_without_the_library_says_where_it_looked(tmp_path: Path) -> None:
+    with pytest.raises(
+        NvmlUnavailableError, match=rf"no libnvidia-ml.so.1 under the driver root {tmp_path} .*usr/lib64"
+    ):
+        open_backend("nvml", CATALOG, driver_root=tmp_path)
     with pytest.raises(BackendError, match="unknown GPU backend"):
-        open_backend("cuda", CATALOG)
+        open_backend("sim", CATALOG)
+
+
+def test_the_library_under_the_driver_root_is_the_one_pynvml_uses(node_root: Path, nvml: Nvml) -> None:
+    """pynvml opens libnvidia-ml.so.1 by name; the dynamic loader hands it the one loaded by path."""
+    import pynvml  # noqa: PLC0415  (what the backend imports, looked at from outside)
+
+    nvml.nvmlInit()
+    try:
+        loaded = ctypes.CDLL(str(node_root / "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"))
+        assert pynvml.nvmlLib._handle == loaded._handle
+        assert nvml.nvmlDeviceGetCount() >= 0
+    finally:
+        nvml.nvmlShutdown()
+
+
+def test_device_files_are_the_driver_roots(node_root: Path, nvml: Nvml) -> None:
+    backend = open_backend("nvml", CATALOG, driver_root=node_root)
+    files = backend.device_files
+    assert isinstance(files, DriverFiles)
+    assert (files.dev, files.caps) == (node_root / "dev", node_root / "proc/driver/nvidia/capabilities")
+
+
+async def test_the_nvml_worker_thread_is_named_for_top_and_proc(backend: NvmlBackend) -> None:
+    """`top -H` and /proc/PID/task/TID/comm show it (the fleet bench tells NVML's CPU apart so)."""
+    await backend.observe()
+    assert "nvml" in {(task / "comm").read_text().strip() for task in Path("/proc/self/task").iterdir()}

@@ -1,4 +1,4 @@
-"""`sharing sim`, `sharing export` and `sharing apply` as a person or a script uses them."""
+"""`sharing sim`, `sharing export` and `sharing apply` as a person or a script uses them (fake driver)."""
 
 from __future__ import annotations
 
@@ -28,14 +28,20 @@ gpus:
 
 
 @pytest.fixture(autouse=True)
-def _fresh_logging() -> Iterator[None]:
+def _fresh_logging(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv("SHARING_JOURNAL", str(tmp_path / "journal.jsonl"))
     yield
     structlog.reset_defaults()  # `sharing apply` configured logging to this test's captured stderr
 
 
+def driver(state: Path) -> list[str]:
+    """The flag that names the fake driver's root (the state is <root>/var/lib/fake-nvidia/gpus.json)."""
+    return ["--driver-root", str(state.parents[3])]
+
+
 @pytest.fixture
-def state(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Path:
-    path = tmp_path / "gpus.json"
+def state(state: Path, capsys: pytest.CaptureFixture[str]) -> Path:
+    path = state
     assert main(["sim", "init", "--sim-state", str(path), "--gpus", "A100-SXM4-40GB,T4:1"]) == 0
     assert capsys.readouterr().out.count("GPU-") == 2
     return path
@@ -51,8 +57,8 @@ def config(tmp_path: Path) -> Path:
 def test_export_json_shape(
     state: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("SHARING_BACKEND", "sim")
-    monkeypatch.setenv("SHARING_SIM_STATE", str(state))
+    monkeypatch.setenv("SHARING_BACKEND", "nvml")
+    monkeypatch.setenv("SHARING_DRIVER_ROOT", str(state.parents[3]))
     assert main(["export", "--json"]) == 0
     gpus = json.loads(capsys.readouterr().out)["gpus"]
     assert [(g["index"], g["product"], g["migEnabled"], g["instances"]) for g in gpus] == [
@@ -62,7 +68,7 @@ def test_export_json_shape(
 
 
 def test_apply_then_export(state: Path, config: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    sim = ["--backend", "sim", "--sim-state", str(state)]
+    sim = [*driver(state)]
     assert main(["apply", "--config", str(config), "--name", "small", *sim, "--no-kubelet", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert [g["outcome"] for g in report["gpus"]] == ["applied", "unchanged"]
@@ -82,7 +88,7 @@ def test_apply_then_export(state: Path, config: Path, capsys: pytest.CaptureFixt
 def test_dry_run_prints_the_plan_and_changes_nothing(
     state: Path, config: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    args = ["apply", "--config", str(config), "--name", "x", "--backend", "sim", "--sim-state", str(state)]
+    args = ["apply", "--config", str(config), "--name", "x", *driver(state)]
     assert main([*args, "--no-kubelet", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "planned" in out
@@ -95,7 +101,7 @@ def test_could_not_apply_is_exit_1_with_the_reason(
     state: Path, config: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     simstate.set_busy(state, simstate.read(state)["gpus"][0]["uuid"], True)
-    args = ["apply", "--config", str(config), "--name", "x", "--backend", "sim", "--sim-state", str(state)]
+    args = ["apply", "--config", str(config), "--name", "x", *driver(state)]
     assert main([*args, "--no-kubelet"]) == 1
     assert "NVIDIA A100-SXM4-40GB" in (out := capsys.readouterr().out)
     assert "blocked: the GPU is in use" in out
@@ -115,10 +121,7 @@ def test_apply_from_a_configmap_ignores_other_broken_keys(
         "apply",
         "--config",
         str(manifest),
-        "--backend",
-        "sim",
-        "--sim-state",
-        str(state),
+        *driver(state),
         "--no-kubelet",
         "--json",
     ]
@@ -131,8 +134,7 @@ def test_apply_from_a_configmap_ignores_other_broken_keys(
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        pytest.param(["export", "--backend", "sim"], "--sim-state", id="sim-without-state"),
-        pytest.param(["export", "--backend", "cuda"], "invalid choice", id="unknown-backend"),
+        pytest.param(["export", "--backend", "sim"], "invalid choice", id="unknown-backend"),
         pytest.param(
             ["sim", "init", "--sim-state", "s.json", "--gpus", "GeForce 256"], "cannot play", id="product"
         ),
@@ -146,11 +148,18 @@ def test_usage_errors_are_exit_2(argv: list[str], message: str, capsys: pytest.C
     assert message in capsys.readouterr().err
 
 
-def test_sim_reads_the_state_file_from_the_environment_like_every_command(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+def test_a_driver_root_without_a_driver_is_exit_1_saying_where_it_looked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setenv("SHARING_SIM_STATE", str(tmp_path / "env.json"))
-    monkeypatch.setenv("SHARING_BACKEND", "sim")
+    assert main(["export", "--driver-root", str(tmp_path)]) == 1
+    assert f"no libnvidia-ml.so.1 under the driver root {tmp_path} (looked in" in capsys.readouterr().err
+
+
+def test_sim_and_export_read_their_paths_from_the_environment(
+    state: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("SHARING_SIM_STATE", str(state))
+    monkeypatch.setenv("SHARING_DRIVER_ROOT", str(state.parents[3]))
     assert main(["sim", "init", "--gpus", "T4:2"]) == 0
     capsys.readouterr()
     assert main(["export", "--json"]) == 0
@@ -169,7 +178,7 @@ def test_sim_hooks(state: Path, capsys: pytest.CaptureFixture[str]) -> None:
 def test_a_lost_gpu_is_left_out_of_export_and_found_again(
     state: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    sim = ["--backend", "sim", "--sim-state", str(state)]
+    sim = [*driver(state)]
     capsys.readouterr()
     assert main(["sim", "lost", "--sim-state", str(state), "--gpu", "1"]) == 0
     assert capsys.readouterr().out.startswith("GPU 1 (GPU-")
@@ -194,12 +203,11 @@ gpus:
 
 
 def test_export_as_mig_parted_applies_back_to_the_same_layout(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    state: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """What `export --format mig-parted` writes, `apply` (and mig-parted) take back to the same layout."""
-    state = tmp_path / "gpus.json"
     assert main(["sim", "init", "--sim-state", str(state), "--gpus", "A100-SXM4-40GB,H100-80GB-HBM3,T4"]) == 0
-    sim = ["--backend", "sim", "--sim-state", str(state)]
+    sim = [*driver(state)]
     layout = tmp_path / "layout.yaml"
     layout.write_text(MIG_PARTED_LAYOUT)
     assert main(["apply", "--config", str(layout), "--name", "layout", *sim, "--no-kubelet"]) == 0
@@ -245,7 +253,7 @@ ALL_1G = "version: v1\nmigStrategy: mixed\ngpus:\n  - devices: [0]\n    mig: {1g
 def test_apply_keeps_what_pods_hold_and_destroys_nothing_when_it_cannot_tell(
     state: Path, config: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    sim = ["--backend", "sim", "--sim-state", str(state)]
+    sim = [*driver(state)]
     assert main(["apply", "--config", str(config), "--name", "x", *sim, "--no-kubelet"]) == 0
     capsys.readouterr()
     held = simstate.read(state)["gpus"][0]["gpuInstances"][0]["computeInstances"][0]["uuid"]

@@ -1,6 +1,6 @@
 """The driver is the authority: GPUs are partitioned, advertised and labelled from what NVML reports.
 
-Run through the real NVML backend over the simulated NVML, whose "driver" reports the profile table
+Run through the real NVML backend and pynvml over the fake driver, which reports the profile table
 written into its state: a product the shipped catalog does not contain, and the RTX PRO 6000's
 12-slot placement grid, are planned, created, advertised and labelled from the driver's numbers.
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 import typing
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,7 +18,6 @@ from sharing.config import parse_file
 from sharing.devices.inventory import build_inventory
 from sharing.gpu import nvmlapi, simstate
 from sharing.gpu.nvml import NvmlBackend
-from sharing.gpu.simnvml import SimNvml
 from sharing.gpu.simspec import spec_of
 from sharing.labels import node_labels
 from sharing.mig.catalog import Engines, Product, Profile, default_catalog
@@ -43,10 +43,9 @@ Z100 = Product(
 
 
 @pytest.fixture
-async def z100(tmp_path: Path) -> AsyncIterator[tuple[NvmlBackend, Path]]:
-    path = tmp_path / "gpus.json"
-    simstate.init_state(path, [spec_of(Z100), simstate.resolve_product(CATALOG, "T4")])
-    backend = NvmlBackend(SimNvml(path), CATALOG)
+async def z100(tmp_path: Path, state: Path, nvml: Any) -> AsyncIterator[tuple[NvmlBackend, Path]]:
+    simstate.init_state(state, [spec_of(Z100), simstate.resolve_product(CATALOG, "T4")])
+    backend = NvmlBackend(nvml, CATALOG)
     yield backend, tmp_path
     await backend.close()
 
@@ -106,10 +105,9 @@ async def test_a_layout_the_driver_cannot_hold_is_refused_from_the_drivers_numbe
     ]
 
 
-async def test_the_rtx_pro_6000_grid_runs_on_the_simulated_driver(tmp_path: Path) -> None:
-    path = tmp_path / "gpus.json"
-    simstate.init_state(path, [simstate.resolve_product(CATALOG, "0x2BB5")])
-    backend = NvmlBackend(SimNvml(path), CATALOG)
+async def test_the_rtx_pro_6000_grid_runs_on_the_fake_driver(tmp_path: Path, state: Path, nvml: Any) -> None:
+    simstate.init_state(state, [simstate.resolve_product(CATALOG, "0x2BB5")])
+    backend = NvmlBackend(nvml, CATALOG)
     try:
         gpu = (await backend.observe()).gpus[0]
         assert gpu.profiles is not None
@@ -137,17 +135,8 @@ def _members(protocol: type) -> list[str]:
     return sorted({*hints, *functions, *properties} - {"_is_protocol"})
 
 
-@pytest.mark.parametrize("module", ["pynvml", "simulator"])
-def test_the_real_pynvml_and_the_simulator_have_every_name_the_backend_uses(
-    module: str, tmp_path: Path
-) -> None:
-    if module == "pynvml":
-        import pynvml  # noqa: PLC0415
+def test_the_real_pynvml_has_every_name_the_backend_uses() -> None:
+    import pynvml  # noqa: PLC0415
 
-        target: object = pynvml
-    else:
-        path = tmp_path / "gpus.json"
-        simstate.init_state(path, [])
-        target = SimNvml(path)
-    missing = [name for name in _members(nvmlapi.Nvml) if not hasattr(target, name)]
+    missing = [name for name in _members(nvmlapi.Nvml) if not hasattr(pynvml, name)]
     assert [] == missing

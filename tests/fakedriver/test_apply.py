@@ -1,23 +1,23 @@
-"""The applier on simulated GPUs: minimal change, zero calls when nothing changes, busy kept, journal."""
+"""The applier on the fake driver: minimal change, zero calls when nothing changes, busy kept, journal."""
 
 from __future__ import annotations
 
-import ctypes
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from sharing.config.spec import MigMode, Replicas, Rule, Selector, SharingConfig
 from sharing.gpu import simstate
 from sharing.gpu.nvml import NvmlBackend
-from sharing.gpu.simnvml import SimNvml
 from sharing.mig.catalog import default_catalog
 from sharing.mig.change import Outcome, Target
 from sharing.model import Gpu, GpuUuid, NodeState
 from sharing.rollout.apply import ApplyReport, apply_config
 from sharing.store.journal import Journal
+from tests.fakedriver.conftest import make_gpu_instance
 
 CATALOG = default_catalog()
 
@@ -36,8 +36,8 @@ NO_MIG = Rule(Selector(all=True), MigMode.DISABLED, replicas=Replicas(4))
 
 
 @pytest.fixture
-def state(tmp_path: Path) -> Path:
-    path = tmp_path / "gpus.json"
+def state(state: Path) -> Path:
+    path = state
     simstate.init_state(
         path, [simstate.resolve_product(CATALOG, p) for p in ("A100-SXM4-40GB", "A100-SXM4-40GB", "T4")]
     )
@@ -45,8 +45,8 @@ def state(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-async def backend(state: Path) -> AsyncIterator[NvmlBackend]:
-    b = NvmlBackend(SimNvml(state, CATALOG), CATALOG)
+async def backend(state: Path, nvml: Any) -> AsyncIterator[NvmlBackend]:
+    b = NvmlBackend(nvml, CATALOG)
     yield b
     await b.close()
 
@@ -203,12 +203,12 @@ async def test_disabling_mig_destroys_then_turns_it_off(backend: NvmlBackend, jo
     assert (gpu.mig_enabled, gpu.instances) == (False, ())
 
 
-async def test_pending_mode_change_is_reported_never_reset(tmp_path: Path, journal: Journal) -> None:
-    path = tmp_path / "vm.json"
+async def test_pending_mode_change_is_reported_never_reset(state: Path, nvml: Any, journal: Journal) -> None:
+    path = state
     simstate.init_state(
         path, [simstate.resolve_product(CATALOG, "A100-SXM4-40GB")] * 2, pending_mode_changes=True
     )
-    backend = NvmlBackend(SimNvml(path, CATALOG), CATALOG)
+    backend = NvmlBackend(nvml, CATALOG)
     try:
         report = await apply(backend, journal, config(mig(0, **BALANCED)))
         assert outcomes(report) == ["reset-required", "unchanged"]
@@ -253,17 +253,12 @@ async def test_dry_run_changes_nothing(backend: NvmlBackend, journal: Journal, s
 
 
 async def test_a_crashed_run_is_rolled_forward_even_without_a_rule(
-    backend: NvmlBackend, journal: Journal, state: Path
+    backend: NvmlBackend, journal: Journal, state: Path, nvml: Any
 ) -> None:
     # A crash left GPU 1 with MIG on and a 3g GPU instance without its compute instance.
     gpus = (await backend.observe()).gpus
     await backend.set_mig_mode(gpus[1].uuid, True)
-    sim = SimNvml(state, CATALOG)
-    sim.nvmlInit()
-    placement = sim.c_nvmlGpuInstancePlacement_t(4, 4)
-    sim.nvmlDeviceCreateGpuInstanceWithPlacement(
-        sim.nvmlDeviceGetHandleByIndex(1), 9, ctypes.byref(placement)
-    )
+    make_gpu_instance(nvml, 1, 9, 4, 4)
     journal.begin({gpus[1].uuid: Target(True, (("3g.20gb", 2),))})
     journal.step(gpus[1].uuid, "create 3g.20gb@4")
     before = simstate.counters(state).mutations
