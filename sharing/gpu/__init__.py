@@ -15,7 +15,7 @@ from sharing.errors import BackendError
 from sharing.gpu import nvml, simnvml, simstate
 from sharing.gpu.backend import GpuBackend
 from sharing.gpu.cdi import build_spec, write_spec
-from sharing.gpu.devfiles import SimFiles
+from sharing.gpu.devfiles import DriverFiles
 from sharing.mig import Catalog
 
 __all__ = ["BACKENDS", "GpuBackend", "build_spec", "open_backend", "write_spec"]
@@ -51,6 +51,6 @@ def open_backend(
             event_poll_s=0.5,
             ignored_xids=ignored_xids,
             machine=machine,
-            device_files=SimFiles(sim_state.parent / "dev"),
+            device_files=DriverFiles(sim_state.parent),
         )
     raise BackendError(f"unknown GPU backend {kind!r} (choose one of: {', '.join(BACKENDS)})")
