@@ -13,12 +13,14 @@ generate` (github.com/NVIDIA/nvidia-container-toolkit, pkg/nvcdi/ and internal/d
   https://docs.nvidia.com/datacenter/tesla/mig-user-guide/#device-nodes-and-capabilities).
   A node that does not exist is left out, as the toolkit's char-device locator leaves it out
   (internal/discover/char_devices.go over mounts.go).
-- Libraries: every `lib*.so.<version>` of the driver's library directories, the version read off
-  `libcuda.so.<version>` or else `libnvidia-ml.so.<version>` (internal/lookup/root/root.go,
-  inferVersion; pkg/nvcdi/driver-nvml.go, getVersionLibs; directories of pkg/lookup/library.go),
-  and the links in those directories that lead to them (`libcuda.so.1`, `libnvidia-ml.so.1`,
-  `libcuda.so`): the names the toolkit recreates in the container with a `create-symlinks` hook
-  (internal/discover/symlinks.go). A driver that lacks a library simply has none to list.
+- Libraries: every `lib*.so.<version>` of the driver's library directories (pkg/nvcdi/driver-nvml.go,
+  getVersionLibs; the directories of pkg/lookup/library.go), and the links there that lead to one
+  (`libcuda.so.1`, `libnvidia-ml.so.1`, `libcuda.so`): the names the toolkit recreates in the
+  container with a `create-symlinks` hook (internal/discover/symlinks.go). The toolkit asks NVML
+  for the version and falls back to the name of `libcuda.so.<version>` or `libnvidia-ml.so.<version>`
+  (internal/lookup/root/root.go, inferVersion); here the file `libcuda.so.1` (else
+  `libnvidia-ml.so.1`) leads to decides, being what a container loads, so the files of an older
+  driver left beside it stay out. A library the driver lacks is simply not listed.
 - Binaries: `nvidia-smi` and the other tools of newDriverBinariesDiscoverer (driver-nvml.go), the
   first executable of each in the default PATH (pkg/lookup/path.go).
 
@@ -52,7 +54,7 @@ LIBRARY_DIRS = tuple(
     if not (arch == "64" and sub)
 )
 """Where the toolkit's library locator looks, in its order (pkg/lookup/library.go)."""
-VERSION_LIBRARIES = ("libcuda.so.", "libnvidia-ml.so.")
+VERSION_LIBRARIES = ("libcuda.so", "libnvidia-ml.so")
 BINARY_DIRS = ("usr/local/sbin", "usr/local/bin", "usr/sbin", "usr/bin", "sbin", "bin")
 BINARIES = (
     "nvidia-smi",
@@ -128,23 +130,32 @@ class DriverFiles:
 
     def _libraries(self) -> Iterator[DriverFile]:
         dirs = list(_distinct(self.root / d for d in LIBRARY_DIRS))
-        version = next((v for lib in VERSION_LIBRARIES for d in dirs if (v := _version(d, lib))), None)
+        version = self._version(dirs)
         if version is None:
             return
-        suffix = f".so.{version}"
         for d in dirs:
             names = sorted(_names(d))
-            libs = {d / n for n in names if n.startswith("lib") and n.endswith(suffix)}
+            libs = {d / n for n in names if n.startswith("lib") and n.endswith(f".so.{version}")}
             libs = {p for p in libs if self._resolve(p) == p}
             stems = tuple(p.name[: -len(version) - 1] for p in libs)  # `libcuda.so`
             for name in names:
                 path = d / name
                 if path in libs:
                     yield self._file(path)
-                elif name.startswith(stems):
-                    target = self._resolve(path) if path.is_symlink() else None
+                elif name.startswith(stems) and path.is_symlink():
+                    target = self._resolve(path)
                     if target in libs:
                         yield self._file(path, target)
+
+    def _version(self, dirs: list[Path]) -> str | None:
+        """The version `libcuda.so.1` (else `libnvidia-ml.so.1`) leads to, else the first named."""
+        for lib in VERSION_LIBRARIES:
+            for d in dirs:
+                target = self._resolve(d / f"{lib}.1")
+                if target is not None and (version := _suffix(target.name, lib)):
+                    return version
+        names = (n for lib in VERSION_LIBRARIES for d in dirs for n in sorted(_names(d)) if n.startswith(lib))
+        return next((v for n in names for lib in VERSION_LIBRARIES if (v := _suffix(n, lib))), None)
 
     def _binaries(self) -> Iterator[DriverFile]:
         for name in BINARIES:
@@ -188,10 +199,10 @@ def _names(directory: Path) -> list[str]:
         return []
 
 
-def _version(directory: Path, lib: str) -> str | None:
-    """The driver version in the name of `<lib><version>` in `directory` (`libcuda.so.580.65.06`)."""
-    found = sorted(n[len(lib) :] for n in _names(directory) if n.startswith(lib))
-    return next((v for v in found if _VERSION.match(v)), None)
+def _suffix(name: str, lib: str) -> str | None:
+    """`580.65.06` for `libcuda.so.580.65.06` and `libcuda.so`; None for `libcuda.so.1`."""
+    rest = name[len(lib) + 1 :] if name.startswith(f"{lib}.") else ""
+    return rest if _VERSION.match(rest) else None
 
 
 def _cap_minor(path: Path) -> int | None:
