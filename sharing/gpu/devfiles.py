@@ -20,7 +20,8 @@ generate` (github.com/NVIDIA/nvidia-container-toolkit, pkg/nvcdi/ and internal/d
   for the version and falls back to the name of `libcuda.so.<version>` or `libnvidia-ml.so.<version>`
   (internal/lookup/root/root.go, inferVersion); here the file `libcuda.so.1` (else
   `libnvidia-ml.so.1`) leads to decides, being what a container loads, so the files of an older
-  driver left beside it stay out. A library the driver lacks is simply not listed.
+  driver left beside it stay out (without the links, the first version by name, as the toolkit's
+  fallback). A library the driver lacks is simply not listed.
 - Binaries: `nvidia-smi` and the other tools of newDriverBinariesDiscoverer (driver-nvml.go), the
   first executable of each in the default PATH (pkg/lookup/path.go).
 
@@ -148,14 +149,17 @@ class DriverFiles:
                         yield self._file(path, target)
 
     def _version(self, dirs: list[Path]) -> str | None:
-        """The version `libcuda.so.1` (else `libnvidia-ml.so.1`) leads to, else the first named."""
-        for lib in VERSION_LIBRARIES:
-            for d in dirs:
-                target = self._resolve(d / f"{lib}.1")
-                if target is not None and (version := _suffix(target.name, lib)):
-                    return version
-        names = (n for lib in VERSION_LIBRARIES for d in dirs for n in sorted(_names(d)) if n.startswith(lib))
-        return next((v for n in names for lib in VERSION_LIBRARIES if (v := _suffix(n, lib))), None)
+        """The version `libcuda.so.1` (else `libnvidia-ml.so.1`) leads to, else the first by name."""
+        candidates = [(lib, d) for lib in VERSION_LIBRARIES for d in dirs]
+        for lib, d in candidates:
+            target = self._resolve(d / f"{lib}.1")
+            if target is not None and (version := _suffix(target.name, lib)):
+                return version
+        for lib, d in candidates:
+            named = sorted(v for n in _names(d) if (v := _suffix(n, lib)))
+            if named:
+                return named[0]
+        return None
 
     def _binaries(self) -> Iterator[DriverFile]:
         for name in BINARIES:
@@ -170,7 +174,10 @@ class DriverFiles:
         for _ in range(40):
             if not path.is_symlink():
                 return path if path.is_file() else None
-            target = os.readlink(path)
+            try:
+                target = os.readlink(path)
+            except OSError:
+                return None
             path = Path(
                 os.path.normpath((self.root if target[:1] == "/" else path.parent) / target.lstrip("/"))
             )
@@ -200,7 +207,7 @@ def _names(directory: Path) -> list[str]:
 
 
 def _suffix(name: str, lib: str) -> str | None:
-    """`580.65.06` for `libcuda.so.580.65.06` and `libcuda.so`; None for `libcuda.so.1`."""
+    """The version in a library's name: `580.65.06` in `libcuda.so.580.65.06`, none in `libcuda.so.1`."""
     rest = name[len(lib) + 1 :] if name.startswith(f"{lib}.") else ""
     return rest if _VERSION.match(rest) else None
 

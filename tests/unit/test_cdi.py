@@ -213,6 +213,13 @@ def test_only_the_version_the_links_lead_to_is_mounted(root: Path) -> None:
     assert COMMON["mounts"] == spec(root, whole())["containerEdits"]["mounts"]
 
 
+def test_without_the_links_the_version_is_read_off_the_names(root: Path) -> None:
+    for link_name in ("libcuda.so", "libcuda.so.1", "libnvidia-ml.so.1", "libnvidia-ptxjitcompiler.so.1"):
+        (root / LIB / link_name).unlink()
+    versioned = [m for m in COMMON["mounts"] if m["containerPath"] == m["hostPath"].removeprefix(str(HOST))]
+    assert versioned == spec(root, whole())["containerEdits"]["mounts"]
+
+
 def test_an_absolute_link_is_followed_inside_the_driver_root(root: Path) -> None:
     (root / LIB / "libnvidia-ml.so.1").unlink()
     link(root / LIB / "libnvidia-ml.so.1", f"/{LIB}/libnvidia-ml.so.{VERSION}")
