@@ -248,21 +248,6 @@ def test_containerd_injects_the_agents_cdi_spec_into_a_pod(cdi: NodeUnderTest) -
     assert "void" == env["NVIDIA_VISIBLE_DEVICES"]
     suffix = re.sub("[^A-Za-z0-9]", "_", device).upper()
     assert device == env[f"GPU_SHARING_DEVICE_{suffix}"]
-    gpu = next(g for g in cdi.export()["gpus"] if any(i["uuid"] == device for i in g["instances"]))
-    # The control nodes, the GPU's node and the MIG device's two capability nodes: nothing else.
-    nodes = nvidia_nodes(cdi, name)
-    caps = {n for n in nodes if n.startswith("/dev/nvidia-caps/")}
-    assert {
-        "/dev/nvidiactl",
-        "/dev/nvidia-uvm",
-        "/dev/nvidia-uvm-tools",
-        f"/dev/nvidia{gpu['index']}",
-    } == nodes - caps
-    assert 2 == len(caps)
-    seen = cdi.kubectl("exec", name, "--", "stat", "-c", "%F %t:%T", f"/dev/nvidia{gpu['index']}").strip()
-    assert "character special file 1:3" == seen
-    # The driver's user-space library from the node's driver root (busybox: its ELF magic).
-    assert "\x7fELF" == cdi.kubectl("exec", name, "--", "head", "-c", "4", NVML)
     # The spec lists every advertised device and nothing else.
     status = json.loads(
         cdi.kubectl("-n", NAMESPACE, "exec", f"ds/{RELEASE}", "--", "sharing", "status", "--json")
@@ -274,3 +259,20 @@ def test_containerd_injects_the_agents_cdi_spec_into_a_pod(cdi: NodeUnderTest) -
         )
     )
     assert advertised == {d["name"] for d in spec["devices"]}
+    gpu = next(g for g in cdi.export()["gpus"] if any(i["uuid"] == device for i in g["instances"]))
+    entry = next(d["containerEdits"] for d in spec["devices"] if d["name"] == device)
+    # The control nodes, the GPU's node and the MIG device's two capability nodes: nothing else.
+    nodes = nvidia_nodes(cdi, name)
+    caps = {n for n in nodes if n.startswith("/dev/nvidia-caps/")}
+    assert {
+        "/dev/nvidiactl",
+        "/dev/nvidia-uvm",
+        "/dev/nvidia-uvm-tools",
+        f"/dev/nvidia{gpu['index']}",
+    } == nodes - caps
+    assert 2 == len(caps)
+    assert caps == {n["path"] for n in entry["deviceNodes"]} - {f"/dev/nvidia{gpu['index']}"}
+    seen = cdi.kubectl("exec", name, "--", "stat", "-c", "%F %t:%T", f"/dev/nvidia{gpu['index']}").strip()
+    assert "character special file 1:3" == seen
+    # The driver's user-space library from the node's driver root (busybox: its ELF magic).
+    assert "\x7fELF" == cdi.kubectl("exec", name, "--", "head", "-c", "4", NVML)
