@@ -36,6 +36,9 @@ class Settings:
     driver_root: Path = Path("/")
     """Where the NVIDIA driver's files are (NVIDIA's driverRoot): <root>/usr/lib/.../libnvidia-ml.so.1,
     <root>/dev/nvidia*, <root>/proc/driver/nvidia/capabilities."""
+    host_driver_root: Path | None = None
+    """The node's path of the driver root, for the host paths of the CDI spec (NVIDIA's device plugin
+    calls the two nvidiaDriverRoot and containerDriverRoot); None: the same as driver_root."""
     device_plugin_dir: Path = Path("/var/lib/kubelet/device-plugins")
     pod_resources_socket: Path = DEFAULT_POD_RESOURCES_SOCKET
     journal: Path = DEFAULT_JOURNAL
@@ -99,6 +102,7 @@ _OPTIONS: dict[str, str] = {
     "fallback_label": "label used when the first is absent",
     "backend": "GPU backend: nvml",
     "driver_root": "where the NVIDIA driver's files are (libnvidia-ml.so.1, /dev/nvidia*): / or its mount",
+    "host_driver_root": "the node's path of the driver root, for CDI host paths (default: the driver root)",
     "device_plugin_dir": "the kubelet's device-plugin dir",
     "pod_resources_socket": "the PodResources socket",
     "journal": "journal of hardware steps (crash recovery)",

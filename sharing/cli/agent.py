@@ -49,7 +49,11 @@ async def _serve(config: settings.Settings) -> None:
         config,
         kube=ApiClient(config.kubeconfig),
         backend=open_backend(
-            config.backend, catalog, driver_root=config.driver_root, ignored_xids=config.ignored_xids
+            config.backend,
+            catalog,
+            driver_root=config.driver_root,
+            host_driver_root=config.host_driver_root,
+            ignored_xids=config.ignored_xids,
         ),
         fleet=Fleet(
             FleetSettings(

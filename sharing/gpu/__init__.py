@@ -28,9 +28,13 @@ def open_backend(
     catalog: Catalog,
     *,
     driver_root: Path = Path("/"),
+    host_driver_root: Path | None = None,
     ignored_xids: Collection[int] = APPLICATION_XIDS,
 ) -> GpuBackend:
-    """The backend called `kind` over the NVIDIA driver under `driver_root`."""
+    """The backend called `kind` over the NVIDIA driver under `driver_root` (on the node at
+    `host_driver_root`, by default the same path)."""
     if kind == "nvml":
-        return nvml.open_nvml(catalog, driver_root, ignored_xids=ignored_xids)
+        return nvml.open_nvml(
+            catalog, driver_root, host_driver_root=host_driver_root, ignored_xids=ignored_xids
+        )
     raise BackendError(f"unknown GPU backend {kind!r} (choose one of: {', '.join(BACKENDS)})")

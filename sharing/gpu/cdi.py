@@ -3,11 +3,28 @@
 With `cdi-annotations` or `cdi-cri`, Allocate names devices as `k8s.gpu-sharing.io/gpu=<name>` and
 the container runtime (containerd >= 1.7, CRI-O) resolves those names in the specs of its CDI
 directories (/etc/cdi, /var/run/cdi): https://github.com/cncf-tags/container-device-interface.
-The agent keeps one spec of its own there, listing exactly the devices it advertises: each device
-gives the container its device files and a variable that names it. The spec is rewritten,
+The agent keeps one spec of its own there, listing exactly the devices it advertises. It is rewritten,
 atomically, before the plugins advertise a change, so a name the kubelet hands out always resolves
-and a device that is gone never stays in it. Device files come from the GPU backend
+and a device that is gone never stays in it. The files come from the GPU backend
 (`sharing.gpu.devfiles`); assembling the spec is pure.
+
+The spec is laid out as NVIDIA's container toolkit lays out the one `nvidia-ctk cdi generate` writes
+(github.com/NVIDIA/nvidia-container-toolkit, pkg/nvcdi/wrapper.go GetSpec): what every device needs
+in the spec's own `containerEdits`, which the runtime applies once whichever devices of the spec a
+container gets (the CDI spec, "containerEdits"), and each device's own nodes in its entry, so a
+device's entry names nothing of another GPU. The common edits are the control device nodes, the
+driver's libraries and binaries as read-only bind mounts with the toolkit's options
+(internal/discover/mounts.go), and `NVIDIA_VISIBLE_DEVICES=void`, which the toolkit sets
+(pkg/nvcdi/wrapper.go GetCommonEdits) so that an NVIDIA runtime hook that also sees the container
+injects nothing more, `void` being "the same behavior as runc"
+(cmd/nvidia-container-runtime/README.md); CUDA images set the variable to `all` themselves.
+Each device entry adds its device nodes and `GPU_SHARING_DEVICE_<NAME>=<uuid>`.
+
+Unlike the toolkit's spec, this one has no hooks: the toolkit's `create-symlinks` and
+`update-ldcache` hooks run `nvidia-cdi-hook`, which a node without the toolkit lacks, and a hook that
+cannot run fails every container. The library links are mounted by their own names instead, and the
+dynamic loader finds the libraries in its default directories (`/usr/lib/x86_64-linux-gnu` on
+Debian-based images, `/usr/lib64` on Red Hat-based ones).
 """
 
 from __future__ import annotations
@@ -20,19 +37,26 @@ from pathlib import Path
 from typing import Any
 
 from sharing.devices import CDI_KIND, Device, DeviceIdStrategy, Inventory, device_name
-from sharing.gpu.devfiles import DeviceFile, DeviceFiles
+from sharing.gpu.devfiles import DeviceFiles, DriverFile
 from sharing.model import NodeState
 
 CDI_VERSION = "0.6.0"
-"""Device nodes with a `hostPath` (needed for simulated GPUs) came with CDI spec 0.5.0."""
+"""Device nodes with a `hostPath` (a driver root other than the node's /) came with CDI spec 0.5.0."""
 SPEC_FILE = CDI_KIND.replace("/", "-") + ".json"
 DEVICE_ENV = "GPU_SHARING_DEVICE_"
+COMMON_ENV = ("NVIDIA_VISIBLE_DEVICES=void",)
+MOUNT_OPTIONS = ("ro", "nosuid", "nodev", "rbind", "rprivate")
+"""The toolkit's options for the driver's files (internal/discover/mounts.go)."""
 
 
 def build_spec(
     inventory: Inventory, node: NodeState, files: DeviceFiles, ids: DeviceIdStrategy
-) -> dict[str, Any]:
-    """The spec for every physical device in the inventory (replicas share their device's entry)."""
+) -> dict[str, Any] | None:
+    """The spec for every physical device in the inventory (replicas share their device's entry).
+
+    None when there is no device: a spec without one is invalid ("invalid spec, no devices",
+    pkg/cdi/spec.go in github.com/cncf-tags/container-device-interface), so none is written.
+    """
     entries: dict[str, dict[str, Any]] = {}
     for device in _physical(inventory):
         name = device_name(device, ids)
@@ -45,11 +69,17 @@ def build_spec(
                 "deviceNodes": [_node(f) for f in _files(device, node, files)],
             },
         }
+    if not entries:
+        return None
     return {
         "cdiVersion": CDI_VERSION,
         "kind": CDI_KIND,
         "devices": [entries[n] for n in sorted(entries)],
-        "containerEdits": {"deviceNodes": [_node(f) for f in files.common()]},
+        "containerEdits": {
+            "env": list(COMMON_ENV),
+            "deviceNodes": [_node(f) for f in files.common()],
+            "mounts": [_mount(f) for f in files.mounts()],
+        },
     }
 
 
@@ -82,7 +112,7 @@ def _physical(inventory: Inventory) -> Iterable[Device]:
     return (d for _, devices in inventory.resources for d in devices)
 
 
-def _files(device: Device, node: NodeState, files: DeviceFiles) -> tuple[DeviceFile, ...]:
+def _files(device: Device, node: NodeState, files: DeviceFiles) -> tuple[DriverFile, ...]:
     gpu = node.gpu(device.gpu_uuid)
     if gpu is None:
         return ()
@@ -94,11 +124,15 @@ def _files(device: Device, node: NodeState, files: DeviceFiles) -> tuple[DeviceF
     return ()
 
 
-def _node(f: DeviceFile) -> dict[str, str]:
+def _node(f: DriverFile) -> dict[str, str]:
     entry = {"path": f.path, "permissions": "rw"}
     if f.host_path != f.path:
         entry["hostPath"] = f.host_path
     return entry
+
+
+def _mount(f: DriverFile) -> dict[str, Any]:
+    return {"hostPath": f.host_path, "containerPath": f.path, "options": list(MOUNT_OPTIONS)}
 
 
 def _env_suffix(name: str) -> str:

@@ -67,15 +67,20 @@ def load_pynvml(driver_root: Path) -> Nvml:
 
 
 def open_nvml(
-    catalog: Catalog, driver_root: Path = Path("/"), *, ignored_xids: Collection[int] = APPLICATION_XIDS
+    catalog: Catalog,
+    driver_root: Path = Path("/"),
+    *,
+    host_driver_root: Path | None = None,
+    ignored_xids: Collection[int] = APPLICATION_XIDS,
 ) -> NvmlBackend:
-    """The backend over the NVIDIA driver under `driver_root` (its library, its device files)."""
+    """The backend over the NVIDIA driver under `driver_root` (its library, its device files); the
+    node sees that root at `host_driver_root` (the CDI spec's host paths), by default the same path."""
     return NvmlBackend(
         load_pynvml(driver_root),
         catalog,
         ignored_xids=ignored_xids,
         machine=read_machine,
-        device_files=DriverFiles(driver_root / "dev", driver_root / "proc/driver/nvidia/capabilities"),
+        device_files=DriverFiles(driver_root, host_driver_root),
     )
 
 

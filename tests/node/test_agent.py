@@ -1,83 +1,21 @@
-"""What the agent itself offers on the real node: CDI injection through containerd, `sharing status`
-inside its pod, and probes the kubelet acts on.
+"""What the agent itself offers on the real node: `sharing status` inside its pod, and probes the
+kubelet acts on (its CDI injection through containerd: tests/node/test_cdi.py).
 
 A test that changes the chart's values puts them back.
 """
 
 from __future__ import annotations
 
-import base64
 import json
-import re
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from lab.helm import NAMESPACE, RELEASE, lab_values
 
-from sharing.kubelet.api import deviceplugin_v1beta1_pb2 as api
 from tests.node.conftest import ALL_KINDS, CONFIG, NodeUnderTest
 from tests.polling import poll
 
 pytestmark = pytest.mark.node
-
-KIND = "k8s.gpu-sharing.io/gpu"
-
-
-@pytest.fixture
-def cdi(node: NodeUnderTest) -> Iterator[NodeUnderTest]:
-    """The chart upgraded to hand devices out by CDI names only (cdi-cri); put back afterwards."""
-    (old,) = node.agent_pods()
-    node.helm.upgrade_install(lab_values({CONFIG: ALL_KINDS}, deviceListStrategy="cdi-cri"))
-    node.running_agent(not_uid=old["metadata"]["uid"])
-    node.wait_allocatable()
-    yield node
-    node.delete_pods()
-    (old,) = node.agent_pods()
-    node.helm.upgrade_install(lab_values({CONFIG: ALL_KINDS}))
-    node.running_agent(not_uid=old["metadata"]["uid"])
-    node.wait_allocatable()
-
-
-def _cdi_devices(node: NodeUnderTest, pod_uid: str, resource: str) -> tuple[list[str], list[str]]:
-    """(device IDs, CDI names) the kubelet recorded from Allocate, read from its checkpoint."""
-    path = node.node.state / "kubelet" / "device-plugins" / "kubelet_internal_checkpoint"
-    for entry in json.loads(path.read_text())["Data"]["PodDeviceEntries"]:
-        if entry["PodUID"] == pod_uid and entry["ResourceName"] == resource:
-            response = api.ContainerAllocateResponse.FromString(base64.b64decode(entry["AllocResp"]))
-            ids = [i for numa in entry["DeviceIDs"].values() for i in numa]
-            return ids, [d.name for d in response.cdi_devices]
-    raise AssertionError(f"no checkpoint entry for {pod_uid} and {resource}")
-
-
-def test_containerd_injects_the_agents_cdi_spec_into_a_pod(cdi: NodeUnderTest) -> None:
-    name = cdi.start_pod("nvidia.com/mig-1g.5gb")
-    pod = cdi.wait_running(name)
-    (device,), names = _cdi_devices(cdi, pod["metadata"]["uid"], "nvidia.com/mig-1g.5gb")
-    assert [f"{KIND}={device}"] == names
-    env = cdi.env(name)
-    assert "NVIDIA_VISIBLE_DEVICES" not in env  # all strategies are CDI: no variable, as NVIDIA's plugin
-    suffix = re.sub("[^A-Za-z0-9]", "_", device).upper()
-    assert device == env[f"GPU_SHARING_DEVICE_{suffix}"]
-    gpu = next(g for g in cdi.export()["gpus"] if any(i["uuid"] == device for i in g["instances"]))
-    # The GPU's device node and the MIG device's two capability nodes, as /dev/null stand-ins.
-    nodes = cdi.kubectl("exec", name, "--", "sh", "-c", "ls /dev/nvidia* /dev/nvidia-caps/").split()
-    assert f"/dev/nvidia{gpu['index']}" in nodes
-    caps = {n for n in nodes if n.startswith("nvidia-cap")}
-    assert 2 == len(caps)
-    seen = cdi.kubectl("exec", name, "--", "stat", "-c", "%F %t:%T", f"/dev/nvidia{gpu['index']}").strip()
-    assert "character special file 1:3" == seen
-    # The spec lists every advertised device and nothing else.
-    status = json.loads(
-        cdi.kubectl("-n", NAMESPACE, "exec", f"ds/{RELEASE}", "--", "sharing", "status", "--json")
-    )
-    advertised = {s["device"] for g in status["gpus"] for s in g["slices"]}
-    spec = json.loads(
-        cdi.kubectl(
-            "-n", NAMESPACE, "exec", f"ds/{RELEASE}", "--", "cat", "/var/run/cdi/k8s.gpu-sharing.io-gpu.json"
-        )
-    )
-    assert advertised == {d["name"] for d in spec["devices"]}
 
 
 def test_sharing_status_in_the_agents_pod_names_the_pod_holding_a_slice(node: NodeUnderTest) -> None:
