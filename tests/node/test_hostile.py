@@ -22,7 +22,7 @@ from tests.polling import poll
 pytestmark = pytest.mark.node
 
 HOSTILE = "hostile"
-# 480,000 items, 960,011 bytes: under the API server's 1 MiB for a ConfigMap, far over one config's.
+# 480,000 items, 960,020 bytes: under the API server's 1 MiB for a ConfigMap, far over one config's.
 HOSTILE_CONFIG = "version: v1\ngpus: [" + ",".join("0" * 480_000) + "]\n"
 # The selected config edited: GPU 3 in 2 replicas instead of 4.
 EDITED = ALL_KINDS.replace("replicas: 4", "replicas: 2")
