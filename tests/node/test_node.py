@@ -37,15 +37,23 @@ def test_the_chart_runs_the_agent_as_a_daemonset_pod_registered_with_the_kubelet
 
 
 def _registered(log: str) -> set[str]:
-    """The resources the agent's log says it registered with the kubelet (console or JSON lines)."""
-    found = set()
-    for line in log.splitlines():
+    """The resources the agent's log says it registered with the kubelet."""
+    return {resource for event, resource in _plugin_events(log.splitlines()) if event == "plugin_registered"}
+
+
+def _plugin_events(lines: list[str]) -> list[tuple[str, str]]:
+    """(plugin_registered or plugin_removed, resource) in the agent's log lines, console or JSON."""
+    found = []
+    for line in lines:
         if line.startswith("{"):
             event = json.loads(line)
-            if event.get("event") == "plugin_registered":
-                found.add(event["resource"])
-        elif "plugin_registered" in (words := line.split()):
-            found |= {w.removeprefix("resource=") for w in words if w.startswith("resource=")}
+            if event.get("event") in ("plugin_registered", "plugin_removed"):
+                found.append((event["event"], event["resource"]))
+            continue
+        words = line.split()
+        for name in ("plugin_registered", "plugin_removed"):
+            if name in words:
+                found += [(name, w.removeprefix("resource=")) for w in words if w.startswith("resource=")]
     return found
 
 
@@ -126,17 +134,26 @@ def test_kubelet_restart_the_agent_registers_again_and_running_pods_keep_their_d
 
 
 def _restart_kubelet(node: NodeUnderTest) -> None:
-    """SIGTERM, the same flags and state; back once the agent has registered every resource again."""
-    registrations = node.agent_log().count("plugin_registered")
-    served = sum(v != "0" for v in node.allocatable().values())  # the resources the agent serves now
+    """SIGTERM, the same flags and state; back once the agent has registered every plugin again."""
+    before = node.agent_log().splitlines()
+    serving: dict[str, str] = {}  # per resource, the agent's last word on its plugin
+    for event, resource in _plugin_events(before):
+        serving[resource] = event
+    plugins = {r for r, event in serving.items() if event == "plugin_registered"}
     node.node.restart_kubelet()
 
-    def registered() -> int:  # -1 while the new kubelet cannot serve the log yet
+    def registered() -> set[str]:  # empty while the new kubelet cannot serve the log yet
         done = node.node.kubectl("-n", NAMESPACE, "logs", f"ds/{RELEASE}")
-        return done.stdout.count("plugin_registered") if done.returncode == 0 else -1
+        if done.returncode != 0:
+            return set()
+        return {
+            r for e, r in _plugin_events(done.stdout.splitlines()[len(before) :]) if e == "plugin_registered"
+        }
 
     # A restarted kubelet deletes every plugin socket; only a new registration brings a resource back.
-    poll("registrations after the restart", registered, lambda n: n >= registrations + served)
+    # The agent's log, not the Node's allocatable, says which plugins it serves: the kubelet reports
+    # a plugin's removal in the Node's status only at its next status update.
+    poll("every plugin registered again after the restart", registered, lambda r: plugins <= r)
 
 
 # The A100s in two 3g.20gb: a 1g.5gb slice a pod holds cannot stay. Only resources the all-kinds

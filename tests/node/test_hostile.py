@@ -1,0 +1,97 @@
+"""A hostile key in the user's ConfigMap on the real node: the agent refuses it before building it,
+says so in an Event naming the key, and keeps serving its own config without a restart.
+
+Tried as a user would before the fix: one extra key holding `version: v1` and 480,000 list items
+(940 KB) took the agent to its 256 Mi limit within 4 s; it was OOM-killed and crash-looped. The
+key and the edit to the selected config are undone afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from lab.helm import NAMESPACE, RELEASE
+
+from tests.node.conftest import ALL_KINDS, CONFIG, EXPECTED, NODE, NodeUnderTest
+from tests.polling import poll
+
+pytestmark = pytest.mark.node
+
+HOSTILE = "hostile"
+# 480,000 items, 960,020 bytes: under the API server's 1 MiB for a ConfigMap, far over one config's.
+HOSTILE_CONFIG = "version: v1\ngpus: [" + ",".join("0" * 480_000) + "]\n"
+# The selected config edited: GPU 3 in 2 replicas instead of 4.
+EDITED = ALL_KINDS.replace("replicas: 4", "replicas: 2")
+
+
+def _patch(node: NodeUnderTest, data: dict[str, str | None], tmp_path: Path) -> None:
+    """A merge patch of the user's ConfigMap, from a file (one argument is capped at 128 KiB)."""
+    patch = tmp_path / "patch.json"
+    patch.write_text(json.dumps({"data": data}))
+    node.kubectl(
+        "-n", NAMESPACE, "patch", "configmap", "gpu-sharing-config", "--type=merge", f"--patch-file={patch}"
+    )
+
+
+@pytest.fixture
+def restored(node: NodeUnderTest, tmp_path: Path) -> Iterator[NodeUnderTest]:
+    """Afterwards: the hostile key gone, the selected config as it was, every slice allocatable."""
+    try:
+        yield node
+    finally:
+        node.delete_pods()
+        _patch(node, {HOSTILE: None, CONFIG: ALL_KINDS}, tmp_path)
+        node.wait_allocatable()
+
+
+def _invalid_events(node: NodeUnderTest) -> list[str]:
+    """The ConfigInvalid Events about the Node, oldest first."""
+    selector = f"involvedObject.kind=Node,involvedObject.name={NODE},reason=ConfigInvalid"
+    out = node.kubectl("get", "events", "-n", "default", "--field-selector", selector, "-o", "json")
+    items = sorted(json.loads(out)["items"], key=lambda e: e["metadata"]["name"])
+    return [e["message"] for e in items]
+
+
+def _agent(node: NodeUnderTest) -> tuple[str, int]:
+    """The agent's pod UID and its container's restart count."""
+    (pod,) = node.agent_pods()
+    (status,) = pod["status"]["containerStatuses"]
+    return pod["metadata"]["uid"], status["restartCount"]
+
+
+def test_a_hostile_configmap_key_is_refused_by_an_event_and_the_agent_keeps_serving(
+    restored: NodeUnderTest, tmp_path: Path
+) -> None:
+    node = restored
+    before = _agent(node)
+    said = len(_invalid_events(node))
+    _patch(node, {HOSTILE: HOSTILE_CONFIG}, tmp_path)
+    refused = poll("the ConfigInvalid Event", lambda: _invalid_events(node), lambda m: len(m) > said, 60)
+    (message,) = refused[said:]
+    assert message.startswith(f"ConfigMap keys with errors, not selected by this node: {HOSTILE}: ")
+    assert "the limit for one config is 262144" in message
+    # One more change, read with the hostile key still there: the agent has processed the key and
+    # goes on with the configs beside it.
+    _patch(node, {CONFIG: EDITED}, tmp_path)
+    node.wait_allocatable({**EXPECTED, "nvidia.com/gpu.shared": "2"})
+    name = node.start_pod("nvidia.com/gpu.shared")
+    node.wait_running(name)
+    assert before == _agent(node)  # the same pod, never restarted
+    print(f"agent memory after the hostile key: {_memory(node)}")
+
+
+def _memory(node: NodeUnderTest) -> dict[str, Any]:
+    """The agent's peak memory: its process's VmHWM, and its container's cgroup (v1) peak."""
+    status = node.kubectl("-n", NAMESPACE, "exec", f"ds/{RELEASE}", "--", "cat", "/proc/1/status")
+    fields = (line.partition(":") for line in status.splitlines())
+    seen: dict[str, Any] = {k: v.strip() for k, _, v in fields if k in ("VmHWM", "VmRSS")}
+    (pod,) = node.agent_pods()
+    container = pod["status"]["containerStatuses"][0]["containerID"].partition("://")[2]
+    memory = Path("/sys/fs/cgroup/memory") / node.node.cgroup.name
+    for path in memory.rglob(f"{container}/memory.max_usage_in_bytes"):
+        seen["cgroup_max_usage_MiB"] = round(int(path.read_text()) / 2**20, 1)
+    return seen
