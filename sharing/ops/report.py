@@ -79,7 +79,7 @@ class Reporter:
         loop = asyncio.get_running_loop()
         if self._cached is not None and loop.time() - self._cached[0] < HOLDERS_TTL_S:
             return self._cached[1]
-        holders = await self.rollout.holders()
+        holders = await self.rollout.holders(deciding=False)
         health = self.fleet.health
         document = status_document(
             self.node_name,

@@ -109,8 +109,14 @@ class Rollout:
         self.node = NodeState(())
         """The node the advertised inventory was built from (for the CDI spec)."""
 
-    async def holders(self) -> Holders:
-        """Who holds which device right now."""
+    async def holders(self, *, deciding: bool = True) -> Holders:
+        """Who holds which device right now.
+
+        `deciding`: the answer decides what may be destroyed, so a List that may be short (it does not
+        name every pod the API server bound here) makes every device count as held. Showing who holds
+        what (`/status`, `/metrics`) is no decision: it takes the kubelet's List as it is and asks the
+        API server nothing, so scrapes cost the API server no request.
+        """
         loop = asyncio.get_running_loop()
         asked = loop.time()
 
@@ -120,7 +126,9 @@ class Rollout:
             unlisted = loop.time() - asked + LISTED_WITHIN_S
             return self.fleet.recently_allocated(min(RECENT_ALLOCATE_S, unlisted))
 
-        holders = await read_holders(self.pod_resources, recent, self.bound_pods)
+        holders = await read_holders(self.pod_resources, recent, self.bound_pods if deciding else None)
+        if not deciding:
+            return holders
         if holders.unknown != self._unknown:  # said once per change, not on every re-check
             if holders.unknown:
                 log.warning("holders_unknown", why=holders.unknown)
