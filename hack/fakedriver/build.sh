@@ -13,7 +13,7 @@
 #
 # <key> hashes the sources, this script, and the versions of NVIDIA's header and of jansson, so
 # unchanged inputs never rebuild. The header is NVIDIA's own nvml.h from the PyPI package
-# nvidia-nvml-dev; jansson (JSON) is built from Debian's source tarball as a position-independent
+# nvidia-nvml-dev; jansson (JSON) is built from Debian's source package (apt-get source) as a position-independent
 # static library and linked in, so the library needs nothing but libc in any container. Both are
 # pinned by SHA-256 and kept in <cache>/fakedriver/deps/. On a machine without a C toolchain it
 # installs gcc, make and cmake with apt-get (CI runs it on a fresh machine).
@@ -34,7 +34,8 @@ NVML_DEV_VERSION=13.4.92
 NVML_DEV_WHEEL=nvidia_nvml_dev-$NVML_DEV_VERSION-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl
 NVML_DEV_SHA256=90b65cebefd02a1e695675177c9d7886f48322906ce5c03398e8cb27cc5ad2d6
 JANSSON_VERSION=2.14
-JANSSON_URL=http://deb.debian.org/debian/pool/main/j/jansson/jansson_$JANSSON_VERSION.orig.tar.gz
+# The Debian source package whose upstream tarball that is (Debian 12).
+JANSSON_SOURCE=jansson=2.14-2
 JANSSON_SHA256=c739578bf6b764aa0752db9a2fdadcfe921c78f1228c7ec0bb47fa804c55d17b
 # The version the library files are named after, as the driver's installer names them.
 DRIVER_VERSION=580.65.06
@@ -67,7 +68,7 @@ flock 9
 [ ! -f "$root/.complete" ] || done_with "$root"
 
 need=()
-for tool in gcc make cmake curl; do command -v "$tool" >/dev/null 2>&1 || need+=("$tool"); done
+for tool in gcc make cmake; do command -v "$tool" >/dev/null 2>&1 || need+=("$tool"); done
 if [ ${#need[@]} -gt 0 ]; then
 	command -v apt-get >/dev/null 2>&1 || die "missing ${need[*]} and no apt-get to install them"
 	log "installing ${need[*]} (apt-get)"
@@ -99,13 +100,32 @@ if [ ! -f "$header" ]; then
 	rm -rf "$tmp"
 fi
 
+# jansson's source, by package name with apt: the machine's own Debian sources as deb-src entries,
+# in a private apt state (the machine's apt configuration is left as it is).
+fetch_jansson() { # <dir>
+	local apt=$1/apt parts
+	parts=$apt/sources.list.d
+	mkdir -p "$parts" "$apt/lists/partial" "$apt/cache/archives/partial"
+	for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
+		[ -f "$f" ] && sed -n 's/^deb \(.*debian.*\)$/deb-src \1/p' "$f"
+	done >"$parts/src.list"
+	for f in /etc/apt/sources.list.d/*.sources; do
+		[ -f "$f" ] && sed 's/^Types: deb$/Types: deb-src/' "$f" >"$parts/$(basename "$f")"
+	done
+	local opts=(-o "Dir::Etc::SourceList=$parts/src.list" -o "Dir::Etc::SourceParts=$parts"
+		-o "Dir::State::Lists=$apt/lists" -o "Dir::Cache=$apt/cache" -o "APT::Sandbox::User=root")
+	apt-get "${opts[@]}" -qq update >&2 || die "apt-get update (deb-src) failed"
+	(cd "$1" && apt-get "${opts[@]}" -qq source --download-only "$JANSSON_SOURCE" >&2) \
+		|| die "apt-get source $JANSSON_SOURCE failed"
+}
+
 jansson=$cache/deps/jansson-$JANSSON_VERSION
 if [ ! -f "$jansson/lib/libjansson.a" ]; then
 	log "building jansson $JANSSON_VERSION (static, position-independent)"
 	tmp=$(mktemp -d)
-	curl -sSfL -o "$tmp/jansson.tar.gz" "$JANSSON_URL" || die "download of $JANSSON_URL failed"
-	verify "$tmp/jansson.tar.gz" "$JANSSON_SHA256"
-	tar -xzf "$tmp/jansson.tar.gz" -C "$tmp"
+	fetch_jansson "$tmp"
+	verify "$tmp/jansson_$JANSSON_VERSION.orig.tar.gz" "$JANSSON_SHA256"
+	tar -xzf "$tmp/jansson_$JANSSON_VERSION.orig.tar.gz" -C "$tmp"
 	cmake -S "$tmp/jansson-$JANSSON_VERSION" -B "$tmp/build" -DCMAKE_BUILD_TYPE=Release \
 		-DCMAKE_POSITION_INDEPENDENT_CODE=ON -DCMAKE_C_FLAGS=-fvisibility=hidden \
 		-DJANSSON_BUILD_SHARED_LIBS=OFF -DJANSSON_BUILD_DOCS=OFF -DJANSSON_WITHOUT_TESTS=ON \
