@@ -251,9 +251,10 @@ class GpuNode:
 
         return dict(poll(f"event {reason}", read, bool, timeout)[-1])
 
-    def agent_requests(self, start: float, end: float) -> int:
-        """API requests the agent's ServiceAccount sent in [start, end) (wall clock), per the audit log."""
-        seen = set()
+    def agent_requests(self, start: float, end: float) -> list[str]:
+        """API requests the agent's ServiceAccount sent in [start, end) (wall clock), per the audit log:
+        `VERB URI` each, in the order received."""
+        seen: dict[str, str] = {}
         with open(self.control_plane.audit_log) as log:  # type: ignore[attr-defined]
             for line in log:
                 event = json.loads(line)
@@ -261,8 +262,8 @@ class GpuNode:
                     continue
                 received = datetime.datetime.fromisoformat(event["requestReceivedTimestamp"]).timestamp()
                 if start <= received < end:
-                    seen.add(event["auditID"])
-        return len(seen)
+                    seen.setdefault(event["auditID"], f"{event.get('verb')} {event.get('requestURI')}")
+        return list(seen.values())
 
     def export(self) -> dict[str, Any]:
         return dict(json.loads(self.sharing("export", "--driver-root", str(self.root), "--json")))
