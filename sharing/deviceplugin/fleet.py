@@ -53,6 +53,8 @@ class FleetSettings:
     injection: Injection = ENVVAR_BY_UUID
     ignored_xids: frozenset[int] = APPLICATION_XIDS
     register_timeout_s: float = 30.0
+    stream_timeout_s: float = 10.0
+    """How long the kubelet may take to open ListAndWatch once it has answered Register."""
     poll_interval_s: float = 0.1
     """How often kubelet.sock is looked at while a plugin waits for the kubelet."""
     settled_poll_interval_s: float = 1.0
@@ -269,13 +271,13 @@ class Fleet:
                 and plugin.retry_at <= now
                 and self._needs_registration(plugin, kubelet)
             ):
-                plugin.task = asyncio.create_task(self._register(plugin, kubelet), name=f"register-{name}")
+                plugin.task = asyncio.create_task(self._register(plugin), name=f"register-{name}")
 
     def _needs_registration(self, plugin: _Plugin, kubelet: SocketId | None) -> bool:
         socket = plugin.server.socket
         return plugin.kubelet != kubelet or plugin.lost or socket is None or not socket.exists()
 
-    async def _register(self, plugin: _Plugin, kubelet: SocketId) -> None:
+    async def _register(self, plugin: _Plugin) -> None:
         loop = asyncio.get_running_loop()
         name = plugin.server.resource
         plugin.kubelet, plugin.lost = None, False
@@ -284,13 +286,21 @@ class Fleet:
             await plugin.server.stop()
             await plugin.server.start()
             await plugin.server.register(self.settings.kubelet_socket, self.settings.register_timeout_s)
+            # The kubelet.sock that answered, read now: the one _reconcile read may have been replaced
+            # since (a restarting kubelet ends the streams before its socket changes). Recording that
+            # older one made a second registration with the same kubelet, whose first stream then
+            # ended after the second Register: the kubelet dropped the second (see wait_streaming).
+            # Had a kubelet replaced since answered, its start removed our socket: we register again.
+            kubelet = _identity(self.settings.kubelet_socket)
+            plugin.registered_at = loop.time()
+            await plugin.server.wait_streaming(self.settings.stream_timeout_s)
         except PluginError as err:
             plugin.failures += 1
             plugin.retry_at = loop.time() + self._backoff(plugin.failures)
             self._errors[name] = str(err)
             log.warning("plugin_register_failed", resource=name, error=str(err), attempt=plugin.failures)
         else:
-            plugin.kubelet, plugin.failures, plugin.registered_at = kubelet, 0, loop.time()
+            plugin.kubelet, plugin.failures = kubelet, 0
             plugin.registrations += 1
             self._errors.pop(name, None)
         finally:

@@ -4,11 +4,14 @@ The kubelet's device manager's rules shape it: serve before Register, because th
 kubelet dials back and calls GetDevicePluginOptions before it answers; a fresh socket name on every
 start, because re-registering on the same path is unsupported (the old server is stopped first, so
 its stream ends before the new one registers). A stream the kubelet closes is reported, so the
-fleet can register again: the kubelet never dials a plugin twice.
+fleet can register again: the kubelet never dials a plugin twice. Nor is a Register the kubelet
+answered proof of a stream: the kubelet can drop the new client before its ListAndWatch, so the
+fleet waits for the stream too (`wait_streaming`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import secrets
@@ -59,6 +62,7 @@ class PluginServer:
         self._server: grpc.aio.Server | None = None
         self._service: DevicePluginService | None = None
         self.socket: Path | None = None
+        self._streaming = asyncio.Event()
 
     @property
     def serving(self) -> bool:
@@ -101,6 +105,7 @@ class PluginServer:
         except (RuntimeError, grpc.RpcError) as err:
             raise PluginError(f"{self.resource}: cannot serve on {path}: {err}") from err
         self.feed, self._service, self._server, self.socket = feed, service, server, path
+        self._streaming = asyncio.Event()
         log.debug("plugin_serving", resource=self.resource, socket=str(path))
         return path
 
@@ -125,6 +130,25 @@ class PluginServer:
             ) from err
         log.info("plugin_registered", resource=self.resource, socket=self.socket.name)
 
+    async def wait_streaming(self, timeout: float) -> None:
+        """Wait until the kubelet has opened ListAndWatch on this server; PluginError if not in time.
+
+        The kubelet answers Register before it opens the stream (connectClient, then runClient in
+        a goroutine: k8s.io/kubernetes pkg/kubelet/cm/devicemanager/plugin/v1beta1/handler.go), and
+        when the stream of the resource's previous endpoint ends after that, its runClient looks the
+        client up by resource name, finds the new one and disconnects it: the resource is marked
+        unhealthy and the new endpoint never streams (kubernetes/kubernetes#121994). Only a
+        registration that streams has delivered the devices.
+        """
+        try:
+            async with asyncio.timeout(timeout):
+                await self._streaming.wait()
+        except TimeoutError:
+            raise PluginError(
+                f"{self.resource}: the kubelet accepted the registration but opened no ListAndWatch"
+                f" within {timeout:g}s"
+            ) from None
+
     async def stop(self, grace: float = 0.5) -> None:
         """End the streams, stop serving and remove the socket."""
         server, self._server, self._service = self._server, None, None
@@ -140,6 +164,7 @@ class PluginServer:
         if service is not self._service:
             return  # a stream of a server we stopped
         if opened:
+            self._streaming.set()
             self._on_stream_open(self)
         elif service.streams == 0:
             # The kubelet closed the last stream: it marks our devices unhealthy and never dials again.

@@ -66,6 +66,10 @@ class FakeKubelet:
         self.refusals: list[str] = []
         self.hold: dict[str, asyncio.Event] = {}
         """Register of these resources waits until the event is set (a kubelet slow to answer)."""
+        self.drop_before_watch: set[str] = set()
+        """The next Register of these resources is answered, then its client is disconnected before
+        ListAndWatch: the kubelet's server.runClient does that to a new client when the previous
+        endpoint's stream ends after the new Register (plugin/v1beta1/handler.go; kubernetes#121994)."""
         self._server: grpc.aio.Server | None = None
         self._changed = asyncio.Condition()
 
@@ -167,7 +171,11 @@ class FakeKubelet:
         if old is not None:
             ep.devices = dict.fromkeys(old.devices, "Unhealthy")
             await self._close(old)
-        ep.task = asyncio.create_task(self._list_and_watch(ep))
+        if request.resource_name in self.drop_before_watch:
+            self.drop_before_watch.discard(request.resource_name)
+            await self._close(ep)
+        else:
+            ep.task = asyncio.create_task(self._list_and_watch(ep))
         self.registrations.append((request.resource_name, request.endpoint))
         await self._notify()
         return None

@@ -124,3 +124,21 @@ async def test_a_device_handed_out_counts_as_held_across_a_kubelet_restart(
     await served.restart()
     await served.wait(lambda: served.registered(MIG) > registered and served.allocatable()[MIG] == 1)
     assert frozenset({"MIG-a"}) == fleet.recently_allocated(30)
+
+
+async def test_a_registration_the_kubelet_drops_before_its_stream_is_made_again(
+    kubelet: FakeKubelet, plugin_dir: Path
+) -> None:
+    """Seen under load: a kubelet restart made the fleet register nvidia.com/gpu twice in 7 ms; the
+    first endpoint's stream ended after the second Register, the kubelet dropped the second client
+    before its ListAndWatch (kubernetes#121994), and the resource stayed at allocatable 0 while
+    the fleet, its Register answered, believed itself registered."""
+    kubelet.drop_before_watch.add(GPU)
+    fleet = Fleet(FleetSettings(plugin_dir=plugin_dir, poll_interval_s=0.02, stream_timeout_s=0.5))
+    await fleet.start()
+    try:
+        fleet.update(inventory_from({GPU: replicas("GPU-1", 2)}))
+        await kubelet.wait(lambda: kubelet.allocatable() == {GPU: 2})
+        assert 2 == kubelet.registered(GPU)
+    finally:
+        await fleet.stop()
