@@ -86,13 +86,8 @@ class Journal:
         out = self._open_lock(self.agent_path)
         with out:
             fcntl.flock(out, fcntl.LOCK_SH)  # only ever held exclusively for an instant (refuse_agent)
-            out.truncate()
-            out.write(str(os.getpid()))
-            out.flush()
-            try:
+            with _holding(out):
                 yield
-            finally:
-                fcntl.flock(out, fcntl.LOCK_UN)
 
     def refuse_agent(self) -> None:
         """AgentServingError when an agent serves this node (for `sharing apply`)."""
@@ -124,14 +119,8 @@ class Journal:
                     f"another process (pid {holder}) is changing the GPUs with the journal {self.path}; "
                     "wait for it to finish"
                 ) from None
-            out.seek(0)
-            out.truncate()
-            out.write(str(os.getpid()))
-            out.flush()
-            try:
+            with _holding(out):
                 yield
-            finally:
-                fcntl.flock(out, fcntl.LOCK_UN)
 
     def unfinished(self) -> Unfinished | None:
         """The crashed run's targets, or None when the last run finished.
@@ -305,3 +294,16 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+@contextlib.contextmanager
+def _holding(out: TextIO) -> Iterator[None]:
+    """While a lock on `out` is held: our PID in it (what a refused process names), then unlocked."""
+    out.seek(0)
+    out.truncate()
+    out.write(str(os.getpid()))
+    out.flush()
+    try:
+        yield
+    finally:
+        fcntl.flock(out, fcntl.LOCK_UN)

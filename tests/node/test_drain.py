@@ -73,10 +73,8 @@ def _gone(node: NodeUnderTest, name: str) -> bool:
     return node.node.kubectl("get", "pod", name).returncode != 0
 
 
-def test_drain_evicts_the_blockers_applies_and_uncordons_and_a_budget_holds_it_back(
-    draining: NodeUnderTest,
-) -> None:
-    node = draining
+def _trainer_kept_by_a_budget(node: NodeUnderTest) -> str:
+    """A pod holding a 3g.20gb that a PodDisruptionBudget keeps, then a config without 3g: a drain."""
     trainer = node.start_pod("nvidia.com/mig-3g.20gb", name="trainer")
     node.wait_running(trainer)
     node.kubectl("label", "pod", trainer, "app=trainer")
@@ -88,6 +86,14 @@ def test_drain_evicts_the_blockers_applies_and_uncordons_and_a_budget_holds_it_b
     }
     node.kubectl("apply", "-f", "-", input=json.dumps(budget))
     node.kubectl("label", "node", NODE, f"{CONFIG_LABEL}=no-3g", "--overwrite")
+    return trainer
+
+
+def test_drain_evicts_the_blockers_applies_and_uncordons_and_a_budget_holds_it_back(
+    draining: NodeUnderTest,
+) -> None:
+    node = draining
+    trainer = _trainer_kept_by_a_budget(node)
     # Blocked by the trainer; cordoned; the budget refuses its eviction, so it keeps running.
     poll("the node cordoned", lambda: _node(node)["spec"].get("unschedulable"), bool)
     refused = poll(
@@ -119,17 +125,7 @@ def test_a_drain_that_ends_without_the_change_uncordons_and_a_persons_cordon_sta
     draining: NodeUnderTest, restart: bool
 ) -> None:
     node = draining
-    trainer = node.start_pod("nvidia.com/mig-3g.20gb", name="trainer")
-    node.wait_running(trainer)
-    node.kubectl("label", "pod", trainer, "app=trainer")
-    budget = {
-        "apiVersion": "policy/v1",
-        "kind": "PodDisruptionBudget",
-        "metadata": {"name": "keep-trainer", "namespace": "default"},
-        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "trainer"}}},
-    }
-    node.kubectl("apply", "-f", "-", input=json.dumps(budget))
-    node.kubectl("label", "node", NODE, f"{CONFIG_LABEL}=no-3g", "--overwrite")
+    trainer = _trainer_kept_by_a_budget(node)
     poll("the node cordoned", lambda: _node(node)["spec"].get("unschedulable"), bool)
     if restart:  # mid-drain: the new agent knows only what the Node's annotation says
         (old,) = node.agent_pods()
