@@ -41,10 +41,15 @@ type fakeKubelet struct {
 	podsMu sync.Mutex
 	pods   []*v1.Pod
 
-	// unlearned: the PodResources server names no pod, as a starting
-	// kubelet's does until its sync loop has received its pods from the API
-	// server (POST /restart?learn=later sets it, POST /learn clears it).
+	// unlearned: the PodResources server names none of the pods it ran
+	// before the restart, as a starting kubelet's does until its sync loop
+	// has received them from the API server (POST /restart?learn=later sets
+	// it, POST /learn clears it). A pod admitted since is named: a kubelet
+	// admits only a pod its pod manager has learned (kubelet.go,
+	// HandlePodAdditions adds the pod to the pod manager, then admits it).
 	unlearned atomic.Bool
+	// unlearnedPods: the UIDs of the pods running at that restart.
+	unlearnedPods sync.Map
 
 	state *resourceState
 	// sampleMu serialises samples: GetCapacity reports a removed resource
@@ -120,6 +125,12 @@ func (k *fakeKubelet) startManager(logger klog.Logger) error {
 func (k *fakeKubelet) restart(logger klog.Logger, unlearned bool) error {
 	k.admitMu.Lock()
 	defer k.admitMu.Unlock()
+	k.unlearnedPods.Clear()
+	if unlearned {
+		for _, pod := range k.activePods() {
+			k.unlearnedPods.Store(pod.UID, true)
+		}
+	}
 	k.unlearned.Store(unlearned)
 	if old := k.manager(); old != nil {
 		if err := old.Stop(logger); err != nil {

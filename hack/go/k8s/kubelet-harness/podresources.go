@@ -59,15 +59,23 @@ func containerDevices(devs devicemanager.ResourceDeviceInstances) []*podresource
 	return out
 }
 
-// podsProvider is the kubelet's pod manager as PodResources sees it: no pod
-// at all while the harness plays a kubelet that has not learned its pods.
+// podsProvider is the kubelet's pod manager as PodResources sees it: none of
+// the pods from before a restart while the harness plays a kubelet that has
+// not learned them yet.
 type podsProvider struct{ k *fakeKubelet }
 
 func (p podsProvider) pods() []*v1.Pod {
-	if p.k.unlearned.Load() {
-		return nil
+	active := p.k.activePods()
+	if !p.k.unlearned.Load() {
+		return active
 	}
-	return p.k.activePods()
+	known := make([]*v1.Pod, 0, len(active))
+	for _, pod := range active {
+		if _, before := p.k.unlearnedPods.Load(pod.UID); !before {
+			known = append(known, pod)
+		}
+	}
+	return known
 }
 
 func (p podsProvider) GetActivePods() []*v1.Pod { return p.pods() }
