@@ -154,8 +154,9 @@ class HarnessClient:
         """Simulated kubelet restart: a new device manager reads the checkpoint, deletes the plugin
         sockets and re-creates kubelet.sock; plugins must register again. Pods are kept.
 
-        With ``learn_later``, PodResources ``List`` names no pod until ``learn()``, as a starting
-        kubelet's is short until its sync loop has received its pods from the API server."""
+        With ``learn_later``, PodResources ``List`` names none of the earlier pods until ``learn()``
+        (pods admitted since are named), as a starting kubelet's is short until its sync loop has
+        received its pods from the API server."""
         self._ok("POST", "/restart?learn=later" if learn_later else "/restart", timeout=60)
 
     def learn(self) -> None:

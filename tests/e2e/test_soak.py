@@ -5,8 +5,8 @@ Pods asking for MIG devices, whole GPUs and replicas are admitted and deleted wh
 and the ConfigMap flip between configs, the agent is killed (kill -9, some of its successors armed to
 crash at their n-th hardware change), the kubelet restarts and NVML reports processes on devices.
 Each pod is bound to the node in the API server too, and a kubelet restart is, half the time, the
-way a real one starts: its PodResources `List` names no pod until it has learned them (a later
-step, or the next convergence, lets it).
+way a real one starts: its PodResources `List` names none of the pods it ran until it has learned
+them (a later step, or the next convergence, lets it); a pod admitted since is named.
 
 After every step, at once (no waiting for convergence), with the agent stopped (SIGSTOP) for the
 few milliseconds of the reading so that hardware, kubelet and pods are one instant:
@@ -268,7 +268,7 @@ class Soak:
         if not later:
             return "kubelet restart"
         self.stats["kubelet_restarts_short"] += 1
-        return "kubelet restart; PodResources lists no pod until it has learned them"
+        return "kubelet restart; PodResources lists none of its pods until it has learned them"
 
     def learn(self) -> str:
         if not self.unlearned:

@@ -30,8 +30,9 @@
 //	       allocation or PodResources List, as in the kubelet
 //	POST   /restart[?learn=later]       simulated kubelet restart (stop the
 //	       manager, start a new one from the checkpoint; pods are kept); with
-//	       learn=later, PodResources lists no pod until POST /learn, as a
-//	       starting kubelet's List is short until it has learned its pods
+//	       learn=later, PodResources lists none of the pods from before the
+//	       restart until POST /learn, as a starting kubelet's List is short
+//	       until it has learned its pods (pods admitted since are listed)
 //	POST   /learn                       the restarted kubelet has learned its pods
 package main
 
