@@ -42,7 +42,7 @@ from sharing.gpu import GpuBackend, build_spec, write_spec
 from sharing.kubelet import recorded_allocations
 from sharing.labels import ConfigState
 from sharing.mig import Catalog, Outcome
-from sharing.model import BoundPod, Gpu, GpuUuid, NodeState
+from sharing.model import Gpu, GpuUuid, NodeState
 from sharing.ops import Metrics
 from sharing.rollout.apply import ApplyReport, NodePlan, execute, plan_node
 from sharing.rollout.holders import BoundPods, Holders, HoldingsSource, device_of, read_holders
@@ -95,7 +95,7 @@ class Rollout:
         self.catalog = catalog
         self.journal = journal
         self.pod_resources = pod_resources
-        self.bound_pods = None if bound_pods is None else _reused_for(BOUND_PODS_REUSE_S, bound_pods)
+        self.bound_pods = bound_pods
         """The API server's pods bound to this node: what PodResources must list to be believed."""
         self.effective: dict[GpuUuid, SharingConfig | None] = {}
         """The config last applied to each GPU (absent: none yet, advertised as it is)."""
@@ -333,24 +333,3 @@ def _unhealthy(inventory: Inventory, gpus: frozenset[GpuUuid]) -> Inventory:
         for name, devices in inventory.resources
     )
     return replace(inventory, resources=resources)
-
-
-BOUND_PODS_REUSE_S = 1.0
-"""One answer of the API server serves every look at the holders within this long (a reconcile looks
-more than once). Sound: the pods bound here are asked before the kubelet's List, so an older answer
-only lacks pods bound since, which the kubelet has not admitted yet and which hold no device."""
-
-
-def _reused_for(seconds: float, bound: BoundPods) -> BoundPods:
-    """`bound`, its answer reused for `seconds` (a failure is never reused)."""
-    last: list[tuple[float, tuple[BoundPod, ...]]] = []
-
-    async def reused() -> tuple[BoundPod, ...]:
-        now = asyncio.get_running_loop().time()
-        if last and now - last[0][0] < seconds:
-            return last[0][1]
-        pods = await bound()
-        last[:] = [(now, pods)]
-        return pods
-
-    return reused
