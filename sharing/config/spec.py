@@ -107,6 +107,24 @@ class Replicas:
         return dict(self.per_device_kind).get(kind, self.default)
 
 
+class Sharing(enum.Enum):
+    """How a rule's replicas share a device: time-sliced, or as clients of one MPS server."""
+
+    TIME_SLICING = "timeSlicing"
+    MPS = "mps"
+
+
+@dataclass(frozen=True, slots=True)
+class MpsLimits:
+    """Per-replica limits the MPS control daemon of a GPU enforces as its client defaults.
+
+    None means the default: `100 // replicas` percent of the threads, `memory // replicas` MiB.
+    """
+
+    active_thread_percentage: int | None = None
+    pinned_memory_mib: int | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class Rule:
     """One `gpus[]` entry: a selector and what to do to the GPUs it matches."""
@@ -122,6 +140,10 @@ class Rule:
     `resources[].rename`. Overrides `renameByDefault` for that resource on the GPUs of this rule."""
     skip_without_mig: bool = False
     """mig-parted semantics: a GPU without MIG that the rule matches is left as it is."""
+    sharing: Sharing = Sharing.TIME_SLICING
+    """How the rule's replicas (`replicas`) share a whole GPU; MPS only without MIG."""
+    mps: MpsLimits = field(default_factory=MpsLimits)
+    """The per-replica limits, with `sharing` MPS."""
 
 
 @dataclass(frozen=True, slots=True)
