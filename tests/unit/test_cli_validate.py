@@ -198,3 +198,38 @@ def test_the_summary_names_each_gpu_once(tmp_path: Path) -> None:
     ) == result.stdout
     three = validate(str(PRESETS), *["--gpu", "A100-SXM4-40GB"] * 3)
     assert "all-replicas-4: [none] A100-SXM4-40GB: MIG off, 4 replicas each" in three.stdout.splitlines()
+
+
+FIXTURES_DP = ROOT / "tests" / "unit" / "fixtures" / "nvidia" / "device-plugin"
+
+
+@pytest.mark.parametrize(
+    ("text", "gpus", "code", "stdout"),
+    [
+        pytest.param(
+            (FIXTURES_DP / "32-mps-readme-example.yaml").read_text(), [], 0,
+            ["mps: [none] all GPUs: MIG as is, MPS: 10 replicas each with 10% of the threads and 1/10 of "
+             "the memory"],
+            id="nvidia-readme",
+        ),
+        pytest.param(
+            "version: v1\ngpus:\n- devices: [0]\n  mps: {replicas: 4, activeThreadPercentage: 30, "
+            "pinnedMemoryLimit: 4Gi}\n", ["T4"], 0,
+            ["mps: [none] T4: MIG off, MPS: 4 replicas each with 30% of the threads and 4096 MiB"],
+            id="native-with-limits",
+        ),
+        pytest.param(
+            "version: v1\ngpus: [{devices: all, mps: {replicas: 49}}]\n", ["T4"], 1,
+            ["mps: gpus[0].mps.replicas: maximum allowed replicas exceeded: 49 > 48: GPU 0 (T4), compute "
+             "capability 7.5, serves at most 48 MPS clients (48 from 7.5, 16 before)"],
+            id="above-the-cap-of-the-gpu-given",
+        ),
+    ],
+)  # fmt: skip
+def test_mps_configs_say_mps(
+    tmp_path: Path, text: str, gpus: list[str], code: int, stdout: list[str]
+) -> None:
+    path = tmp_path / "mps.yaml"
+    path.write_text(text)
+    result = validate(str(path), *[a for g in gpus for a in ("--gpu", g)])
+    assert (code, stdout) == (result.returncode, result.stdout.splitlines()), result.stderr
