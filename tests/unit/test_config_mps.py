@@ -7,6 +7,7 @@ device_test.go cases: CC 7.0 -> 16, 7.5 and 9.0 -> 48, 49 fails).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -277,3 +278,14 @@ def test_a_native_mps_rule_cannot_enable_mig() -> None:
         "gpus[0].mig: sharing using MPS is not supported for MIG devices: this rule enables MIG (MPS "
         "shares whole GPUs; use mig: disabled)",
     ] == errors("version: v1\ngpus: [{devices: all, mig: {1g.5gb: 7}, mps: {replicas: 2}}]\n")
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/configuration.md"])
+def test_the_documented_mps_examples_are_valid(doc: str) -> None:
+    blocks = [b for b in re.findall(r"```yaml\n(.*?)```", (ROOT / doc).read_text(), re.S) if "mps" in b]
+    assert blocks
+    for block in blocks:
+        assert [] == [str(p) for p in parse_file("doc", block).errors]
