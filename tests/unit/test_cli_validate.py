@@ -224,6 +224,18 @@ FIXTURES_DP = ROOT / "tests" / "unit" / "fixtures" / "nvidia" / "device-plugin"
              "capability 7.5, serves at most 48 MPS clients (48 from 7.5, 16 before)"],
             id="above-the-cap-of-the-gpu-given",
         ),
+        pytest.param(
+            "version: v1\ngpus: [{devices: all, mps: {replicas: 17}}]\n", ["V100-SXM2-16GB", "T4"], 1,
+            ["mps: gpus[0].mps.replicas: maximum allowed replicas exceeded: 17 > 16: GPU 0 (V100-SXM2-16GB), "
+             "compute capability 7.0, serves at most 16 MPS clients (48 from 7.5, 16 before)"],
+            id="a-v100-takes-16",
+        ),
+        pytest.param(
+            "version: v1\ngpus: [{devices: all, mps: {replicas: 16}}]\n", ["V100-SXM2-16GB"], 0,
+            ["mps: [none] V100-SXM2-16GB: MIG off, MPS: 16 replicas each with 6% of the threads and 1/16 of "
+             "the memory"],
+            id="a-v100-at-16",
+        ),
     ],
 )  # fmt: skip
 def test_mps_configs_say_mps(
