@@ -171,7 +171,7 @@ V100, T4, H100 = "Tesla V100-SXM2-16GB", "Tesla T4", "NVIDIA H100 80GB HBM3"
         pytest.param(V100, (7, 0), 16, [], id="cc7.0-16"),
         pytest.param(
             V100, (7, 0), 17,
-            ["sharing.mps.resources[0].replicas: maximum allowed replicas exceeded: 17 > 16: GPU 0 (Tesla "
+            ["sharing.mps.resources[0].replicas: maximum allowed replicas exceeded: 17 > 16: GPU 0 ("
              "V100-SXM2-16GB), compute capability 7.0, serves at most 16 MPS clients (48 from 7.5, 16 "
              "before)"],
             id="cc7.0-17",
@@ -198,7 +198,7 @@ sharing:
     - {name: gpu, replicas: 17}
 """
     found = errors(text, gpus=[gpu(0, V100, (7, 0)), gpu(1, V100, (7, 0))])
-    assert ["sharing.mps.resources[1].replicas: maximum allowed replicas exceeded: 17 > 16: GPU 1 (Tesla "
+    assert ["sharing.mps.resources[1].replicas: maximum allowed replicas exceeded: 17 > 16: GPU 1 ("
             "V100-SXM2-16GB), compute capability 7.0, serves at most 16 MPS clients (48 from 7.5, 16 before)"
             ] == found  # fmt: skip
 
@@ -209,7 +209,7 @@ def test_a_cap_violation_makes_the_node_keep_its_last_good_state() -> None:
     result = parse_file("mps", text, gpus=[gpu(0, V100, (7, 0))])
     selection = select_config({"nvidia.com/device-plugin.config": "mps"}, result)
     assert isinstance(selection, Failed)
-    assert "20 > 16: GPU 0 (Tesla V100-SXM2-16GB)" in selection.reason
+    assert "20 > 16: GPU 0 (V100-SXM2-16GB)" in selection.reason
 
 
 def test_a_gpu_with_mig_on_cannot_be_shared_with_mps() -> None:
@@ -262,7 +262,7 @@ def test_the_native_form_may_relax_fail_requests_greater_than_one() -> None:
         ),
         pytest.param(
             "{devices: all, mps: {replicas: 2, pinnedMemoryLimit: 17Gi}}",
-            ["gpus[0].mps.pinnedMemoryLimit: 17408 MiB is more than the 16384 MiB of GPU 0 (Tesla "
+            ["gpus[0].mps.pinnedMemoryLimit: 17408 MiB is more than the 16384 MiB of GPU 0 ("
              "V100-SXM2-16GB)"],
             id="memory-above-the-gpus",
         ),
