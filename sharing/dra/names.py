@@ -7,6 +7,8 @@ labels (resource.k8s.io/v1 `Device.name`) that round-trip to the inventory's dev
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from sharing.devices.inventory import Device
 
 DRIVER = "gpu.nvidia.com"
@@ -20,6 +22,12 @@ def device_name(device: Device) -> str:
     gpu, _, mig = device.index.partition(":")
     name = f"gpu-{gpu}" + (f"-mig-{mig}" if mig else "")
     return name if device.replica is None else f"{name}-replica-{device.replica}"
+
+
+def pool_device_name(device: Device) -> str:
+    """The name a device has in the pool: replicas are shares of one device (consumable capacity,
+    `allowMultipleAllocations`), so every replica of a device has its device's name."""
+    return device_name(replace(device, replica=None))
 
 
 CDI_KIND = f"k8s.{DRIVER}/claim"

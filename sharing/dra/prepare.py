@@ -26,7 +26,7 @@ import structlog
 
 from sharing.devices import Device, Inventory
 from sharing.dra.claims import ClaimError, check_config, select
-from sharing.dra.names import CDI_KIND, claim_cdi_file, claim_cdi_name, device_name
+from sharing.dra.names import CDI_KIND, claim_cdi_file, claim_cdi_name, pool_device_name
 from sharing.errors import KubeError
 from sharing.gpu import build_named_spec, write_spec
 from sharing.gpu.devfiles import DeviceFiles
@@ -264,5 +264,10 @@ def _check_uid(key: ClaimKey) -> None:
 
 
 def devices_by_name(inventory: Inventory) -> Mapping[str, Device]:
-    """{DRA device name: device} of everything the node offers."""
-    return {device_name(d): d for _, ds in inventory.resources for d in ds}
+    """{pool device name: device} of everything the node offers (a replicated device once: its
+    replicas are shares of it)."""
+    found: dict[str, Device] = {}
+    for _, devices in inventory.resources:
+        for d in devices:
+            found.setdefault(pool_device_name(d), d)
+    return found
