@@ -43,7 +43,8 @@ DRA_SERVICE = "v1.DRAPlugin"
 pkg/apis/dra/v1/types.go, DRAPluginService)."""
 HEALTH_SERVICE = "v1alpha1.DRAResourceHealth"
 """The health service's gRPC name, which the Go helper adds to supported_versions when a driver serves
-it (k8s.io/dynamic-resource-allocation v0.36.3 kubeletplugin/draplugin.go)."""
+it (k8s.io/dynamic-resource-allocation v0.36.3 kubeletplugin/draplugin.go) and the kubelet looks for
+before it opens NodeWatchResources (k8s.io/kubernetes pkg/kubelet/cm/dra/plugin, pickHealthService)."""
 SUPPORTED_VERSIONS = (DRA_SERVICE, HEALTH_SERVICE)
 
 DRA_SOCKET = "dra.sock"

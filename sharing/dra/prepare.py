@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -118,8 +119,24 @@ class Preparer:
             except CheckpointError as err:
                 self._claims, self._unknown = {}, str(err)
                 log.error("dra_checkpoint_unreadable", path=str(self.checkpoint.path), error=str(err))
+            else:
+                await asyncio.to_thread(self._remove_stale_specs)
             self._count()
         log.info("dra_checkpoint_loaded", claims=len(self._claims))
+
+    def _remove_stale_specs(self) -> None:
+        """Remove the CDI specs of claims the checkpoint does not hold: a crash between writing a
+        spec and the checkpoint leaves one, for a prepare the kubelet never saw succeed."""
+        prefix, suffix = claim_cdi_file("*").split("*")
+        try:
+            names = [n for n in os.listdir(self.cdi_dir) if n.startswith(prefix) and n.endswith(suffix)]
+        except OSError:
+            return  # no directory yet: nothing to remove
+        for name in names:
+            if name[len(prefix) : -len(suffix)] not in self._claims:
+                with contextlib.suppress(OSError):
+                    os.unlink(self.cdi_dir / name)
+                    log.info("stale_cdi_spec_removed", path=str(self.cdi_dir / name))
 
     def prepared(self) -> PreparedClaims:
         """The claims prepared now (for the rollout's holders and for `sharing status`)."""

@@ -160,3 +160,17 @@ def test_checkpoint_write_failure_is_a_checkpoint_error(tmp_path: Path) -> None:
     (tmp_path / "f").write_text("")
     with pytest.raises(CheckpointError, match="cannot write the DRA claim checkpoint"):
         ClaimCheckpoint(tmp_path / "f" / "claims.json").save({})
+
+
+async def test_cdi_specs_of_claims_the_checkpoint_lacks_are_removed_at_start(tmp_path: Path) -> None:
+    checkpoint = ClaimCheckpoint(tmp_path / "claims.json")
+    checkpoint.save({CLAIM.uid: CLAIM})
+    cdi = tmp_path / "cdi"
+    cdi.mkdir()
+    kept, stale = (f"k8s.gpu.nvidia.com-claim_{u}.json" for u in (CLAIM.uid, "9f0e-stale"))
+    for name in (kept, stale, "k8s.gpu-sharing.io-gpu.json"):
+        (cdi / name).write_text("{}")
+    prep = preparer(tmp_path, FakeKube("node-a", {}), checkpoint.path)
+    await prep.load()
+    assert sorted([kept, "k8s.gpu-sharing.io-gpu.json"]) == sorted(os.listdir(cdi))
+    assert [CLAIM] == list(prep.prepared().claims)
