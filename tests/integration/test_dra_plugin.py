@@ -199,8 +199,10 @@ def make_claim(
     *,
     requests: tuple[str, ...] = ("gpu",),
     config: list[dict[str, Any]] | None = None,
+    pods: tuple[tuple[str, str], ...] = (),
 ) -> dict[str, Any]:
-    """A claim, then its allocation written as the scheduler writes it (status subresource)."""
+    """A claim, then its allocation (and the pods it is reserved for, (name, uid)) written as the
+    scheduler writes them (status subresource)."""
     claim = {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
@@ -216,7 +218,8 @@ def make_claim(
         "status": {
             "allocation": {
                 "devices": {"results": results, **({"config": config} if config else {})},
-            }
+            },
+            **({"reservedFor": [{"resource": "pods", "name": n, "uid": u} for n, u in pods]} if pods else {}),
         }
     }
     return kubectl_json(
@@ -346,7 +349,10 @@ def scraped(metrics: Metrics) -> tuple[float, float]:
 async def test_a_restart_between_prepare_and_unprepare_loses_nothing(
     control_plane: lab.ControlPlane, namespace: str, setup: Setup, plugin: DraPlugin
 ) -> None:
-    claim = make_claim(control_plane, namespace, "c", [result(setup.node_name, "gpu-0-mig-0")])
+    pod_uid = str(uuid.uuid4())
+    claim = make_claim(
+        control_plane, namespace, "c", [result(setup.node_name, "gpu-0-mig-0")], pods=(("trainer", pod_uid),)
+    )
     uid = claim["metadata"]["uid"]
     before = await Kubelet(setup.paths).prepare(claim)
     await plugin.stop()
@@ -354,7 +360,16 @@ async def test_a_restart_between_prepare_and_unprepare_loses_nothing(
     again = setup.plugin()
     await again.start()
     try:
-        assert [(namespace, "c", uid)] == [(c.namespace, c.name, c.uid) for c in again.prepared().claims]
+        assert [(namespace, "c", uid, ("gpu-0-mig-0",), (("trainer", pod_uid),))] == [
+            (
+                c.namespace,
+                c.name,
+                c.uid,
+                tuple(d.device for d in c.devices),
+                tuple((p.name, p.uid) for p in c.pods),
+            )
+            for c in again.prepared().claims
+        ]
         assert before == await Kubelet(setup.paths).prepare(claim)  # the kubelet's retry after its restart
         # The claim and its pod are gone before the unprepare comes: the checkpoint is enough.
         control_plane.kubectl("delete", "resourceclaim", "c", "-n", namespace, "--wait=true", check=True)
