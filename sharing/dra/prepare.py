@@ -191,7 +191,10 @@ class Preparer:
         check_config(claim, chosen)
         prepared = tuple(
             PreparedDevice(
-                requests=(c.result.request,),
+                # The kubelet matches a container's `resources.claims[].request` against these, so a
+                # prioritized list's `<request>/<subrequest>` is named by its request, as the Go helper
+                # names it (kubeletplugin/draplugin.go, stripSubrequestNames).
+                requests=(c.result.request.partition("/")[0],),
                 pool=c.result.pool,
                 device=c.result.device,
                 uuid=c.device.uuid,

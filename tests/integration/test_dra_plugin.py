@@ -200,6 +200,7 @@ def make_claim(
     requests: tuple[str, ...] = ("gpu",),
     config: list[dict[str, Any]] | None = None,
     pods: tuple[tuple[str, str], ...] = (),
+    subrequests: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """A claim, then its allocation (and the pods it is reserved for, (name, uid)) written as the
     scheduler writes them (status subresource)."""
@@ -209,7 +210,17 @@ def make_claim(
         "metadata": {"name": name, "namespace": namespace},
         "spec": {
             "devices": {
-                "requests": [{"name": r, "exactly": {"deviceClassName": "gpu.nvidia.com"}} for r in requests]
+                "requests": [
+                    {
+                        "name": r,
+                        "firstAvailable": [
+                            {"name": n, "deviceClassName": "mig.nvidia.com"} for n in subrequests
+                        ],
+                    }
+                    if subrequests
+                    else {"name": r, "exactly": {"deviceClassName": "gpu.nvidia.com"}}
+                    for r in requests
+                ]
             }
         },
     }
@@ -269,7 +280,14 @@ async def test_prepare_writes_a_cdi_spec_per_claim_and_unprepare_removes_it(
 ) -> None:
     node = setup.node_name
     share_a, share_b = str(uuid.uuid4()), str(uuid.uuid4())
-    mig = make_claim(control_plane, namespace, "mig", [result(node, "gpu-0-mig-0")])
+    # A prioritized list: the scheduler took the second choice, result request `gpu/medium`.
+    mig = make_claim(
+        control_plane,
+        namespace,
+        "mig",
+        [result(node, "gpu-0-mig-0", "gpu/medium")],
+        subrequests=("small", "medium"),
+    )
     # GPU 1 is time-sliced: one device in the pool, allocated to two claims at once (a share each).
     shared_a = make_claim(
         control_plane, namespace, "shared-a", [{**result(node, "gpu-1"), "shareID": share_a}]
