@@ -1,8 +1,11 @@
 """The DRA kubelet plugin over its real unix sockets, with claims in a real kube-apiserver.
 
-A gRPC client plays the kubelet: it dials the registration socket the plugin watcher would find,
-calls GetInfo and NotifyRegistrationStatus, dials the endpoint GetInfo names and calls
-NodePrepareResources / NodeUnprepareResources / NodeWatchResources there. Claims are created in the
+The kubelet is played twice over. `dra-kubelet` (hack/go/k8s/dra-kubelet) is the kubelet's own
+plugin watcher and DRA plugin manager (k8s.io/kubernetes v1.36.3): it finds the registration
+socket, validates what GetInfo says and calls prepare, unprepare and the health stream through
+the kubelet's client, as a kubelet does. For the finer cases a gRPC client in the test dials the
+same sockets and calls GetInfo, NotifyRegistrationStatus, NodePrepareResources,
+NodeUnprepareResources and NodeWatchResources itself. Claims are created in the
 API server and allocated the way the scheduler allocates them: `status.allocation` written through
 the status subresource. The plugin reads them through the agent's own client (`sharing.kube.ApiClient`).
 """
@@ -254,6 +257,63 @@ def devices_in(spec: dict[str, Any]) -> dict[str, list[str]]:
 
 def specs(setup: Setup) -> list[str]:
     return sorted(p.name for p in setup.cdi.glob("*.json")) if setup.cdi.exists() else []
+
+
+# ---- the kubelet's own code ----------------------------------------------------------------
+
+
+async def dra_kubelet(cp: lab.ControlPlane, setup: Setup, *args: str) -> dict[str, Any]:
+    """One run of the kubelet's plugin watcher and DRA client against the plugin (a fresh kubelet)."""
+    process = await asyncio.create_subprocess_exec(
+        str(lab.binaries().dra_kubelet), "--registry-dir", str(setup.paths.registry_dir),
+        "--kubeconfig", str(cp.kubeconfig), "--node", setup.node_name, "--driver", DRIVER, *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(process.communicate(), 60)
+    assert 0 == process.returncode, err.decode()[-2000:]
+    return dict(json.loads(out))
+
+
+def ref(claim: dict[str, Any]) -> str:
+    meta = claim["metadata"]
+    return f"{meta['namespace']}/{meta['name']}/{meta['uid']}"
+
+
+async def test_the_kubelets_own_plugin_manager_registers_prepares_and_unprepares(
+    control_plane: lab.ControlPlane, namespace: str, setup: Setup, plugin: DraPlugin
+) -> None:
+    node = setup.node_name
+    claim = make_claim(control_plane, namespace, "c", [result(node, "gpu-0-mig-0")])
+    uid = claim["metadata"]["uid"]
+
+    got = await dra_kubelet(control_plane, setup, "--prepare", ref(claim), "--health")
+
+    assert {
+        "registered": True,
+        "prepare": {
+            "claims": {
+                uid: {
+                    "devices": [
+                        {
+                            "request_names": ["gpu"],
+                            "pool_name": node,
+                            "device_name": "gpu-0-mig-0",
+                            "cdi_device_ids": [f"{CDI_KIND}={uid}-gpu-0-mig-0"],
+                        }
+                    ]
+                }
+            }
+        },
+    } == {k: v for k, v in got.items() if k != "health"}
+    assert {("gpu-0-mig-0", 1), ("gpu-1", 1)} == {
+        (d["device"]["device_name"], d["health"]) for d in got["health"]["devices"]
+    }
+    assert (True, "") == (plugin.registration.registered, plugin.registration.error)
+    # A second kubelet (a restart) unprepares what the first prepared.
+    assert {"registered": True, "unprepare": {"claims": {uid: {}}}} == await dra_kubelet(
+        control_plane, setup, "--unprepare", ref(claim)
+    )
+    assert ([], ()) == (specs(setup), plugin.prepared().claims)
 
 
 # ---- registration -------------------------------------------------------------------------
