@@ -82,6 +82,10 @@ class PreparedClaims:
     claims: tuple[PreparedClaim, ...] = ()
     unknown: str = ""
 
+    def held(self) -> frozenset[str]:
+        """The container UUIDs (GPU or MIG) the prepared claims hold; meaningless while `unknown`."""
+        return frozenset(d.uuid for c in self.claims for d in c.devices)
+
 
 class Preparer:
     """Prepares claims for the pool `pool` (this node's name) from what the node offers now."""

@@ -382,6 +382,7 @@ async def test_prepare_writes_a_cdi_spec_per_claim_and_unprepare_removes_it(
     ] == sorted(
         (c.namespace, c.name, c.uid, tuple(d.uuid for d in c.devices)) for c in plugin.prepared().claims
     )
+    assert ({MIG_A, GPU1}, "") == (plugin.prepared().held(), plugin.prepared().unknown)
 
     assert {mig_uid: "", a_uid: ""} == await kubelet.unprepare(mig, shared_a)
     assert [f"k8s.gpu.nvidia.com-claim_{b_uid}.json"] == specs(setup)
