@@ -20,9 +20,11 @@ from typing import Any
 
 import lab
 import pytest
+import structlog.testing
 
 from sharing.config.spec import MigStrategy, Replicas, Rule, Selector, SharingConfig
 from sharing.devices import HealthState, build_inventory
+from sharing.devices.inventory import mig_resource
 from sharing.dra.names import DRIVER
 from sharing.dra.slices import build_slices
 from sharing.errors import KubeError
@@ -240,3 +242,47 @@ def test_the_admission_policy_keeps_the_agent_to_its_own_nodes_slices(
     assert f"{expected}, not those of {other}" in refusal
     assert stored(chart, other) == []
     chart.kubectl("delete", "node", other, "--wait=false")
+
+
+@pytest.fixture(scope="module")
+def gates_off(cluster_binaries: lab.Binaries) -> Iterator[lab.ControlPlane]:
+    """An API server without consumable capacity and device taints (both beta, on by default in 1.36)."""
+    gates = "--feature-gates=DRAConsumableCapacity=false,DRADeviceTaints=false"
+    with lab.ControlPlane(bins=cluster_binaries, extra_apiserver_args=[gates]) as cp:
+        yield cp
+
+
+def test_fields_the_api_server_drops_are_said_once_and_not_rewritten(gates_off: lab.ControlPlane) -> None:
+    name = "gateless"
+    node = json.dumps({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
+    gates_off.kubectl("create", "-f", "-", input=node, check=True)
+    api = ApiClient(str(gates_off.kubeconfig))
+    try:
+        publisher = SlicePublisher(api, name, DRIVER)
+        publisher.want(wanted_pool(name, 3, sick=2))
+        with structlog.testing.capture_logs() as logs:
+            first = publisher.sync()
+        assert first is not None
+        assert publisher.problems == tuple(
+            f"{s['metadata']['name']}: {what}"
+            for s in stored(gates_off, name)
+            for what in ("allowMultipleAllocations of gpu-1", "requestPolicy of gpu-1", "taints of gpu-2")
+        )
+        said = [e for e in logs if e["event"] == "resourceslice_fields_dropped"]
+        assert [(e["log_level"], e["feature_gates"]) for e in said] == [
+            ("warning", "DRAConsumableCapacity,DRADeviceTaints")
+        ]
+        # What the API server keeps of the pool counts as published: no rewrite on the next sync.
+        assert publisher.sync() is None
+    finally:
+        api.close()
+
+
+def test_the_chart_ships_a_device_class_per_catalog_mig_profile(chart: lab.ControlPlane) -> None:
+    listed = json.loads(chart.kubectl("get", "deviceclasses", "-o", "json", check=True).stdout)["items"]
+    ours = {c["metadata"]["name"]: c["spec"].get("extendedResourceName") for c in listed}
+    profiles = {p.name for product in CATALOG.products for p in product.profiles}
+    expected = {"gpu.nvidia.com": "nvidia.com/gpu", "mig.nvidia.com": None} | {
+        f"{mig_resource(p).removeprefix('nvidia.com/')}.nvidia.com": mig_resource(p) for p in profiles
+    }
+    assert ours == expected
