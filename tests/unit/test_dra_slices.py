@@ -43,6 +43,7 @@ def whole(index: int, product: str = "NVIDIA A100-SXM4-40GB", memory_mib: int = 
         compute_capability=(8, 0),
         minor=index,
         pci_bus_id=f"0000:{index + 0x10:02x}:00.0",
+        brand="Nvidia",
     )
 
 
@@ -95,6 +96,7 @@ def test_a_whole_a100_is_published_with_nvidias_attributes_and_types() -> None:
         name="gpu-0",
         attributes=(
             ("architecture", "Ampere"),
+            ("brand", "Nvidia"),
             ("cudaComputeCapability", Version("8.0.0")),
             ("cudaDriverVersion", Version("12.4.0")),
             ("driverVersion", Version("550.107.2")),
