@@ -286,3 +286,27 @@ def test_the_chart_ships_a_device_class_per_catalog_mig_profile(chart: lab.Contr
         f"{mig_resource(p).removeprefix('nvidia.com/')}.nvidia.com": mig_resource(p) for p in profiles
     }
     assert ours == expected
+
+
+def test_a_token_without_a_node_claim_may_change_no_slice(chart: lab.ControlPlane, node: Node) -> None:
+    made = chart.kubectl("create", "token", NAME, "-n", NAMESPACE)  # not bound to a pod: no node claim
+    assert made.returncode == 0, made.stderr
+    loose = ApiClient(str(chart.token_kubeconfig(made.stdout.strip(), f"loose-{node.name}")))
+    try:
+        mine = wanted_pool(node.name, 1)[0]
+        owner = loose.get_node(node.name)
+
+        def attempt() -> str:
+            try:
+                made = loose.create_resource_slice(mine, owner)
+            except KubeError as err:
+                return str(err)
+            chart.kubectl("delete", "resourceslice", made.name)
+            return ""
+
+        refusal = poll("the policy to refuse", attempt, bool, timeout=30)
+        assert (
+            "the gpu-sharing agent's token carries no node claim; it may change no ResourceSlice" in refusal
+        )
+    finally:
+        loose.close()
