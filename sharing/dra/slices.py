@@ -76,6 +76,8 @@ def build_slices(
 ) -> tuple[SliceSpec, ...]:
     """The pool `node_name` as ResourceSlice specs: the inventory's devices that the hardware has.
 
+    `node` is the node as last seen: a GPU that became unreadable is kept (with its last known state,
+    as the rollout keeps it) and listed in `node.unreadable`, so its devices carry `gpu-lost`.
     `xids` names the last XID of an unhealthy GPU or MIG device (by UUID), the value of its taint.
     A pool without devices is no slice at all.
     """
