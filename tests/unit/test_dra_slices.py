@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -316,3 +317,10 @@ def test_every_device_fits_the_api_servers_limits(product: Product) -> None:
         names = [n for n, _ in (*device.attributes, *device.capacity)]
         assert all(len(n.rpartition("/")[2]) <= 32 for n in names)
         assert all(len(v) <= 64 for _, v in device.attributes if isinstance(v, str))
+
+
+def test_the_numa_node_is_published_where_known() -> None:
+    node = NodeState((dataclasses.replace(whole(0), numa_node=1), whole(1)), driver=DRIVER_INFO)
+    found = devices(node)
+    assert dict(found["gpu-0"].attributes)["resource.kubernetes.io/numaNode"] == 1
+    assert "resource.kubernetes.io/numaNode" not in dict(found["gpu-1"].attributes)
