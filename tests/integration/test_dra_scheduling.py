@@ -281,26 +281,60 @@ async def test_a_tainted_gpu_is_not_allocated_to_new_claims(scheduler: lab.Contr
         assert "cannot allocate all claims" in reason
 
 
+def legacy_pod(cp: lab.ControlPlane, ns: str, name: str, resource: str, node: str) -> None:
+    """A pod written for the device plugins: the device in `resources.limits`, no claim."""
+    body = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "affinity": on(node),
+            "containers": [{"name": "main", "image": "x", "resources": {"limits": {resource: "1"}}}],
+        },
+    }
+    cp.kubectl("create", "-f", "-", input=json.dumps(body), check=True)
+
+
+def claim_of_pod(cp: lab.ControlPlane, ns: str, name: str) -> str:
+    """The claim the scheduler made for a pod's extended resources ('' before)."""
+    status = get(cp, "pod", ns, name).get("status", {})
+    return str(status.get("extendedResourceClaimStatus", {}).get("resourceClaimName", ""))
+
+
 async def test_a_pod_asking_for_a_mig_extended_resource_gets_a_mig_device(
     scheduler: lab.ControlPlane, ns: str
 ) -> None:
     async with pool(scheduler) as node:
-        body = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": "legacy", "namespace": ns},
-            "spec": {
-                "affinity": on(node),
-                "containers": [{"name": "main", "image": "x", "resources": {"limits": {MIG_3G: "1"}}}],
-            },
-        }
-        scheduler.kubectl("create", "-f", "-", input=json.dumps(body), check=True)
-
-        def claim_of_pod() -> str:
-            status = get(scheduler, "pod", ns, "legacy").get("status", {})
-            return str(status.get("extendedResourceClaimStatus", {}).get("resourceClaimName", ""))
-
-        name = await asyncio.to_thread(poll, "the pod's claim", claim_of_pod, bool)
+        legacy_pod(scheduler, ns, "legacy", MIG_3G, node)
+        name = await asyncio.to_thread(
+            poll, "the pod's claim", lambda: claim_of_pod(scheduler, ns, "legacy"), bool
+        )
         found = await asyncio.to_thread(poll, "its allocation", lambda: allocated(scheduler, ns, name), bool)
         assert found == ["gpu-0-mig-0"]
         assert get(scheduler, "pod", ns, "legacy")["spec"]["nodeName"] == node
+
+
+async def test_pods_asking_for_nvidia_com_gpu_take_shares_and_whole_gpus(
+    scheduler: lab.ControlPlane, ns: str
+) -> None:
+    async with pool(scheduler) as node:
+        # GPU 1 has 4 shares, GPU 2 is whole, GPU 3 is tainted: five pods fit, the sixth does not.
+        for n in range(6):
+            legacy_pod(scheduler, ns, f"p{n}", "nvidia.com/gpu", node)
+
+        def placed() -> tuple[list[str], list[str]]:
+            devices, pending = [], []
+            for n in range(6):
+                if (name := claim_of_pod(scheduler, ns, f"p{n}")) and (
+                    found := allocated(scheduler, ns, name)
+                ):
+                    devices += found
+                elif unschedulable(scheduler, ns, f"p{n}"):
+                    pending.append(f"p{n}")
+            return sorted(devices), pending
+
+        devices, pending = await asyncio.to_thread(
+            poll, "all six decided", placed, lambda v: len(v[0]) + len(v[1]) == 6
+        )
+        assert devices == ["gpu-1", "gpu-1", "gpu-1", "gpu-1", "gpu-2"]
+        assert len(pending) == 1
