@@ -5,7 +5,8 @@
 Parts, in order: planner, hostile (parsing hostile ConfigMap keys), mutations, listandwatch,
 cluster (startup, reconcile, configmap, allocate, idle, preferred, restart: the API server's),
 agentrestart (the agent's: how long the kubelet refuses pods), realnode, fleet, probes (the HTTP
-port under a flood). A part that fails is reported and the others still run; the exit code is 1
+port under a flood), resourceslices (the DRA publisher: a changed pool until the API server holds
+it). A part that fails is reported and the others still run; the exit code is 1
 when any failed. Ctrl-C or SIGTERM stops everything it started.
 """
 
@@ -40,6 +41,7 @@ from bench import (
     probes,
     realnode,
     reconcile,
+    resourceslices,
     restart,
 )
 from bench.cluster import Cluster, running_cluster
@@ -55,6 +57,7 @@ PARTS = (
     "realnode",
     "fleet",
     "probes",
+    "resourceslices",
 )
 
 
@@ -143,6 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ("realnode", lambda: realnode.bench_real_node(budget, results)),
             ("fleet", lambda: fleet.bench_fleet(nodes, budget, results) if nodes else None),
             ("probes", lambda: probes.bench_probes(tmp / "probes", budget, results)),
+            ("resourceslices", lambda: resourceslices.bench_resourceslices(tmp / "slices", budget, results)),
         ]
         try:
             for name, part in parts:

@@ -234,6 +234,42 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device,
 	RETURN(NVML_SUCCESS);
 }
 
+/* nvml.h nvmlBrandType_t. Data-center GPUs report NVML_BRAND_NVIDIA (go-nvlib names it "Nvidia", as
+ * NVIDIA's DRA driver shows it for an A100: dra-driver-nvidia-gpu
+ * site/content/docs/reference/resourceslice-attributes.md); the state's "brand" overrides it. */
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetBrand(nvmlDevice_t device, nvmlBrandType_t *type)
+{
+	ENTER();
+	DEVICE_OR_RETURN(device);
+	if (!type)
+		RETURN(NVML_ERROR_INVALID_ARGUMENT);
+	*type = (nvmlBrandType_t)fake_int(gpu, "brand", NVML_BRAND_NVIDIA);
+	RETURN(NVML_SUCCESS);
+}
+
+/* nvml.h NVML_DEVICE_ARCH_*, from the compute capability (https://developer.nvidia.com/cuda-gpus):
+ * 7.0 Volta, 7.5 Turing, 8.0-8.7 Ampere, 8.9 Ada, 9.x Hopper, 10.x and 12.x Blackwell. */
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetArchitecture(nvmlDevice_t device, nvmlDeviceArchitecture_t *arch)
+{
+	ENTER();
+	DEVICE_OR_RETURN(device);
+	if (!arch)
+		RETURN(NVML_ERROR_INVALID_ARGUMENT);
+	json_t *cc = json_object_get(gpu, "computeCapability");
+	long long major = json_integer_value(json_array_get(cc, 0)), minor = json_integer_value(json_array_get(cc, 1));
+	nvmlDeviceArchitecture_t found = NVML_DEVICE_ARCH_UNKNOWN;
+	if (major == 7)
+		found = minor < 5 ? NVML_DEVICE_ARCH_VOLTA : NVML_DEVICE_ARCH_TURING;
+	else if (major == 8)
+		found = minor < 9 ? NVML_DEVICE_ARCH_AMPERE : NVML_DEVICE_ARCH_ADA;
+	else if (major == 9)
+		found = NVML_DEVICE_ARCH_HOPPER;
+	else if (major == 10 || major == 12)
+		found = NVML_DEVICE_ARCH_BLACKWELL;
+	*arch = found;
+	RETURN(NVML_SUCCESS);
+}
+
 /* The minor number of /dev/nvidia<minor> (nvmlDeviceGetMinorNumber doc). */
 FAKE_EXPORT nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minorNumber)
 {
