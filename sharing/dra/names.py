@@ -63,3 +63,22 @@ def claim_cdi_name(claim_uid: str, device: str) -> str:
 def claim_cdi_file(claim_uid: str) -> str:
     """The file name of a claim's CDI spec in the CDI spec directory."""
     return f"{CDI_KIND.replace('/', '-')}_{claim_uid}.json"
+
+
+def profile_slug(profile: str) -> str:
+    """A MIG profile as a DNS-label part: `1g.5gb` -> `1g-5gb`, `1g.10gb+me` -> `1g-10gb-me`."""
+    return profile.lower().replace(".", "-").replace("+", "-")
+
+
+def ondemand_device_name(gpu_index: int, profile: str, start: int) -> str:
+    """The device of an on-demand MIG slice of `profile` placed at memory slice `start` of GPU `gpu_index`."""
+    return f"gpu-{gpu_index}-mig-{profile_slug(profile)}-at-{start}"
+
+
+def parse_ondemand_name(name: str) -> tuple[int, str, int] | None:
+    """(GPU index, profile slug, placement start) of an on-demand device name, or None for any other."""
+    head, sep, start = name.rpartition("-at-")
+    gpu, mig, slug = head.partition("-mig-")
+    if not (sep and mig and gpu.startswith("gpu-") and start.isdigit() and gpu[4:].isdigit() and slug):
+        return None
+    return int(gpu[4:]), slug, int(start)
