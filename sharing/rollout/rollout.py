@@ -251,6 +251,11 @@ class Rollout:
         self.mps_blocked = frozenset(blocked)
         return replace(report, gpus=tuple(gpus)), failed
 
+    def offered(self) -> Inventory:
+        """What the plugins offer: the advertised devices less MPS replicas whose daemon does not
+        enforce their limits yet, unhealthy where it stopped answering (health events aside)."""
+        return self._mps_ready(self.advertised)
+
     async def republish(self) -> None:
         """Advertise the same devices again with what the MPS daemons answer now (a daemon gone: its
         replicas unhealthy)."""
