@@ -306,6 +306,10 @@ class MpsDaemons:
 
     def _env(self, gpu: str, *, visible: bool = False) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_")}
+        # The tool loads the driver's libraries (libcuda, libnvidia-ml) from its driver root, which in
+        # the agent's container is a mount, not the image's /usr/lib.
+        libs = str(self.control.parent.parent / "lib/x86_64-linux-gnu")
+        env["LD_LIBRARY_PATH"] = ":".join(p for p in (libs, os.environ.get("LD_LIBRARY_PATH", "")) if p)
         env[PIPE_ENV] = str(self.pipe_dir(gpu))
         env[LOG_ENV] = str(self.log_dir(gpu))
         if visible:
