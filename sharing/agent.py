@@ -228,6 +228,7 @@ class Agent:
     async def _watch_mps(self) -> None:
         """Ask the MPS daemons whether they answer: one that stopped makes its replicas unhealthy at
         once, and the reconcile that follows starts it again."""
+        down: set[str] = set()
         while True:
             await asyncio.sleep(self.settings.mps_check_seconds)
             try:
@@ -238,6 +239,28 @@ class Agent:
             if changed:
                 await self.rollout.republish()
                 self.trigger()
+            down = await self._mps_events(down)
+
+    async def _mps_events(self, down: set[str]) -> set[str]:
+        """An Event when a GPU's daemon stops answering, and one when it answers again; the GPUs down."""
+        daemons = self.mps.status()
+        now: set[str] = {s.gpu for s in daemons if s.enforced is None}
+        healthy = {s.gpu for s in daemons if s.healthy}
+        for uuid in sorted(now ^ down):
+            gpu = self.rollout.node.gpu(uuid)
+            where = f"GPU {gpu.index} ({gpu.product})" if gpu else f"GPU {uuid}"
+            if uuid in now:
+                await self.node_out.event(
+                    "Warning",
+                    "MpsDaemonDown",
+                    f"the MPS control daemon of {where} does not answer: its replicas are unhealthy"
+                    " until it is started again",
+                )
+            elif uuid in healthy:
+                await self.node_out.event(
+                    "Normal", "MpsDaemonHealthy", f"the MPS control daemon of {where} answers again"
+                )
+        return now
 
     async def _grace(self) -> None:
         await asyncio.sleep(API_GRACE_S)

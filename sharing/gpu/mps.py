@@ -123,6 +123,8 @@ class MpsDaemons:
         self._enforced: dict[GpuUuid, Enforced | None] = {}
         self._restarts: dict[GpuUuid, int] = {}
         self._errors: dict[GpuUuid, str] = {}
+        self._lock = asyncio.Lock()
+        """One look or change at a time: a look during a restart must not record a stale answer."""
 
     def pipe_dir(self, gpu: str) -> Path:
         """The host directory of the GPU's control pipe."""
@@ -136,10 +138,6 @@ class MpsDaemons:
     def shm_dir(self) -> Path:
         """The host directory clients and servers share as /dev/shm."""
         return self.root / "shm"
-
-    def enforcing(self, gpu: GpuUuid) -> Enforced | None:
-        """What the GPU's daemon answered at the last look (None: no daemon answered)."""
-        return self._enforced.get(gpu)
 
     def readiness(self, gpu: GpuUuid, settings: MpsSettings) -> Readiness:
         """Whether the GPU's daemon enforces `settings`, was started for them and is gone, or neither."""
@@ -166,6 +164,10 @@ class MpsDaemons:
 
     async def check(self) -> bool:
         """Ask every wanted daemon for its limits; True when an answer changed since the last look."""
+        async with self._lock:
+            return await self._check()
+
+    async def _check(self) -> bool:
         changed = False
         for gpu in list(self._wanted):
             enforced = await self._read(gpu)
@@ -181,6 +183,12 @@ class MpsDaemons:
     ) -> dict[GpuUuid, MpsResult]:
         """Make each GPU's daemon enforce `wanted` (absent: no daemon), never stopping a daemon whose
         GPU runs processes; the result per GPU of `node` that has or wants a daemon."""
+        async with self._lock:
+            return await self._enforce(wanted, node)
+
+    async def _enforce(
+        self, wanted: Mapping[GpuUuid, MpsSettings], node: NodeState
+    ) -> dict[GpuUuid, MpsResult]:
         results: dict[GpuUuid, MpsResult] = {}
         for gpu in node.gpus:
             want = wanted.get(gpu.uuid)

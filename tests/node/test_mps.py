@@ -166,8 +166,12 @@ def test_a_killed_daemon_makes_its_replicas_unhealthy_until_it_is_restarted(mps:
     kill = f"import os, signal; os.kill({before['pid']}, signal.SIGKILL)"
     mps.kubectl("-n", NAMESPACE, "exec", f"ds/{RELEASE}", "--", "python3", "-c", kill)
     offered(mps, {**EXPECTED, SHARED: "4"}, timeout=60)  # GPU 3's 2 replicas unhealthy
+    down = "the MPS control daemon of GPU 3 (NVIDIA H100 80GB HBM3) does not answer"
+    poll("the Event", lambda: _events(mps, "MpsDaemonDown"), lambda found: any(down in m for m in found))
     hook.unlink()
     offered(mps, EXPECTED)
+    back = "the MPS control daemon of GPU 3 (NVIDIA H100 80GB HBM3) answers again"
+    poll("the Event", lambda: _events(mps, "MpsDaemonHealthy"), lambda found: back in found)
     after = daemon(mps, gpu3)
     assert after is not None
     assert after["pid"] != before["pid"]
