@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from lab.helm import NAMESPACE, RELEASE
+from lab.helm import NAMESPACE, RELEASE, lab_values
 from lab.images import agent_image
 
-from tests.node.conftest import CONFIG, CONFIG_LABEL, NODE, NodeUnderTest
+from tests.node.conftest import ALL_KINDS, CONFIG, CONFIG_LABEL, NODE, NodeUnderTest
 from tests.polling import poll
 
 pytestmark = pytest.mark.node
@@ -243,3 +243,39 @@ def test_a_reload_without_clients_restarts_only_the_daemon_whose_limits_changed(
     assert pids[gpu2] != restarted["pid"]
     assert (pids[gpu3], 50) == (daemon(mps, gpu3)["pid"], daemon(mps, gpu3)["activeThreadPercentage"])  # type: ignore[index]
     offered(mps, EXPECTED)
+
+
+@pytest.fixture
+def mps_cdi(mps: NodeUnderTest) -> Iterator[NodeUnderTest]:
+    """The MPS node with the chart upgraded to hand devices out by CDI names only (cdi-cri): the
+    agent's pod is replaced (its daemons end with it) and the new one starts them again."""
+    (old,) = mps.agent_pods()
+    mps.helm.upgrade_install(lab_values({CONFIG: ALL_KINDS}, deviceListStrategy="cdi-cri"))
+    try:
+        mps.running_agent(not_uid=old["metadata"]["uid"])
+        offered(mps, EXPECTED)
+        yield mps
+    finally:
+        mps.delete_pods()
+        (old,) = mps.agent_pods()
+        mps.helm.upgrade_install(lab_values({CONFIG: ALL_KINDS}))
+        mps.running_agent(not_uid=old["metadata"]["uid"])
+        offered(mps, EXPECTED)
+
+
+def test_with_cdi_the_spec_gives_an_mps_replica_its_pipe_directory_and_shared_memory(
+    mps_cdi: NodeUnderTest,
+) -> None:
+    name = mps_cdi.start_pod(SHARED)
+    pod = mps_cdi.wait_running(name)
+    (device,), envs = mps_cdi.allocation(pod, SHARED)
+    assert {} == envs  # every strategy is CDI: the spec carries the variable, as it carries the device
+    gpu = device.partition("::")[0]
+    pipe = f"/mps/{gpu}/pipe"
+    assert pipe == mps_cdi.env(name)["CUDA_MPS_PIPE_DIRECTORY"]
+    assert "control" in mps_cdi.kubectl("exec", name, "--", "ls", pipe).split()
+    mps_cdi.kubectl("exec", name, "--", "sh", "-c", f"echo {name} > /dev/shm/{name}")
+    holder = next(r for r in mps_cdi.node.records if r.name == "namespace-holder")
+    shared = Path(f"/proc/{holder.pid}/root/run/nvidia/mps/shm/{name}")
+    assert f"{name}\n" == shared.read_text()
+    shared.unlink()
