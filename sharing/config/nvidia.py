@@ -76,13 +76,14 @@ def read_nvidia(
             "both timeSlicing and mps are set: NVIDIA's plugin would silently ignore timeSlicing; "
             "keep the one you mean (one config per node, chosen by its label)",
         )
-    section = MPS if "mps" in sharing else TS
-    if section.rpartition(".")[2] not in sharing:
+    word = "mps" if "mps" in sharing else "timeSlicing"  # NVIDIA's ReplicatedResources(): mps wins
+    if word not in sharing:
         return draft
+    section = f"sharing.{word}"
     draft.rename_path = f"{section}.renameByDefault"
     draft.fail_path = f"{section}.failRequestsGreaterThanOne"
-    ts = fields(report, section, sharing[section.rpartition(".")[2]], optional=("resources",
-                "renameByDefault", "failRequestsGreaterThanOne")) or {}  # fmt: skip
+    ts = fields(report, section, sharing[word], optional=("resources", "renameByDefault",
+                "failRequestsGreaterThanOne")) or {}  # fmt: skip
     if "renameByDefault" in ts:
         draft.rename_by_default = bool(boolean(report, draft.rename_path, ts["renameByDefault"]))
     if "failRequestsGreaterThanOne" in ts:
