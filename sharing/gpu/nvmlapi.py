@@ -174,6 +174,8 @@ class Nvml(Protocol):
     NVML_ERROR_INSUFFICIENT_RESOURCES: int
     NVML_DEVICE_MIG_DISABLE: int
     NVML_DEVICE_MIG_ENABLE: int
+    NVML_COMPUTEMODE_DEFAULT: int
+    NVML_COMPUTEMODE_EXCLUSIVE_PROCESS: int
     NVML_GPU_INSTANCE_PROFILE_COUNT: int
     NVML_COMPUTE_INSTANCE_PROFILE_COUNT: int
     NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED: int
@@ -210,6 +212,8 @@ class Nvml(Protocol):
     def nvmlDeviceGetComputeRunningProcesses(self, handle: Handle, /) -> Sequence[RunningProcess]: ...
     def nvmlDeviceGetMigMode(self, device: Handle, /) -> list[int]: ...
     def nvmlDeviceSetMigMode(self, device: Handle, mode: int, /) -> int: ...
+    def nvmlDeviceGetComputeMode(self, handle: Handle, /) -> int: ...
+    def nvmlDeviceSetComputeMode(self, handle: Handle, mode: int, /) -> None: ...
 
     def nvmlDeviceGetGpuInstanceProfileInfo(
         self, device: Handle, profile: int, version: int = 2, /

@@ -324,6 +324,12 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t de
 	} else {
 		if (fake_bool(gpu, "busy"))
 			add_process(found, &n, 1000 + index, NA, NA);
+		/* An MPS server is a compute process of its GPU (nvidia-smi lists it, type "M+C"); its
+		 * clients are listed by nvmlDeviceGetMPSComputeRunningProcesses. */
+		unsigned int servers[MAX_MPS_PIDS], clients[MAX_MPS_PIDS], nservers = 0;
+		fake_mps_processes(fake_str(gpu, "uuid", ""), servers, &nservers, clients, MAX_MPS_PIDS);
+		for (unsigned int s = 0; s < nservers && n < sizeof found / sizeof *found; s++)
+			add_process(found, &n, servers[s], NA, NA);
 		size_t i, j;
 		json_t *g, *c;
 		json_array_foreach(json_object_get(gpu, "gpuInstances"), i, g)
@@ -341,6 +347,69 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t de
 		memcpy(infos, found, n * sizeof *found);
 	*infoCount = n;
 	RETURN(NVML_SUCCESS);
+}
+
+/* The clients of the GPU's MPS servers ("Get information about processes with a compute context
+ * running on a device as MPS clients"; same calling convention as the call above). */
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
+								    nvmlProcessInfo_t *infos)
+{
+	ENTER();
+	DEVICE_OR_RETURN(device);
+	if (!infoCount || (*infoCount && !infos))
+		RETURN(NVML_ERROR_INVALID_ARGUMENT);
+	nvmlProcessInfo_t found[MAX_MPS_PIDS];
+	unsigned int servers[MAX_MPS_PIDS], clients[MAX_MPS_PIDS], nservers = 0, n = 0;
+	int count = ci ? 0 : fake_mps_processes(fake_str(gpu, "uuid", ""), servers, &nservers, clients, MAX_MPS_PIDS);
+	for (int i = 0; i < count; i++)
+		add_process(found, &n, clients[i], NA, NA);
+	if (*infoCount < n) {
+		*infoCount = n;
+		RETURN(NVML_ERROR_INSUFFICIENT_SIZE);
+	}
+	if (n)
+		memcpy(infos, found, n * sizeof *found);
+	*infoCount = n;
+	RETURN(NVML_SUCCESS);
+}
+
+/* ---- compute mode ------------------------------------------------------------------------------ */
+
+/* "computeMode" in the state; "Under Linux it is not persistent across reboots and always resets to
+ * Default" (nvmlDeviceSetComputeMode), so absent means NVML_COMPUTEMODE_DEFAULT. */
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t device, nvmlComputeMode_t *mode)
+{
+	ENTER();
+	DEVICE_OR_RETURN(device);
+	if (!mode)
+		RETURN(NVML_ERROR_INVALID_ARGUMENT);
+	*mode = (nvmlComputeMode_t)fake_int(ci ? ci : gpu, "computeMode", NVML_COMPUTEMODE_DEFAULT);
+	RETURN(NVML_SUCCESS);
+}
+
+/* INVALID_ARGUMENT "if device is invalid or mode is invalid" (EXCLUSIVE_THREAD: "Support Removed");
+ * "If MIG is enabled on a GPU, device must be MIG device handle" (NOT_SUPPORTED otherwise). */
+FAKE_EXPORT nvmlReturn_t nvmlDeviceSetComputeMode(nvmlDevice_t device, nvmlComputeMode_t mode)
+{
+	ENTER();
+	if (mode != NVML_COMPUTEMODE_DEFAULT && mode != NVML_COMPUTEMODE_PROHIBITED &&
+	    mode != NVML_COMPUTEMODE_EXCLUSIVE_PROCESS)
+		RETURN(NVML_ERROR_INVALID_ARGUMENT);
+	struct fake_handle *h = fake_check(device);
+	if (!h || (h->kind != K_GPU && h->kind != K_MIG))
+		RETURN(NVML_ERROR_INVALID_ARGUMENT);
+	json_t *state = fake_mutate_begin(), *gpu = NULL, *gi = NULL, *ci = NULL;
+	if (!state)
+		RETURN(NVML_ERROR_UNKNOWN);
+	nvmlReturn_t rc = fake_device(device, state, &gpu, &gi, &ci);
+	if (rc == NVML_SUCCESS && !ci && fake_mig_enabled(gpu))
+		rc = NVML_ERROR_NOT_SUPPORTED;
+	json_t *target = ci ? ci : gpu;
+	int changed = rc == NVML_SUCCESS && fake_int(target, "computeMode", NVML_COMPUTEMODE_DEFAULT) != mode;
+	if (changed)
+		json_object_set_new(target, "computeMode", json_integer(mode));
+	fake_mutate_end(state, changed);
+	RETURN(rc);
 }
 
 /* ---- MIG mode ----------------------------------------------------------------------------------- */
