@@ -148,6 +148,20 @@ def test_a_daemon_that_quits_leaves_no_record_and_no_pipe_that_answers(
     assert (1, "Cannot find MPS control daemon process\n") == (gone.returncode, gone.stderr)
 
 
+def test_a_connection_that_sends_nothing_holds_up_no_other_command(daemon: Daemon, machine: State) -> None:
+    uuids = machine.init(A100)
+    assert 0 == daemon.start(uuids[0]).returncode
+    silent = socket.socket(socket.AF_UNIX)
+    silent.connect(str(daemon.pipe / "control"))
+    try:
+        asked = daemon.tell("get_default_active_thread_percentage")
+        assert ("100.0\n", 0) == (asked.stdout, asked.returncode)
+        client = daemon.attach()
+        client.close()
+    finally:
+        silent.close()
+
+
 def test_unknown_visible_devices_and_the_refuse_start_hook_fail_the_start(
     daemon: Daemon, machine: State
 ) -> None:

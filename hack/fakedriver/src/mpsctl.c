@@ -20,7 +20,8 @@
  * "Verify MPS").
  *
  * The fake's own parts: the control pipe is a unix socket `control` in the pipe directory, one
- * command per connection. A process stands for a CUDA client by connecting and sending
+ * command per connection, each read as its bytes arrive (serve: a connection that sends nothing
+ * holds up no other). A process stands for a CUDA client by connecting and sending
  * `fake_attach` and keeping the connection open (its PID from SO_PEERCRED); the daemon then runs one
  * MPS server (a child process) for as long as it has clients, as the real daemon launches
  * nvidia-cuda-mps-server when the first client connects. What the daemon was told, its server and
@@ -252,14 +253,29 @@ static void stop_server(void)
 	}
 }
 
-/* The MPS server: spawned for the first client, gone with the last (or with the daemon). */
+/* The MPS server: spawned for the first client, gone with the last (or with the daemon).
+ *
+ * The child shares every descriptor of the daemon (O_CLOEXEC closes them at exec, and it never
+ * execs), and a flock belongs to the open file, not to a process ("Locks created by flock() are
+ * associated with an open file description ... duplicate file descriptors (created by, for example,
+ * fork(2) or dup(2)) refer to the same lock", flock(2), https://man7.org/linux/man-pages/man2/flock.2.html).
+ * So it closes them all first: a server left holding the lock would make a killed daemon's record
+ * look alive, and one holding the listener would take connections that nobody answers.
+ * PR_SET_PDEATHSIG kills it with the daemon, but "If the parent thread ... [has] already terminated
+ * by the time of the PR_SET_PDEATHSIG operation, then no parent-death signal is sent" (prctl(2),
+ * https://man7.org/linux/man-pages/man2/prctl.2.html): a daemon killed between fork and prctl
+ * would leave it for ever, so it leaves when its parent is no longer the daemon. */
 static void start_server(void)
 {
 	if (server_pid > 0)
 		return;
+	pid_t daemon_pid = getpid();
 	pid_t pid = fork();
 	if (pid == 0) {
+		closefrom(3);
 		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		if (getppid() != daemon_pid)
+			_exit(0);
 		for (;;)
 			pause();
 	}
@@ -366,62 +382,120 @@ static void on_term(int sig)
 	stopping = 1;
 }
 
+/* Connections accepted whose command has not all arrived: each is read as its bytes come, from the
+ * same poll as the rest, so a client that connects and sends nothing holds up no one. When all
+ * MAX_PENDING are taken, the oldest is dropped for the newest. */
+#define MAX_PENDING 16
+static struct pending {
+	int fd;
+	size_t got;
+	char line[BUF];
+} pending[MAX_PENDING];
+static int npending;
+
+/* Out of the list, in order (the first is the oldest); its descriptor, for the caller to keep or close. */
+static int take_pending(int i)
+{
+	int fd = pending[i].fd;
+	memmove(pending + i, pending + i + 1, (size_t)(npending - i - 1) * sizeof *pending);
+	npending--;
+	return fd;
+}
+
+/* A command ends at EOF (the client shuts its side) or a newline; an attaching client keeps its
+ * side open. */
+static int complete(const struct pending *p)
+{
+	return memchr(p->line, '\n', p->got) || p->got == sizeof p->line - 1 ||
+	       (p->got >= 11 && strncmp(p->line, "fake_attach", 11) == 0);
+}
+
+/* The pending connection's command, now whole; 1 when the daemon is to quit. */
+static int answer(int i)
+{
+	char line[BUF];
+	memcpy(line, pending[i].line, pending[i].got);
+	line[pending[i].got] = '\0';
+	line[strcspn(line, "\r\n")] = '\0';
+	int fd = take_pending(i);
+	if (strcmp(line, "fake_attach") == 0 && nclients < MAX_CLIENTS) {
+		struct ucred cred;
+		socklen_t len = sizeof cred;
+		getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len);
+		start_server();
+		clients[nclients] = fd;
+		client_pids[nclients++] = cred.pid;
+		logline("Accepting connection from client %s", "");
+		write_record();
+		if (write(fd, "attached\n", 9) != 9)
+			drop_client(nclients - 1);
+		return 0;
+	}
+	char out[BUF];
+	int quit = command(line, out, sizeof out);
+	if (*out && write(fd, out, strlen(out)) < 0) {
+		/* the client went away: nothing to answer (a short answer into the empty buffer of a
+		 * fresh connection is written whole, even without blocking) */
+	}
+	close(fd);
+	return quit;
+}
+
+/* 1 when the connection's command is whole (or it ended), 0 while more is to come. */
+static int read_pending(struct pending *p)
+{
+	for (;;) {
+		ssize_t r = read(p->fd, p->line + p->got, sizeof p->line - 1 - p->got);
+		if (r > 0) {
+			p->got += (size_t)r;
+			if (complete(p))
+				return 1;
+			continue;
+		}
+		if (r == 0)
+			return 1;
+		return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? 0 : -1;
+	}
+}
+
 static void serve(int listener)
 {
 	for (;;) {
-		struct pollfd fds[1 + MAX_CLIENTS];
+		struct pollfd fds[1 + MAX_CLIENTS + MAX_PENDING];
+		int nc = nclients, np = npending;
 		fds[0] = (struct pollfd){.fd = listener, .events = POLLIN};
-		for (int i = 0; i < nclients; i++)
+		for (int i = 0; i < nc; i++)
 			fds[1 + i] = (struct pollfd){.fd = clients[i], .events = POLLIN};
-		if (poll(fds, (nfds_t)(1 + nclients), -1) < 0) {
+		for (int i = 0; i < np; i++)
+			fds[1 + nc + i] = (struct pollfd){.fd = pending[i].fd, .events = POLLIN};
+		if (poll(fds, (nfds_t)(1 + nc + np), -1) < 0) {
 			if (errno == EINTR && !stopping)
 				continue;
 			return;
 		}
-		for (int i = nclients - 1; i >= 0; i--)
+		/* Backwards: a drop moves later entries (already looked at) into the hole. */
+		for (int i = nc - 1; i >= 0; i--)
 			if (fds[1 + i].revents) { /* a client sends nothing more: any event is its end */
 				logline("Client %s disconnected", "");
 				drop_client(i);
 			}
+		for (int i = np - 1; i >= 0; i--) {
+			if (!fds[1 + nc + i].revents)
+				continue;
+			int done = read_pending(&pending[i]);
+			if (done < 0)
+				close(take_pending(i));
+			else if (done && answer(i))
+				return;
+		}
 		if (!(fds[0].revents & POLLIN))
 			continue;
-		int fd = accept4(listener, NULL, NULL, SOCK_CLOEXEC);
+		int fd = accept4(listener, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
 		if (fd < 0)
 			continue;
-		char line[BUF];
-		size_t got = 0;
-		ssize_t r;
-		while (got < sizeof line - 1 && (r = read(fd, line + got, sizeof line - 1 - got)) > 0) {
-			got += (size_t)r;
-			/* a command ends at EOF (the client shuts its side) or a newline; an attaching
-			 * client keeps its side open */
-			if (memchr(line, '\n', got) || (got >= 11 && strncmp(line, "fake_attach", 11) == 0))
-				break;
-		}
-		line[got] = '\0';
-		line[strcspn(line, "\r\n")] = '\0';
-		if (strcmp(line, "fake_attach") == 0 && nclients < MAX_CLIENTS) {
-			struct ucred cred;
-			socklen_t len = sizeof cred;
-			getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len);
-			start_server();
-			clients[nclients] = fd;
-			client_pids[nclients++] = cred.pid;
-			logline("Accepting connection from client %s", "");
-			write_record();
-			if (write(fd, "attached\n", 9) < 0) {
-				drop_client(nclients - 1);
-			}
-			continue;
-		}
-		char out[BUF];
-		int quit = command(line, out, sizeof out);
-		if (*out && write(fd, out, strlen(out)) < 0) {
-			/* the client went away: nothing to answer */
-		}
-		close(fd);
-		if (quit)
-			return;
+		if (npending == MAX_PENDING)
+			close(take_pending(0));
+		pending[npending++] = (struct pending){.fd = fd};
 	}
 }
 
