@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from sharing.config.frontend import FRONTEND_LABEL, Frontend, parse_frontend
 from sharing.devices import APPLICATION_XIDS, DeviceIdStrategy, DeviceListStrategy, Injection
 from sharing.store import DEFAULT_JOURNAL
 
@@ -32,6 +33,9 @@ class Settings:
     """MIG strategy of imported NVIDIA device-plugin configs that name none (NVIDIA's MIG_STRATEGY)."""
     config_label: str = "nvidia.com/device-plugin.config"
     fallback_label: str = "nvidia.com/mig.config"
+    frontend: str = "deviceplugin"
+    """How the node's devices reach pods: deviceplugin or dra (the label below overrides it per node)."""
+    frontend_label: str = FRONTEND_LABEL
     backend: str = "nvml"
     driver_root: Path = Path("/")
     """Where the NVIDIA driver's files are (NVIDIA's driverRoot): <root>/usr/lib/.../libnvidia-ml.so.1,
@@ -40,6 +44,10 @@ class Settings:
     """The node's path of the driver root, for the host paths of the CDI spec (NVIDIA's device plugin
     calls the two nvidiaDriverRoot and containerDriverRoot); None: the same as driver_root."""
     device_plugin_dir: Path = Path("/var/lib/kubelet/device-plugins")
+    dra_plugin_dir: Path = Path("/var/lib/kubelet/plugins")
+    """The kubelet's plugins dir: the DRA socket is <dir>/gpu.nvidia.com/dra.sock."""
+    plugins_registry_dir: Path = Path("/var/lib/kubelet/plugins_registry")
+    """Where the kubelet's plugin watcher looks for registration sockets."""
     pod_resources_socket: Path = DEFAULT_POD_RESOURCES_SOCKET
     journal: Path = DEFAULT_JOURNAL
     kubeconfig: str | None = None
@@ -60,6 +68,10 @@ class Settings:
     holders_localhost_only: bool = False
     """Serve /status and the slice_owner_info metric (the pods holding each GPU) to 127.0.0.1 only."""
     log_format: str = "auto"
+
+    def default_frontend(self) -> Frontend:
+        """The front-end of a node without the label; ValueError names a bad one."""
+        return parse_frontend(self.frontend)
 
     def injection(self) -> Injection:
         """The device-list and device-ID strategies; ValueError names a bad one."""
@@ -100,10 +112,14 @@ _OPTIONS: dict[str, str] = {
     ),
     "config_label": "node label that names the config",
     "fallback_label": "label used when the first is absent",
+    "frontend": "how the devices reach pods: deviceplugin or dra (a node's label overrides it)",
+    "frontend_label": "node label that overrides the front-end (deviceplugin or dra)",
     "backend": "GPU backend: nvml",
     "driver_root": "where the NVIDIA driver's files are (libnvidia-ml.so.1, /dev/nvidia*): / or its mount",
     "host_driver_root": "the node's path of the driver root, for CDI host paths (default: the driver root)",
     "device_plugin_dir": "the kubelet's device-plugin dir",
+    "dra_plugin_dir": "the kubelet's plugins dir (the DRA socket goes in <dir>/gpu.nvidia.com)",
+    "plugins_registry_dir": "the kubelet's plugin-registration dir",
     "pod_resources_socket": "the PodResources socket",
     "journal": "journal of hardware steps (crash recovery)",
     "kubeconfig": "kubeconfig file (default: in-cluster)",
@@ -185,6 +201,10 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] = os.environ)
             f"--default-mig-strategy / SHARING_DEFAULT_MIG_STRATEGY: {settings.default_mig_strategy!r} "
             "is not none, single or mixed"
         )
+    try:
+        settings.default_frontend()
+    except ValueError as err:
+        raise ValueError(f"--frontend / SHARING_FRONTEND: {err}") from err
     try:
         settings.injection()
     except ValueError as err:

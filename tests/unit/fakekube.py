@@ -14,7 +14,7 @@ from dataclasses import replace
 
 from sharing.errors import KubeError
 from sharing.kube import ConfigMapObject, NodeObject, WatchEvent
-from sharing.model import BoundPod
+from sharing.model import BoundPod, ClaimAllocation
 
 # The API server's rules for metadata (k8s.io/apimachinery pkg/util/validation/validation.go:
 # IsQualifiedName, IsValidLabelValue; pkg/api/validation/objectmeta.go: TotalAnnotationSizeLimitB).
@@ -52,6 +52,7 @@ class FakeKube:
         """`namespace/pod` of each eviction asked for (drain mode)."""
         self.bound: tuple[BoundPod, ...] = ()
         """The pods bound to the node (none: the tests' pods exist only in the fake kubelet)."""
+        self.claims: tuple[ClaimAllocation, ...] = ()
         self._version = 1
         self._lock = threading.Lock()
         self._queues: dict[tuple[str, ...], queue.Queue[WatchEvent | None]] = {}
@@ -131,6 +132,10 @@ class FakeKube:
     def list_node_pods(self, node: str) -> tuple[BoundPod, ...]:
         self.requests += 1
         return self.bound
+
+    def list_pool_claims(self, driver: str, pool: str) -> tuple[ClaimAllocation, ...]:
+        self.requests += 1
+        return self.claims
 
     # --- plumbing -----------------------------------------------------------------------------
 
