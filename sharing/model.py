@@ -80,6 +80,12 @@ class Gpu:
     """The minor number of its device file, /dev/nvidia<minor> (nvmlDeviceGetMinorNumber)."""
     profiles: Product | None = None
     """The MIG profiles and placements the driver reports (None: no MIG, or not read)."""
+    pci_bus_id: str | None = None
+    """`0000:65:00.0`: NVML's busId as go-nvlib writes it (lower case, a 4-digit domain)."""
+    brand: str | None = None
+    """nvmlDeviceGetBrand as go-nvlib names it (`Nvidia`, `Tesla`); None when not read."""
+    architecture: str | None = None
+    """nvmlDeviceGetArchitecture as go-nvlib names it (`Ampere`, `Hopper`); None when not read."""
 
     @property
     def mig_devices(self) -> tuple[tuple[GpuInstance, ComputeInstance], ...]:

@@ -131,6 +131,7 @@ class nvmlPciInfo_t(ctypes.Structure):
     )
     pciDeviceId: int
     pciSubSystemId: int
+    busId: bytes
 
 
 class nvmlPciInfoExt_v1_t(ctypes.Structure):

@@ -206,6 +206,7 @@ class NvmlReader:
             pci_class=self.pci_class(handle),
             compute_capability=_capability(n.nvmlDeviceGetCudaComputeCapability(handle)),
             minor=n.nvmlDeviceGetMinorNumber(handle),
+            pci_bus_id=bus_id(pci.busId),
         )
         vgpu = self.virtual(handle)
         try:
@@ -262,6 +263,15 @@ class NvmlReader:
             if code(err) in (n.NVML_ERROR_NO_PERMISSION, n.NVML_ERROR_NOT_SUPPORTED):
                 return False
             raise
+
+
+def bus_id(raw: bytes | str) -> str | None:
+    """NVML's busId (`00000000:65:00.0`) as go-nvlib writes it (`0000:65:00.0`: lower case, the domain's
+    leading 4 zeros dropped; go-nvlib pkg/nvlib/device/device.go, GetPCIBusID); None when empty."""
+    text = (raw.decode("ascii", "replace") if isinstance(raw, bytes) else raw).split("\x00")[0].lower()
+    if len(text) > 4 and text[:4] == "0000" and text[8:9] == ":":
+        text = text[4:]
+    return text or None
 
 
 def _capability(value: tuple[int, int]) -> tuple[int, int] | None:

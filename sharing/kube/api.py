@@ -19,6 +19,10 @@ class NotFoundError(KubeError):
     """HTTP 404."""
 
 
+class ConflictError(KubeError):
+    """HTTP 409: the object changed since it was read (or already exists)."""
+
+
 class RefusedByBudgetError(KubeError):
     """HTTP 429 from the Eviction API: a PodDisruptionBudget does not allow it now."""
 
@@ -54,6 +58,80 @@ class ConfigMapObject:
 
 
 @dataclass(frozen=True, slots=True)
+class Version:
+    """A device attribute of type version (semver 2.0.0, as resource.k8s.io/v1 `DeviceAttribute.version`)."""
+
+    text: str
+
+
+AttributeValue = str | int | bool | Version
+"""A device attribute: `string`, `int`, `bool` or `version` in resource.k8s.io/v1 `DeviceAttribute`."""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestPolicy:
+    """How one allocation of a shared device consumes a capacity (`CapacityRequestPolicy`, a
+    `validRange`); quantities in the API server's canonical form."""
+
+    default: str
+    min: str
+    max: str | None = None
+    step: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Capacity:
+    """A device capacity (`DeviceCapacity`): its value in canonical form, its request policy."""
+
+    value: str
+    policy: RequestPolicy | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceTaint:
+    """A driver-set device taint (`DeviceTaint`; its `timeAdded` is the API server's to set)."""
+
+    key: str
+    value: str
+    effect: str
+    """None, NoSchedule or NoExecute."""
+
+
+@dataclass(frozen=True, slots=True)
+class SliceDevice:
+    """One device of a ResourceSlice (`spec.devices[]`); attributes and capacities sorted by name."""
+
+    name: str
+    attributes: tuple[tuple[str, AttributeValue], ...] = ()
+    capacity: tuple[tuple[str, Capacity], ...] = ()
+    taints: tuple[DeviceTaint, ...] = ()
+    allow_multiple_allocations: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SliceSpec:
+    """The spec of one ResourceSlice of a node-local pool (`spec.nodeName` set)."""
+
+    driver: str
+    node: str
+    pool: str
+    generation: int
+    slice_count: int
+    devices: tuple[SliceDevice, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceSliceObject:
+    """A ResourceSlice as the API server holds it."""
+
+    name: str
+    resource_version: str
+    spec: SliceSpec
+    owners: tuple[str, ...] = ()
+    """UIDs of its controller owner references."""
+
+
+@dataclass(frozen=True, slots=True)
 class WatchEvent:
     """One change seen by a watch: ADDED, MODIFIED or DELETED with the object after it, or BOOKMARK.
 
@@ -61,7 +139,7 @@ class WatchEvent:
     """
 
     kind: str
-    object: NodeObject | ConfigMapObject | None
+    object: NodeObject | ConfigMapObject | ResourceSliceObject | None
     resource_version: str = ""
 
 
@@ -97,4 +175,28 @@ class KubeClient(Protocol):
 
     def list_pool_claims(self, driver: str, pool: str) -> tuple[ClaimAllocation, ...]:
         """The ResourceClaims that have devices of this driver's pool allocated."""
+        ...
+
+    def list_resource_slices(self, driver: str, node: str) -> tuple[ResourceSliceObject, ...]:
+        """The ResourceSlices of `driver` on `node` (field selectors spec.driver and spec.nodeName)."""
+        ...
+
+    def create_resource_slice(self, spec: SliceSpec, owner: NodeObject) -> ResourceSliceObject:
+        """Create a ResourceSlice (generateName `<driver>-<node>-`, owned by the Node as controller)."""
+        ...
+
+    def update_resource_slice(
+        self, name: str, resource_version: str, spec: SliceSpec, owner: NodeObject
+    ) -> ResourceSliceObject:
+        """Replace a ResourceSlice's spec (optimistic: fails on a changed resource version)."""
+        ...
+
+    def delete_resource_slice(self, name: str) -> None:
+        """Delete a ResourceSlice; one already gone is no error."""
+        ...
+
+    def watch_resource_slices(
+        self, driver: str, node: str, resource_version: str, timeout_s: int
+    ) -> Iterator[WatchEvent]:
+        """Changes of the ResourceSlices of `driver` on `node` after `resource_version` (or from now)."""
         ...
