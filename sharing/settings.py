@@ -44,10 +44,10 @@ class Settings:
     """The node's path of the driver root, for the host paths of the CDI spec (NVIDIA's device plugin
     calls the two nvidiaDriverRoot and containerDriverRoot); None: the same as driver_root."""
     device_plugin_dir: Path = Path("/var/lib/kubelet/device-plugins")
-    dra_plugin_dir: Path = Path("/var/lib/kubelet/plugins")
-    """The kubelet's plugins dir: the DRA socket is <dir>/gpu.nvidia.com/dra.sock."""
-    plugins_registry_dir: Path = Path("/var/lib/kubelet/plugins_registry")
-    """Where the kubelet's plugin watcher looks for registration sockets."""
+    kubelet_plugins_dir: Path = Path("/var/lib/kubelet/plugins")
+    """The DRA front-end's socket and claim checkpoint go in <dir>/gpu.nvidia.com/."""
+    kubelet_registry_dir: Path = Path("/var/lib/kubelet/plugins_registry")
+    """Where the kubelet's plugin watcher looks for the DRA front-end's registration socket."""
     pod_resources_socket: Path = DEFAULT_POD_RESOURCES_SOCKET
     journal: Path = DEFAULT_JOURNAL
     kubeconfig: str | None = None
@@ -118,8 +118,10 @@ _OPTIONS: dict[str, str] = {
     "driver_root": "where the NVIDIA driver's files are (libnvidia-ml.so.1, /dev/nvidia*): / or its mount",
     "host_driver_root": "the node's path of the driver root, for CDI host paths (default: the driver root)",
     "device_plugin_dir": "the kubelet's device-plugin dir",
-    "dra_plugin_dir": "the kubelet's plugins dir (the DRA socket goes in <dir>/gpu.nvidia.com)",
-    "plugins_registry_dir": "the kubelet's plugin-registration dir",
+    "kubelet_plugins_dir": (
+        "the kubelet's plugins dir (the DRA socket and claim checkpoint go in <dir>/gpu.nvidia.com)"
+    ),
+    "kubelet_registry_dir": "the kubelet's plugin registry dir (the DRA registration socket)",
     "pod_resources_socket": "the PodResources socket",
     "journal": "journal of hardware steps (crash recovery)",
     "kubeconfig": "kubeconfig file (default: in-cluster)",

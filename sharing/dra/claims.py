@@ -1,63 +1,172 @@
-"""Which devices the claims allocated from our pool hold, as UUIDs the safe change protocol knows.
+"""What a ResourceClaim asks of this node: its allocated devices mapped to ours, its opaque config
+checked. Pure: a claim and the inventory in, devices or a `ClaimError` that says why out.
 
-A device allocated to a claim is held from the moment the scheduler writes the allocation, before
-any pod runs and before the kubelet prepares it: the scheduler has promised it to the claim
-(resource.k8s.io/v1 `ResourceClaim.status.allocation`; KEP-4381, "Allocation" and "Deallocation":
-only the resourceclaim controller's deallocation frees it). So every claim with an allocation result
-naming our driver and pool counts, prepared or not, whichever pod uses it.
+The kubelet hands the plugin only a claim's namespace, name and UID; the plugin reads the claim and
+uses the allocation results whose driver is its own (dra/v1 api.proto, NodePrepareResources; the Go
+helper, k8s.io/dynamic-resource-allocation kubeletplugin/draplugin.go). A result for our driver in
+another pool, or naming a device this node does not have, is refused: a device the hardware lacks is
+never handed out.
 
-Device names are those of `sharing.dra.names.device_name` (`gpu-0`, `gpu-0-mig-1`, `...-replica-2`),
-resolved against the GPUs as observed now. A name that resolves to nothing this node has (the MIG
-device it named is gone) holds its whole GPU: fail closed, the GPU is not re-shaped under it.
+Opaque config (`status.allocation.devices.config[].opaque` with our driver) is NVIDIA's
+`resource.nvidia.com/v1beta1` API, so a claim written for NVIDIA's DRA driver reads the same here
+(https://github.com/kubernetes-sigs/dra-driver-nvidia-gpu/blob/main/site/content/docs/reference/api.md):
+`GpuConfig` for whole GPUs, `MigDeviceConfig` for MIG devices, each with an optional `sharing`. How a
+GPU is shared on this node is the node's sharing config, not the claim's, so what would change it per
+claim (MPS, a time-slice interval) is refused with a message that says so, as is any field NVIDIA's
+strict decoder would refuse too (unknown keys).
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from sharing.model import ClaimAllocation, NodeState
+from sharing.devices import Device
+from sharing.dra.names import DRIVER
+from sharing.errors import PluginError
+from sharing.kube.api import AllocatedConfig, AllocatedDevice, ResourceClaimObject
+from sharing.text import bounded
 
-_NAME = re.compile(r"^gpu-(?P<gpu>\d+)(?:-mig-(?P<mig>\d+))?(?:-replica-(?P<replica>\d+))?$")
+CONFIG_API_VERSION = "resource.nvidia.com/v1beta1"
+GPU_CONFIG = "GpuConfig"
+MIG_CONFIG = "MigDeviceConfig"
+TIME_SLICING = "TimeSlicing"
+MPS = "MPS"
+
+
+class ClaimError(PluginError):
+    """A claim this node cannot prepare; the message goes to the kubelet, which puts it on the pod."""
 
 
 @dataclass(frozen=True, slots=True)
-class ClaimHold:
-    """One claim and the GPU and MIG device UUIDs its allocation holds."""
+class Chosen:
+    """An allocation result of our driver and the inventory device it names."""
 
-    namespace: str
-    name: str
-    pods: tuple[str, ...]
-    uuids: frozenset[str]
-
-    def describe(self) -> str:
-        """`claim ns/name` with the pods using it, for Events."""
-        used = f" (pod {', '.join(self.pods)})" if self.pods else " (no pod yet)"
-        return f"claim {self.namespace}/{self.name}{used}"
+    result: AllocatedDevice
+    device: Device
 
 
-def claim_holds(claims: Iterable[ClaimAllocation], node: NodeState) -> tuple[ClaimHold, ...]:
-    """Each claim with the UUIDs it holds on `node`."""
-    return tuple(
-        ClaimHold(c.namespace, c.name, c.pods, frozenset(u for d in c.devices for u in held_by(d, node)))
-        for c in claims
+def claim_ref(claim: ResourceClaimObject) -> str:
+    """`namespace/name` of the claim, as messages name it."""
+    return f"{claim.namespace}/{claim.name}"
+
+
+def select(claim: ResourceClaimObject, pool: str, devices: Mapping[str, Device]) -> tuple[Chosen, ...]:
+    """The claim's results for our driver, each with the device `devices` ({DRA name: device}) has.
+
+    ClaimError when the claim is not allocated, a result of our driver is for another pool, or it
+    names a device this node does not have.
+    """
+    if not claim.allocated:
+        raise ClaimError(f"claim {claim_ref(claim)} is not allocated yet (no status.allocation)")
+    chosen = []
+    for i, result in enumerate(claim.results):
+        if result.driver != DRIVER:
+            continue
+        where = f"claim {claim_ref(claim)}: status.allocation.devices.results[{i}]"
+        if result.pool != pool:
+            raise ClaimError(
+                f"{where}: device {bounded(result.device, 80)} of pool {bounded(result.pool, 80)} is not "
+                f"on this node (pool {pool})"
+            )
+        device = devices.get(result.device)
+        if device is None:
+            raise ClaimError(
+                f"{where}: device {bounded(result.device, 80)} is not one this node has now "
+                f"(it has {_listing(devices)}); the claim was allocated from an out-of-date ResourceSlice: "
+                "delete the claim (or its pod) so that it is allocated again"
+            )
+        chosen.append(Chosen(result, device))
+    return tuple(chosen)
+
+
+def check_config(claim: ResourceClaimObject, chosen: Sequence[Chosen]) -> None:
+    """ClaimError when an opaque config entry for our driver is not one this driver accepts."""
+    for i, config in enumerate(claim.config):
+        if config.driver != DRIVER:
+            continue
+        where = f"claim {claim_ref(claim)}: status.allocation.devices.config[{i}].opaque.parameters"
+        kind = _check_parameters(config.parameters, where)
+        for c in _applies_to(config, chosen):
+            is_mig = c.device.mig_uuid is not None
+            if config.requests and is_mig != (kind == MIG_CONFIG):
+                wanted, what = (MIG_CONFIG, "a MIG device") if is_mig else (GPU_CONFIG, "a whole GPU")
+                raise ClaimError(
+                    f"{where}: a {kind} for request {c.result.request!r}, whose device "
+                    f"{c.result.device} is {what}: use kind {wanted}"
+                )
+
+
+def _applies_to(config: AllocatedConfig, chosen: Sequence[Chosen]) -> Iterable[Chosen]:
+    """The results a config entry is for: all when it names no request; a request name also covers its
+    subrequests (`<request>/<subrequest>`, resource/v1 DeviceAllocationConfiguration.requests)."""
+    if not config.requests:
+        return chosen
+    return (
+        c
+        for c in chosen
+        if any(c.result.request == r or c.result.request.startswith(r + "/") for r in config.requests)
     )
 
 
-def held_by(device: str, node: NodeState) -> frozenset[str]:
-    """The UUIDs one allocated device name holds: its device, or its whole GPU when it names nothing
-    that exists (an unknown name that looks like no device of ours holds nothing: not our pool's)."""
-    found = _NAME.match(device)
-    if found is None:
-        return frozenset()
-    gpu = next((g for g in node.gpus if g.index == int(found["gpu"])), None)
-    if gpu is None:
-        return frozenset()
-    if found["mig"] is None:
-        return frozenset({gpu.uuid})
-    mig = int(found["mig"])
-    for _, ci in gpu.mig_devices:
-        if ci.mig_index == mig:
-            return frozenset({ci.uuid})
-    return frozenset({gpu.uuid, *(ci.uuid for _, ci in gpu.mig_devices)})
+def _check_parameters(parameters: Mapping[str, Any], where: str) -> str:
+    """The config's kind once its shape is one this driver accepts; ClaimError naming the field if not."""
+    api_version, kind = parameters.get("apiVersion"), parameters.get("kind")
+    if api_version != CONFIG_API_VERSION or kind not in (GPU_CONFIG, MIG_CONFIG):
+        raise ClaimError(
+            f"{where}: apiVersion {_shown(api_version)}, kind {_shown(kind)} is not a config of driver "
+            f"{DRIVER}: use apiVersion {CONFIG_API_VERSION} with kind {GPU_CONFIG} (whole GPUs) or "
+            f"{MIG_CONFIG} (MIG devices)"
+        )
+    _known(parameters, {"apiVersion", "kind", "sharing"}, where)
+    sharing = parameters.get("sharing")
+    if sharing is None:
+        return str(kind)
+    where = f"{where}.sharing"
+    if not isinstance(sharing, Mapping):
+        raise ClaimError(f"{where}: expected an object, got {_shown(sharing)}")
+    _known(sharing, {"strategy", "timeSlicingConfig", "mpsConfig"}, where)
+    strategy = sharing.get("strategy")
+    if strategy == MPS or "mpsConfig" in sharing:
+        raise ClaimError(
+            f"{where}: MPS is not chosen per claim on this driver: the node's sharing config decides how "
+            "its GPUs are shared; remove sharing (or use strategy TimeSlicing)"
+        )
+    if strategy != TIME_SLICING:
+        raise ClaimError(f"{where}.strategy: {_shown(strategy)} is not {TIME_SLICING} or {MPS}")
+    slicing = sharing.get("timeSlicingConfig")
+    if slicing is None:
+        return str(kind)
+    if kind == MIG_CONFIG:
+        raise ClaimError(f"{where}.timeSlicingConfig: a MIG device has no time-slice interval; remove it")
+    if not isinstance(slicing, Mapping):
+        raise ClaimError(f"{where}.timeSlicingConfig: expected an object, got {_shown(slicing)}")
+    _known(slicing, {"interval"}, f"{where}.timeSlicingConfig")
+    interval = slicing.get("interval", "Default")
+    if interval != "Default":
+        raise ClaimError(
+            f"{where}.timeSlicingConfig.interval: {_shown(interval)}: this driver leaves the time-slice "
+            "interval at the GPU driver's default; remove it or set it to Default"
+        )
+    return str(kind)
+
+
+def _known(obj: Mapping[str, Any], allowed: set[str], where: str) -> None:
+    unknown = sorted(str(k) for k in obj if k not in allowed)
+    if unknown:
+        raise ClaimError(
+            f"{where}: unknown field {bounded(unknown[0], 60)!r} (known: {', '.join(sorted(allowed))})"
+        )
+
+
+def _shown(value: object) -> str:
+    return "none" if value is None else bounded(repr(value), 80)
+
+
+def _listing(devices: Mapping[str, Device]) -> str:
+    names = sorted(devices)
+    if not names:
+        return "no devices"
+    shown = ", ".join(names[:8])
+    return shown + (f" and {len(names) - 8} more" if len(names) > 8 else "")

@@ -20,3 +20,37 @@ def device_name(device: Device) -> str:
     gpu, _, mig = device.index.partition(":")
     name = f"gpu-{gpu}" + (f"-mig-{mig}" if mig else "")
     return name if device.replica is None else f"{name}-replica-{device.replica}"
+
+
+CDI_KIND = f"k8s.{DRIVER}/claim"
+"""The CDI kind of the per-claim specs; device names are `<claim UID>-<device name>`, so a runtime's
+cached spec of a deleted claim never matches a new one (the Go helper's advice, k8s.io/
+dynamic-resource-allocation kubeletplugin/draplugin.go; NVIDIA's driver and dra-example-driver name
+theirs the same way)."""
+
+PLUGIN_TYPE = "DRAPlugin"
+"""PluginInfo.type of a DRA driver (k8s.io/kubelet pkg/apis/pluginregistration/v1/constants.go)."""
+DRA_SERVICE = "v1.DRAPlugin"
+"""The DRA service version the kubelet looks for in supported_versions (k8s.io/kubelet
+pkg/apis/dra/v1/types.go, DRAPluginService)."""
+HEALTH_SERVICE = "v1alpha1.DRAResourceHealth"
+"""The health service's gRPC name, which the Go helper adds to supported_versions when a driver serves
+it (k8s.io/dynamic-resource-allocation v0.36.3 kubeletplugin/draplugin.go)."""
+SUPPORTED_VERSIONS = (DRA_SERVICE, HEALTH_SERVICE)
+
+DRA_SOCKET = "dra.sock"
+"""The DRA service's socket, in `<kubelet plugins dir>/<driver>/` (the Go helper's default)."""
+REGISTRATION_SOCKET = f"{DRIVER}-reg.sock"
+"""The registration socket, in the kubelet's plugins_registry dir, which its plugin watcher watches."""
+CHECKPOINT = "claims.json"
+"""The checkpoint of prepared claims, beside the DRA socket."""
+
+
+def claim_cdi_name(claim_uid: str, device: str) -> str:
+    """The CDI device name of a claim's device (without the kind)."""
+    return f"{claim_uid}-{device}"
+
+
+def claim_cdi_file(claim_uid: str) -> str:
+    """The file name of a claim's CDI spec in the CDI spec directory."""
+    return f"{CDI_KIND.replace('/', '-')}_{claim_uid}.json"

@@ -15,10 +15,10 @@ from sharing.devices import APPLICATION_XIDS
 from sharing.errors import BackendError
 from sharing.gpu import nvml
 from sharing.gpu.backend import GpuBackend
-from sharing.gpu.cdi import build_spec, write_spec
+from sharing.gpu.cdi import build_named_spec, build_spec, write_spec
 from sharing.mig import Catalog
 
-__all__ = ["BACKENDS", "GpuBackend", "build_spec", "open_backend", "write_spec"]
+__all__ = ["BACKENDS", "GpuBackend", "build_named_spec", "build_spec", "open_backend", "write_spec"]
 
 BACKENDS = ("nvml",)
 

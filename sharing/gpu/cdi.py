@@ -57,24 +57,33 @@ def build_spec(
     None when there is no device: a spec without one is invalid ("invalid spec, no devices",
     pkg/cdi/spec.go in github.com/cncf-tags/container-device-interface), so none is written.
     """
-    entries: dict[str, dict[str, Any]] = {}
+    named: dict[str, Device] = {}
     for device in _physical(inventory):
-        name = device_name(device, ids)
-        if name in entries:
-            continue
-        entries[name] = {
+        named.setdefault(device_name(device, ids), device)
+    return build_named_spec(CDI_KIND, sorted(named.items()), node, files)
+
+
+def build_named_spec(
+    kind: str, devices: Iterable[tuple[str, Device]], node: NodeState, files: DeviceFiles
+) -> dict[str, Any] | None:
+    """A spec of `kind` with one entry per (CDI device name, device), in the order given, and the
+    driver's common files; None when there is no device (a spec without one is invalid)."""
+    entries = [
+        {
             "name": name,
             "containerEdits": {
                 "env": [f"{DEVICE_ENV}{_env_suffix(name)}={device.uuid}"],
                 "deviceNodes": [_node(f) for f in _files(device, node, files)],
             },
         }
+        for name, device in devices
+    ]
     if not entries:
         return None
     return {
         "cdiVersion": CDI_VERSION,
-        "kind": CDI_KIND,
-        "devices": [entries[n] for n in sorted(entries)],
+        "kind": kind,
+        "devices": entries,
         "containerEdits": {
             "env": list(COMMON_ENV),
             "deviceNodes": [_node(f) for f in files.common()],
@@ -83,9 +92,9 @@ def build_spec(
     }
 
 
-def write_spec(directory: Path, spec: dict[str, Any] | None) -> bool:
+def write_spec(directory: Path, spec: dict[str, Any] | None, file_name: str = SPEC_FILE) -> bool:
     """Write the spec atomically (None removes it); True when the file changed."""
-    path = directory / SPEC_FILE
+    path = directory / file_name
     if spec is None:
         try:
             path.unlink()
@@ -99,7 +108,7 @@ def write_spec(directory: Path, spec: dict[str, Any] | None) -> bool:
     except OSError:
         pass
     directory.mkdir(parents=True, exist_ok=True)
-    tmp = directory / f".{SPEC_FILE}.tmp"
+    tmp = directory / f".{file_name}.tmp"
     with open(tmp, "w", encoding="utf-8") as out:
         out.write(text)
         out.flush()

@@ -13,7 +13,7 @@ from collections import Counter as Tally
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, Info, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -56,6 +56,17 @@ class Metrics:
             PREFIX + "xid_errors", "Critical XID errors the driver reported, by GPU.", ["gpu", "xid"],
             registry=self.registry,
         )  # fmt: skip
+        self.dra_prepared_claims = Gauge(
+            PREFIX + "dra_prepared_claims",
+            "ResourceClaims prepared on the node by the DRA front-end (in its checkpoint).",
+            registry=self.registry,
+        )
+        self.dra_prepare_seconds = Histogram(
+            PREFIX + "dra_prepare_duration_seconds",
+            "Time of one claim's NodePrepareResources, failed or not: read the claim, CDI spec, checkpoint.",
+            buckets=_SECONDS,
+            registry=self.registry,
+        )
         Info(PREFIX + "build", "The agent's version.", registry=self.registry).info({"version": version})
         self._state = _State()
         self.registry.register(self._state)
@@ -64,6 +75,14 @@ class Metrics:
         """The node's state for the next scrape (the status document and plugin registrations)."""
         self._state.status = status
         self._state.plugins = tuple(plugins)
+
+    def prepared_claims(self, count: int) -> None:
+        """The DRA front-end's claims prepared now (a `sharing.dra.Recorder`)."""
+        self.dra_prepared_claims.set(count)
+
+    def prepare_seconds(self, seconds: float) -> None:
+        """The time of one claim's prepare (a `sharing.dra.Recorder`)."""
+        self.dra_prepare_seconds.observe(seconds)
 
     def render(self) -> bytes:
         """The text exposition format (blocking: call it off the event loop)."""

@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from sharing.devices import REPLICA_SEPARATOR, Inventory, forms
-from sharing.dra.claims import ClaimHold
+from sharing.dra.holds import ClaimHold
 from sharing.errors import SharingError
 from sharing.model import BoundPod, Holding, Listing, NodeState
 from sharing.text import bounded, listed

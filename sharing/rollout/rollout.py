@@ -37,7 +37,7 @@ import structlog
 from sharing.config import Frontend, SharingConfig
 from sharing.deviceplugin import Fleet
 from sharing.devices import ENVVAR_BY_UUID, Health, Injection, Inventory, build_inventory, reformed, withdraw
-from sharing.dra.claims import claim_holds
+from sharing.dra.holds import claim_holds
 from sharing.errors import PluginError, SharingError
 from sharing.gpu import GpuBackend, build_spec, write_spec
 from sharing.kubelet import recorded_allocations

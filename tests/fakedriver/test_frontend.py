@@ -232,14 +232,14 @@ async def test_switching_withdraws_the_old_front_end_first_and_waits_for_its_cla
     assert {GPU: 0} == dual.kubelet.allocatable()  # never both: the plugins are gone
     assert (dual.agent.settings.journal.with_name("frontend")).read_text() == "dra\n"
     # Back: a claim still allocated a device holds the switch (and nothing is offered meanwhile).
-    dual.kube.claims = (ClaimAllocation("ml", "trainer", "u1", ("gpu-0-replica-0",), ("ml/trainer-0",)),)
+    dual.kube.pool_claims = (ClaimAllocation("ml", "trainer", "u1", ("gpu-0-replica-0",), ("ml/trainer-0",)),)
     dual.kube.label(**{FRONTEND: "deviceplugin"})
     waits = await events(dual, "FrontendSwitchBlocked")
     assert "claim ml/trainer (pod ml/trainer-0)" in waits[0]
     assert dual.slices.withdrawn  # the slices are deleted first
     assert 0 == dual.slices.devices()
     assert {GPU: 0} == dual.kubelet.allocatable()
-    dual.kube.claims = ()
+    dual.kube.pool_claims = ()
     await events(dual, "FrontendSwitched", 2)
     await dual.kubelet.wait(lambda: dual.kubelet.allocatable() == {GPU: 2}, timeout=10)
     assert not dual.slices.running

@@ -13,7 +13,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import replace
 
 from sharing.errors import KubeError
-from sharing.kube import ConfigMapObject, NodeObject, WatchEvent
+from sharing.kube import ConfigMapObject, NodeObject, NotFoundError, WatchEvent
+from sharing.kube.api import ResourceClaimObject
 from sharing.model import BoundPod, ClaimAllocation
 
 # The API server's rules for metadata (k8s.io/apimachinery pkg/util/validation/validation.go:
@@ -52,7 +53,10 @@ class FakeKube:
         """`namespace/pod` of each eviction asked for (drain mode)."""
         self.bound: tuple[BoundPod, ...] = ()
         """The pods bound to the node (none: the tests' pods exist only in the fake kubelet)."""
-        self.claims: tuple[ClaimAllocation, ...] = ()
+        self.claims: dict[tuple[str, str], ResourceClaimObject] = {}
+        """ResourceClaims by (namespace, name)."""
+        self.pool_claims: tuple[ClaimAllocation, ...] = ()
+        """What list_pool_claims answers: the claims allocated devices of our pool."""
         self._version = 1
         self._lock = threading.Lock()
         self._queues: dict[tuple[str, ...], queue.Queue[WatchEvent | None]] = {}
@@ -135,7 +139,14 @@ class FakeKube:
 
     def list_pool_claims(self, driver: str, pool: str) -> tuple[ClaimAllocation, ...]:
         self.requests += 1
-        return self.claims
+        return self.pool_claims
+
+    def get_resource_claim(self, namespace: str, name: str) -> ResourceClaimObject:
+        self.requests += 1
+        claim = self.claims.get((namespace, name))
+        if claim is None:
+            raise NotFoundError(f"read resourceclaim {namespace}/{name}: HTTP 404 Not Found")
+        return claim
 
     # --- plumbing -----------------------------------------------------------------------------
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sharing.config import FRONTEND_LABEL, Frontend, FrontendChoice, choose_frontend
-from sharing.dra.claims import ClaimHold, claim_holds
+from sharing.dra.holds import ClaimHold, claim_holds
 from sharing.model import ClaimAllocation, ComputeInstance, Gpu, GpuInstance, GpuUuid, MigUuid, NodeState
 from sharing.rollout.holders import Holders
 

@@ -1,0 +1,223 @@
+"""The DRA front-end's checkpoint: the claims prepared on this node, kept on disk between prepare and
+unprepare.
+
+The kubelet may call NodeUnprepareResources in another process than the one that prepared the claim
+(an agent restart, a rolling update), after the claim and its pod are gone from the API server, and
+it retries both calls after its own restarts; the Go helper says to keep such a checkpoint
+(https://github.com/kubernetes/dynamic-resource-allocation/blob/master/kubeletplugin/draplugin.go,
+"NodeUnprepareResources"). The devices a prepared claim holds count as held for every change of the
+GPUs, so losing this file would let a change destroy a device in use: it is written atomically
+(temp file, fsync, rename) and read strictly. A file that is not what this code writes is an error
+that names the file and is left where it is for a person to look at, never overwritten (the claims it
+lists would be forgotten) and never half-trusted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sharing.errors import SharingError
+from sharing.store.files import NotAFileError, read_capped
+from sharing.text import bounded
+
+VERSION = 1
+MAX_BYTES = 8 << 20
+"""A node prepares a few hundred claims at most (256 pods per claim, a few devices each)."""
+
+
+class CheckpointError(SharingError):
+    """The checkpoint cannot be read or written."""
+
+
+class CheckpointCorruptError(CheckpointError):
+    """The checkpoint holds what this code never writes; nothing in it is trusted."""
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedDevice:
+    """One device of a prepared claim: the allocation result, the device it maps to, its CDI names."""
+
+    requests: tuple[str, ...]
+    pool: str
+    device: str
+    """The DRA device name in the pool (`gpu-0`, `gpu-0-mig-1`, `...-replica-<n>`)."""
+    uuid: str
+    """The UUID a container gets (MIG UUID for a MIG device), what the rollout counts as held."""
+    gpu_uuid: str
+    cdi_ids: tuple[str, ...]
+    share_id: str | None = None
+    admin_access: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedPod:
+    """A pod the claim was reserved for when it was prepared."""
+
+    name: str
+    uid: str
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedClaim:
+    """A claim prepared on this node."""
+
+    namespace: str
+    name: str
+    uid: str
+    devices: tuple[PreparedDevice, ...]
+    pods: tuple[PreparedPod, ...] = ()
+
+
+class ClaimCheckpoint:
+    """The checkpoint file; `path` need not exist (then no claim is prepared)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+
+    def load(self) -> dict[str, PreparedClaim]:
+        """{claim UID: claim}; empty when the file does not exist.
+
+        CheckpointCorruptError when the file is not a checkpoint, CheckpointError when it cannot be read.
+        """
+        try:
+            raw = read_capped(self.path, MAX_BYTES)
+        except NotAFileError as err:
+            raise self._corrupt(str(err)) from None
+        except OSError as err:
+            raise CheckpointError(
+                f"cannot read the DRA claim checkpoint {self.path}: {err.strerror}"
+            ) from err
+        if raw is None:
+            return {}
+        try:
+            return _parse(raw)
+        except KeyError as err:
+            raise self._corrupt(f"missing {bounded(str(err), 60)}") from None
+        except (ValueError, TypeError, AttributeError) as err:
+            raise self._corrupt(bounded(str(err) or type(err).__name__, 200)) from None
+
+    def save(self, claims: Mapping[str, PreparedClaim]) -> None:
+        """Replace the file with `claims`, atomically; CheckpointError when it cannot be written."""
+        body = {"version": VERSION, "claims": {uid: _claim_json(c) for uid, c in sorted(claims.items())}}
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "w", encoding="utf-8") as out:
+                out.write(json.dumps(body, indent=1, sort_keys=True) + "\n")
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, self.path)  # a crash leaves the old checkpoint or the new one
+            fd = os.open(self.path.parent, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as err:
+            raise CheckpointError(
+                f"cannot write the DRA claim checkpoint {self.path}: {err.strerror}"
+            ) from err
+
+    def _corrupt(self, why: str) -> CheckpointCorruptError:
+        return CheckpointCorruptError(
+            f"the DRA claim checkpoint {self.path} is not one this agent writes ({why}); no claim is "
+            "prepared or counted free until a person looks at it: move it away once no pod on this "
+            "node uses a claim (`kubectl get resourceclaims -A`), and the agent starts afresh"
+        )
+
+
+def _claim_json(claim: PreparedClaim) -> dict[str, Any]:
+    return {
+        "namespace": claim.namespace,
+        "name": claim.name,
+        "devices": [
+            {
+                "requests": list(d.requests),
+                "pool": d.pool,
+                "device": d.device,
+                "uuid": d.uuid,
+                "gpuUUID": d.gpu_uuid,
+                "cdiDeviceIDs": list(d.cdi_ids),
+                "shareID": d.share_id,
+                "adminAccess": d.admin_access,
+            }
+            for d in claim.devices
+        ],
+        "pods": [{"name": p.name, "uid": p.uid} for p in claim.pods],
+    }
+
+
+def _parse(raw: bytes) -> dict[str, PreparedClaim]:
+    if len(raw) > MAX_BYTES:
+        raise ValueError(f"larger than {MAX_BYTES} bytes")
+    try:
+        value = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise ValueError(f"not UTF-8 text at byte {err.start}") from None
+    value = _dict(value, "the file")
+    if value.get("version") != VERSION:
+        raise ValueError(f"version {bounded(repr(value.get('version')), 20)}, expected {VERSION}")
+    claims = {}
+    for uid, raw_entry in _dict(value["claims"], "claims").items():
+        where = f"claims.{bounded(uid, 60)}"
+        entry = _dict(raw_entry, where)
+        devices = tuple(
+            _device(_dict(d, f"{where}.devices[{i}]"), f"{where}.devices[{i}]")
+            for i, d in enumerate(_list(entry["devices"], f"{where}.devices"))
+        )
+        pods = tuple(
+            PreparedPod(_str(p, "name", where), _str(p, "uid", where))
+            for p in (_dict(x, f"{where}.pods") for x in _list(entry["pods"], f"{where}.pods"))
+        )
+        namespace, name = _str(entry, "namespace", where), _str(entry, "name", where)
+        claims[uid] = PreparedClaim(namespace, name, uid, devices, pods)
+    return claims
+
+
+def _device(d: dict[str, Any], where: str) -> PreparedDevice:
+    share = d["shareID"]
+    if share is not None and not isinstance(share, str):
+        raise TypeError(f"{where}.shareID is not a string")
+    admin = d["adminAccess"]
+    if not isinstance(admin, bool):
+        raise TypeError(f"{where}.adminAccess is not a boolean")
+    return PreparedDevice(
+        requests=_strs(d["requests"], f"{where}.requests"),
+        pool=_str(d, "pool", where),
+        device=_str(d, "device", where),
+        uuid=_str(d, "uuid", where),
+        gpu_uuid=_str(d, "gpuUUID", where),
+        cdi_ids=_strs(d["cdiDeviceIDs"], f"{where}.cdiDeviceIDs"),
+        share_id=share,
+        admin_access=admin,
+    )
+
+
+def _dict(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise TypeError(f"{where} is not an object")
+    return value
+
+
+def _list(value: Any, where: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise TypeError(f"{where} is not a list")
+    return value
+
+
+def _str(obj: dict[str, Any], key: str, where: str) -> str:
+    value = obj[key]
+    if not isinstance(value, str):
+        raise TypeError(f"{where}.{key} is not a string")
+    return value
+
+
+def _strs(value: Any, where: str) -> tuple[str, ...]:
+    items = _list(value, where)
+    if not all(isinstance(x, str) for x in items):
+        raise TypeError(f"{where} holds something other than strings")
+    return tuple(items)

@@ -1,0 +1,431 @@
+"""The DRA kubelet plugin over its real unix sockets, with claims in a real kube-apiserver.
+
+A gRPC client plays the kubelet: it dials the registration socket the plugin watcher would find,
+calls GetInfo and NotifyRegistrationStatus, dials the endpoint GetInfo names and calls
+NodePrepareResources / NodeUnprepareResources / NodeWatchResources there. Claims are created in the
+API server and allocated the way the scheduler allocates them: `status.allocation` written through
+the status subresource. The plugin reads them with the agent's own ServiceAccount and RBAC (deploy/).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import lab
+import pytest
+
+from sharing.config.spec import MigStrategy, Replicas, Rule, Selector, SharingConfig
+from sharing.devices.inventory import HealthState, Inventory, build_inventory
+from sharing.dra import DraPaths, DraPlugin
+from sharing.dra.names import DRIVER
+from sharing.gpu.devfiles import DriverFiles
+from sharing.kube import ApiClient
+from sharing.kubelet.api import dra_v1_pb2 as dra
+from sharing.kubelet.api import dra_v1_pb2_grpc as dra_grpc
+from sharing.kubelet.api import drahealth_v1alpha1_pb2 as health
+from sharing.kubelet.api import drahealth_v1alpha1_pb2_grpc as health_grpc
+from sharing.kubelet.api import pluginregistration_v1_pb2 as reg
+from sharing.kubelet.api import pluginregistration_v1_pb2_grpc as reg_grpc
+from sharing.model import ComputeInstance, Gpu, GpuInstance, GpuUuid, HealthEvent, MigUuid, NodeState
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+A100 = "NVIDIA A100-SXM4-40GB"
+GPU0, GPU1 = (
+    GpuUuid("GPU-00000000-0000-0000-0000-000000000000"),
+    GpuUuid("GPU-11111111-0000-0000-0000-000000000000"),
+)
+MIG_A = MigUuid("MIG-aaaaaaaa-0000-0000-0000-000000000000")
+# GPU 0 in MIG mode with one 3g.20gb (MIG device 0:0), GPU 1 whole and time-sliced twice.
+NODE = NodeState(
+    (
+        Gpu(
+            0, GPU0, A100, 40960, True, True, True, minor=0,
+            instances=(GpuInstance(1, "3g.20gb", 0, 4, (ComputeInstance(0, MIG_A, mig_index=0),)),),
+        ),
+        Gpu(1, GPU1, A100, 40960, True, False, False, minor=1),
+    )
+)  # fmt: skip
+CONFIG = SharingConfig(
+    name="it",
+    mig_strategy=MigStrategy.MIXED,
+    rules=(Rule(devices=Selector(all=True), replicas=Replicas(default=1, per_device_kind=(("gpu", 2),))),),
+)
+CDI_KIND = "k8s.gpu.nvidia.com/claim"
+AGENT_NAMESPACE = "gpu-sharing"
+
+
+@dataclass
+class Node:
+    """What the plugin serves: the inventory it is handed, changed by the test."""
+
+    inventory: Inventory
+
+
+@pytest.fixture(scope="module")
+def agent_kubeconfig(control_plane: lab.ControlPlane) -> Path:
+    """The agent's ServiceAccount with the chart's RBAC (deploy/), as its DaemonSet pod has it."""
+    for manifest in ("00-namespace.yaml", "10-rbac.yaml"):
+        control_plane.kubectl("apply", "-f", str(REPO / "deploy" / manifest), check=True)
+    token = control_plane.kubectl(
+        "create", "token", "gpu-sharing", "-n", AGENT_NAMESPACE, "--duration=1h", check=True
+    ).stdout.strip()
+    return control_plane.token_kubeconfig(token, "dra-agent")
+
+
+@pytest.fixture
+def namespace(control_plane: lab.ControlPlane) -> Iterator[str]:
+    name = f"dra-{uuid.uuid4().hex[:8]}"
+    control_plane.kubectl("create", "namespace", name, check=True)
+    yield name
+    control_plane.kubectl("delete", "namespace", name, "--wait=false")
+
+
+@pytest.fixture
+def driver_root(tmp_path: Path) -> Path:
+    """The driver's files as a node has them (device nodes, a library, nvidia-smi)."""
+    root = tmp_path / "driver"
+    for rel in ("dev/nvidiactl", "dev/nvidia-uvm", "dev/nvidia0", "dev/nvidia1", "usr/bin/nvidia-smi"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text("")
+    (root / "usr/bin/nvidia-smi").chmod(0o755)
+    lib = root / "usr/lib/x86_64-linux-gnu"
+    lib.mkdir(parents=True)
+    (lib / "libnvidia-ml.so.580.65.06").write_text("\x7fELF")
+    (lib / "libnvidia-ml.so.1").symlink_to("libnvidia-ml.so.580.65.06")
+    return root
+
+
+@dataclass
+class Setup:
+    node_name: str
+    paths: DraPaths
+    cdi: Path
+    files: DriverFiles
+    kube: ApiClient
+    node: Node
+
+    def plugin(self) -> DraPlugin:
+        return DraPlugin(
+            node_name=self.node_name,
+            claims=self.kube,
+            inventory=lambda: self.node.inventory,
+            node=lambda: NODE,
+            files=self.files,
+            cdi_dir=self.cdi,
+            paths=self.paths,
+            health_resend_s=0.5,
+        )
+
+
+@pytest.fixture
+def setup(tmp_path: Path, agent_kubeconfig: Path, driver_root: Path) -> Iterator[Setup]:
+    kube = ApiClient(str(agent_kubeconfig))
+    yield Setup(
+        node_name=f"node-{uuid.uuid4().hex[:6]}",
+        paths=DraPaths(plugins_dir=tmp_path / "plugins", registry_dir=tmp_path / "plugins_registry"),
+        cdi=tmp_path / "cdi",
+        files=DriverFiles(driver_root),
+        kube=kube,
+        node=Node(build_inventory(NODE, CONFIG)),
+    )
+    kube.close()
+
+
+@pytest.fixture
+async def plugin(setup: Setup) -> AsyncIterator[DraPlugin]:
+    plugin = setup.plugin()
+    await plugin.start()
+    yield plugin
+    await plugin.stop()
+
+
+class Kubelet:
+    """The kubelet's side of the sockets: the plugin watcher, then the DRA manager."""
+
+    def __init__(self, paths: DraPaths) -> None:
+        self.paths = paths
+
+    async def register(self) -> reg.PluginInfo:
+        async with grpc.aio.insecure_channel(f"unix://{self.paths.registration_socket}") as channel:
+            stub = reg_grpc.RegistrationStub(channel)
+            info: reg.PluginInfo = await stub.GetInfo(reg.InfoRequest(), timeout=5)
+            await stub.NotifyRegistrationStatus(reg.RegistrationStatus(plugin_registered=True), timeout=5)
+        return info
+
+    async def prepare(self, *claims: dict[str, Any]) -> dict[str, Any]:
+        async with grpc.aio.insecure_channel(f"unix://{self.paths.dra_socket}") as channel:
+            answer = await dra_grpc.DRAPluginStub(channel).NodePrepareResources(
+                dra.NodePrepareResourcesRequest(claims=[_claim(c) for c in claims]), timeout=10
+            )
+        return {
+            uid: {
+                "error": r.error,
+                "devices": [
+                    (list(d.request_names), d.pool_name, d.device_name, list(d.cdi_device_ids))
+                    for d in r.devices
+                ],
+            }
+            for uid, r in answer.claims.items()
+        }
+
+    async def unprepare(self, *claims: dict[str, Any]) -> dict[str, str]:
+        async with grpc.aio.insecure_channel(f"unix://{self.paths.dra_socket}") as channel:
+            answer = await dra_grpc.DRAPluginStub(channel).NodeUnprepareResources(
+                dra.NodeUnprepareResourcesRequest(claims=[_claim(c) for c in claims]), timeout=10
+            )
+        return {uid: r.error for uid, r in answer.claims.items()}
+
+
+def _claim(obj: dict[str, Any]) -> dra.Claim:
+    meta = obj["metadata"]
+    return dra.Claim(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
+
+
+def kubectl_json(cp: lab.ControlPlane, *args: str, input: str | None = None) -> Any:
+    done = cp.kubectl(*args, "-o", "json", input=input)
+    assert 0 == done.returncode, done.stderr
+    return json.loads(done.stdout)
+
+
+def make_claim(
+    cp: lab.ControlPlane,
+    namespace: str,
+    name: str,
+    results: list[dict[str, str]],
+    *,
+    requests: tuple[str, ...] = ("gpu",),
+    config: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """A claim, then its allocation written as the scheduler writes it (status subresource)."""
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "devices": {
+                "requests": [{"name": r, "exactly": {"deviceClassName": "gpu.nvidia.com"}} for r in requests]
+            }
+        },
+    }
+    kubectl_json(cp, "create", "-f", "-", input=json.dumps(claim))
+    status = {
+        "status": {
+            "allocation": {
+                "devices": {"results": results, **({"config": config} if config else {})},
+            }
+        }
+    }
+    return kubectl_json(
+        cp, "patch", "resourceclaim", name, "-n", namespace, "--subresource=status", "--type=merge",
+        "-p", json.dumps(status),
+    )  # fmt: skip
+
+
+def result(node: str, device: str, request: str = "gpu", driver: str = DRIVER) -> dict[str, str]:
+    return {"request": request, "driver": driver, "pool": node, "device": device}
+
+
+def spec_of(setup: Setup, uid: str) -> dict[str, Any]:
+    return dict(json.loads((setup.cdi / f"k8s.gpu.nvidia.com-claim_{uid}.json").read_text()))
+
+
+def devices_in(spec: dict[str, Any]) -> dict[str, list[str]]:
+    """{CDI device name: its env} of a spec."""
+    return {d["name"]: d["containerEdits"]["env"] for d in spec["devices"]}
+
+
+def specs(setup: Setup) -> list[str]:
+    return sorted(p.name for p in setup.cdi.glob("*.json")) if setup.cdi.exists() else []
+
+
+# ---- registration -------------------------------------------------------------------------
+
+
+async def test_registers_as_a_dra_plugin(setup: Setup, plugin: DraPlugin) -> None:
+    info = await Kubelet(setup.paths).register()
+    assert ("DRAPlugin", DRIVER, str(setup.paths.dra_socket)) == (info.type, info.name, info.endpoint)
+    assert ["v1.DRAPlugin", "v1alpha1.DRAResourceHealth"] == list(info.supported_versions)
+    assert setup.paths.registration_socket == setup.paths.registry_dir / "gpu.nvidia.com-reg.sock"
+    assert (True, "") == (plugin.registration.registered, plugin.registration.error)
+
+
+async def test_stop_removes_both_sockets(setup: Setup, plugin: DraPlugin) -> None:
+    await plugin.stop()
+    assert (False, False) == (setup.paths.registration_socket.exists(), setup.paths.dra_socket.exists())
+
+
+# ---- prepare / unprepare ------------------------------------------------------------------
+
+
+async def test_prepare_writes_a_cdi_spec_per_claim_and_unprepare_removes_it(
+    control_plane: lab.ControlPlane, namespace: str, setup: Setup, plugin: DraPlugin
+) -> None:
+    node = setup.node_name
+    mig = make_claim(control_plane, namespace, "mig", [result(node, "gpu-0-mig-0")])
+    shared = make_claim(
+        control_plane, namespace, "shared",
+        [result(node, "gpu-1-replica-0", "a"), result(node, "gpu-1-replica-1", "b")], requests=("a", "b"),
+    )  # fmt: skip
+    mig_uid, shared_uid = mig["metadata"]["uid"], shared["metadata"]["uid"]
+    kubelet = Kubelet(setup.paths)
+
+    answer = await kubelet.prepare(mig, shared)
+
+    assert {
+        mig_uid: {
+            "error": "",
+            "devices": [(["gpu"], node, "gpu-0-mig-0", [f"{CDI_KIND}={mig_uid}-gpu-0-mig-0"])],
+        },
+        shared_uid: {
+            "error": "",
+            "devices": [
+                (["a"], node, "gpu-1-replica-0", [f"{CDI_KIND}={shared_uid}-gpu-1-replica-0"]),
+                (["b"], node, "gpu-1-replica-1", [f"{CDI_KIND}={shared_uid}-gpu-1-replica-1"]),
+            ],
+        },
+    } == answer
+    spec = spec_of(setup, mig_uid)
+    assert (
+        CDI_KIND,
+        {
+            f"{mig_uid}-gpu-0-mig-0": [
+                f"GPU_SHARING_DEVICE_{mig_uid.upper().replace('-', '_')}_GPU_0_MIG_0={MIG_A}"
+            ]
+        },
+    ) == (
+        spec["kind"],
+        devices_in(spec),
+    )
+    assert ["/dev/nvidia0"] == [n["path"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"]]
+    assert {f"{shared_uid}-gpu-1-replica-0", f"{shared_uid}-gpu-1-replica-1"} == set(
+        devices_in(spec_of(setup, shared_uid))
+    )
+    assert [
+        (namespace, "mig", mig_uid, (str(MIG_A),)),
+        (namespace, "shared", shared_uid, (GPU1, GPU1)),
+    ] == sorted(
+        (c.namespace, c.name, c.uid, tuple(d.uuid for d in c.devices)) for c in plugin.prepared().claims
+    )
+
+    assert {mig_uid: "", shared_uid: ""} == await kubelet.unprepare(mig, shared)
+    assert [] == specs(setup)
+    assert () == plugin.prepared().claims
+
+
+async def test_prepare_and_unprepare_are_idempotent(
+    control_plane: lab.ControlPlane, namespace: str, setup: Setup, plugin: DraPlugin
+) -> None:
+    claim = make_claim(control_plane, namespace, "c", [result(setup.node_name, "gpu-1-replica-0")])
+    uid = claim["metadata"]["uid"]
+    kubelet = Kubelet(setup.paths)
+    first = await kubelet.prepare(claim)
+    assert first == await kubelet.prepare(claim)
+    assert [f"k8s.gpu.nvidia.com-claim_{uid}.json"] == specs(setup)
+    assert 1 == len(plugin.prepared().claims)
+    assert {uid: ""} == await kubelet.unprepare(claim)
+    assert {uid: ""} == await kubelet.unprepare(claim)
+    assert ([], ()) == (specs(setup), plugin.prepared().claims)
+
+
+async def test_a_restart_between_prepare_and_unprepare_loses_nothing(
+    control_plane: lab.ControlPlane, namespace: str, setup: Setup, plugin: DraPlugin
+) -> None:
+    claim = make_claim(control_plane, namespace, "c", [result(setup.node_name, "gpu-0-mig-0")])
+    uid = claim["metadata"]["uid"]
+    before = await Kubelet(setup.paths).prepare(claim)
+    await plugin.stop()
+
+    again = setup.plugin()
+    await again.start()
+    try:
+        assert [(namespace, "c", uid)] == [(c.namespace, c.name, c.uid) for c in again.prepared().claims]
+        assert before == await Kubelet(setup.paths).prepare(claim)  # the kubelet's retry after its restart
+        # The claim and its pod are gone before the unprepare comes: the checkpoint is enough.
+        control_plane.kubectl("delete", "resourceclaim", "c", "-n", namespace, "--wait=true", check=True)
+        assert {uid: ""} == await Kubelet(setup.paths).unprepare(claim)
+        assert ([], ()) == (specs(setup), again.prepared().claims)
+    finally:
+        await again.stop()
+
+
+async def test_bad_claims_fail_alone_with_a_clear_error(
+    control_plane: lab.ControlPlane, namespace: str, setup: Setup, plugin: DraPlugin
+) -> None:
+    node = setup.node_name
+    good = make_claim(control_plane, namespace, "good", [result(node, "gpu-1-replica-0")])
+    missing_device = make_claim(control_plane, namespace, "gone", [result(node, "gpu-7")])
+    other_pool = make_claim(control_plane, namespace, "elsewhere", [result("node-other", "gpu-0")])
+    mps = make_claim(
+        control_plane, namespace, "mps", [result(node, "gpu-1-replica-1")],
+        config=[{"source": "FromClaim", "requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": {
+            "apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": {"strategy": "MPS"},
+        }}}],
+    )  # fmt: skip
+    not_there = {"metadata": {"namespace": namespace, "name": "never-made", "uid": str(uuid.uuid4())}}
+    wrong_uid = {"metadata": {**good["metadata"], "name": "good", "uid": str(uuid.uuid4())}}
+
+    answer = await Kubelet(setup.paths).prepare(good, missing_device, other_pool, mps, not_there, wrong_uid)
+
+    errors = {uid: a["error"] for uid, a in answer.items()}
+    assert "" == errors[good["metadata"]["uid"]]
+    assert (
+        f"claim {namespace}/gone: status.allocation.devices.results[0]: device gpu-7 is not one this node "
+        "has now (it has gpu-0-mig-0, gpu-1-replica-0, gpu-1-replica-1); the claim was allocated from an "
+        "out-of-date ResourceSlice: delete the claim (or its pod) so that it is allocated again"
+    ) == errors[missing_device["metadata"]["uid"]]
+    assert (
+        f"claim {namespace}/elsewhere: status.allocation.devices.results[0]: device gpu-0 of pool node-other "
+        f"is not on this node (pool {node})"
+    ) == errors[other_pool["metadata"]["uid"]]
+    assert errors[mps["metadata"]["uid"]].startswith(
+        f"claim {namespace}/mps: status.allocation.devices.config[0].opaque.parameters.sharing: MPS is not "
+        "chosen per claim on this driver"
+    )
+    assert (
+        f"claim {namespace}/never-made does not exist in the API server"
+        == errors[not_there["metadata"]["uid"]]
+    )
+    assert (
+        f"claim {namespace}/good: the kubelet asks for UID {wrong_uid['metadata']['uid']}, the API server "
+        f"has UID {good['metadata']['uid']} (the claim was deleted and made again)"
+    ) == errors[wrong_uid["metadata"]["uid"]]
+    assert [good["metadata"]["uid"]] == [c.uid for c in plugin.prepared().claims]
+    assert [f"k8s.gpu.nvidia.com-claim_{good['metadata']['uid']}.json"] == specs(setup)
+
+
+# ---- health ---------------------------------------------------------------------------------
+
+
+async def test_health_streams_every_device_and_follows_the_overlay(setup: Setup, plugin: DraPlugin) -> None:
+    async with grpc.aio.insecure_channel(f"unix://{setup.paths.dra_socket}") as channel:
+        stream = health_grpc.DRAResourceHealthStub(channel).NodeWatchResources(
+            health.NodeWatchResourcesRequest()
+        )
+
+        async def next_list() -> dict[str, int]:
+            answer = await asyncio.wait_for(stream.read(), 10)
+            assert {setup.node_name} == {d.device.pool_name for d in answer.devices}
+            return {d.device.device_name: d.health for d in answer.devices}
+
+        healthy = {
+            "gpu-0-mig-0": health.HEALTHY,
+            "gpu-1-replica-0": health.HEALTHY,
+            "gpu-1-replica-1": health.HEALTHY,
+        }
+        assert healthy == await next_list()
+        xid = HealthState().apply(HealthEvent(GPU1, healthy=False, xid=79))
+        setup.node.inventory = build_inventory(NODE, CONFIG, xid)
+        assert plugin.refresh()
+        unhealthy = {**healthy, "gpu-1-replica-0": health.UNHEALTHY, "gpu-1-replica-1": health.UNHEALTHY}
+        assert unhealthy == await next_list()
+        assert unhealthy == await next_list()  # sent again before the kubelet's timeout makes it Unknown
+        stream.cancel()
