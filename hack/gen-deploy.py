@@ -14,17 +14,22 @@ and own it, so no `kubectl apply -f deploy/` can overwrite an edit.
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "hack"))
+sys.path.insert(0, str(ROOT))
 
 from generated import sync  # noqa: E402
 from lab.binaries import binaries  # noqa: E402
 
 CHART = ROOT / "deploy" / "helm" / "gpu-sharing"
+VALUES = CHART / "values.yaml"
+PROFILES_BEGIN = "  # BEGIN migProfiles"
+PROFILES_END = "  # END migProfiles"
 DEPLOY = ROOT / "deploy"
 NAMESPACE = "gpu-sharing"
 HEADER = (
@@ -74,11 +79,29 @@ def render() -> dict[Path, str]:
     return wanted
 
 
+def values_text() -> str:
+    """values.yaml with `dra.migProfiles` listing every MIG profile of the catalog (one DeviceClass each)."""
+    from sharing.mig import default_catalog  # noqa: PLC0415 - the repository's package, put on the path below
+
+    text = VALUES.read_text("utf-8")
+    head, found, rest = text.partition(PROFILES_BEGIN)
+    if not found:
+        raise SystemExit(f"{VALUES.relative_to(ROOT)} has no '{PROFILES_BEGIN.strip()}' line")
+    first, _, tail = rest.partition("\n")
+    _, found, after = tail.partition(PROFILES_END)
+    if not found:
+        raise SystemExit(f"{VALUES.relative_to(ROOT)} has no '{PROFILES_END.strip()}' line")
+    names = sorted({p.name for product in default_catalog().products for p in product.profiles})
+    block = "  migProfiles:\n" + "".join(f"    - {json.dumps(n)}\n" for n in names)
+    return f"{head}{PROFILES_BEGIN}{first}\n{block}{PROFILES_END}{after}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 when deploy/ is stale")
     args = parser.parse_args(argv)
-    return sync(render(), DEPLOY.glob("*.yaml"), check=args.check, command="hack/gen-deploy.py", root=ROOT)
+    wanted = render() | {VALUES: values_text()}
+    return sync(wanted, DEPLOY.glob("*.yaml"), check=args.check, command="hack/gen-deploy.py", root=ROOT)
 
 
 if __name__ == "__main__":

@@ -76,6 +76,7 @@ class Agent:
         catalog: Catalog,
         pod_resources: PodResourcesClient | None = None,
         dra: DraFrontend | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.settings = settings
         self.kube = kube
@@ -83,7 +84,7 @@ class Agent:
         self.fleet = fleet
         self.catalog = catalog
         self.dra = dra
-        self.metrics = Metrics(__version__)
+        self.metrics = metrics or Metrics(__version__)
         self._frontend_file = settings.journal.with_name("frontend")
         self.serving = remembered(self._frontend_file) or Frontend.DEVICE_PLUGIN
         """The front-end in service (as before a restart; device plugins for an agent that had no choice)."""
@@ -352,7 +353,7 @@ class Agent:
         if old is Frontend.DEVICE_PLUGIN:
             held, uuids = device_plugin_holders(holders)
         else:
-            held, uuids = claim_holders(holders, await self.dra.prepared() if self.dra is not None else ())
+            held, uuids = claim_holders(holders)
         if held:
             # Prepared but no longer allocated has no device to watch: looked at again after a backoff.
             return switch_waits(to, held, blockers=uuids)

@@ -36,6 +36,8 @@ class Settings:
     frontend: str = "deviceplugin"
     """How the node's devices reach pods: deviceplugin or dra (the label below overrides it per node)."""
     frontend_label: str = FRONTEND_LABEL
+    dra: bool = False
+    """Serve DRA where a node asks for it (the chart's dra.enabled); on anyway with frontend dra."""
     backend: str = "nvml"
     driver_root: Path = Path("/")
     """Where the NVIDIA driver's files are (NVIDIA's driverRoot): <root>/usr/lib/.../libnvidia-ml.so.1,
@@ -68,6 +70,11 @@ class Settings:
     holders_localhost_only: bool = False
     """Serve /status and the slice_owner_info metric (the pods holding each GPU) to 127.0.0.1 only."""
     log_format: str = "auto"
+
+    @property
+    def dra_available(self) -> bool:
+        """Whether the agent brings its DRA front-end."""
+        return self.dra or self.frontend.strip() == Frontend.DRA.value
 
     def default_frontend(self) -> Frontend:
         """The front-end of a node without the label; ValueError names a bad one."""
@@ -114,6 +121,7 @@ _OPTIONS: dict[str, str] = {
     "fallback_label": "label used when the first is absent",
     "frontend": "how the devices reach pods: deviceplugin or dra (a node's label overrides it)",
     "frontend_label": "node label that overrides the front-end (deviceplugin or dra)",
+    "dra": "the DRA front-end can serve a node whose label asks for it (true/false; on with --frontend dra)",
     "backend": "GPU backend: nvml",
     "driver_root": "where the NVIDIA driver's files are (libnvidia-ml.so.1, /dev/nvidia*): / or its mount",
     "host_driver_root": "the node's path of the driver root, for CDI host paths (default: the driver root)",

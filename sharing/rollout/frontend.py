@@ -23,6 +23,7 @@ import structlog
 
 from sharing.config import Frontend
 from sharing.devices import Inventory
+from sharing.dra.holds import ClaimHold
 from sharing.labels import ConfigState
 from sharing.model import NodeState
 from sharing.rollout.holders import Holders, device_of
@@ -51,8 +52,9 @@ class DraFrontend(Protocol):
         """Delete the node's ResourceSlices; "" once gone, else why not."""
         ...
 
-    async def prepared(self) -> tuple[str, ...]:
-        """`namespace/name` of every claim prepared on this node and not yet unprepared."""
+    async def prepared(self) -> tuple[tuple[ClaimHold, ...], str]:
+        """The claims prepared on this node and not yet unprepared, with their devices; why that
+        cannot be told, or ""."""
         ...
 
 
@@ -85,12 +87,12 @@ def device_plugin_holders(holders: Holders) -> tuple[tuple[str, ...], frozenset[
     return pods, frozenset(device_of(i) for h in held for i in h.device_ids)
 
 
-def claim_holders(holders: Holders, prepared: tuple[str, ...]) -> tuple[tuple[str, ...], frozenset[str]]:
+def claim_holders(holders: Holders) -> tuple[tuple[str, ...], frozenset[str]]:
     """The claims that hold devices of our pool (allocated, or still prepared here), and those devices."""
-    allocated = {c.describe() for c in holders.claims}
-    named = {f"{c.namespace}/{c.name}" for c in holders.claims}
-    left = {f"claim {c} (prepared)" for c in prepared if c not in named}
-    return tuple(sorted(allocated | left)), frozenset(u for c in holders.claims for u in c.uuids)
+    return (
+        tuple(sorted({c.describe() for c in holders.claims})),
+        frozenset(u for c in holders.claims for u in c.uuids),
+    )
 
 
 def switch_waits(

@@ -151,6 +151,12 @@ class Rollout:
                 holders = replace(holders, unknown=holders.unknown or why)
             else:
                 holders = replace(holders, claims=claim_holds(allocated, node or self.node))
+        if deciding and self.dra is not None:
+            # Prepared and not yet unprepared (its claim may be gone already): its container may run.
+            prepared, unknown = await self.dra.prepared()
+            named = {(c.namespace, c.name) for c in holders.claims}
+            extra = tuple(c for c in prepared if (c.namespace, c.name) not in named)
+            holders = replace(holders, claims=holders.claims + extra, unknown=holders.unknown or unknown)
         if not deciding:
             return holders
         if holders.unknown != self._unknown:  # said once per change, not on every re-check

@@ -19,6 +19,7 @@ import pytest
 from sharing.agent import Agent
 from sharing.deviceplugin import Fleet, FleetSettings
 from sharing.devices import Inventory
+from sharing.dra.holds import ClaimHold
 from sharing.errors import KubeError
 from sharing.gpu import simstate
 from sharing.gpu.nvml import NvmlBackend
@@ -102,7 +103,7 @@ class Slices:
     running: bool = False
     published: list[Inventory] = field(default_factory=list)
     withdrawn: int = 0
-    prepared_claims: tuple[str, ...] = ()
+    prepared_claims: tuple[ClaimHold, ...] = ()
 
     async def start(self) -> None:
         self.running = True
@@ -119,8 +120,8 @@ class Slices:
         self.published.append(Inventory())
         return ""
 
-    async def prepared(self) -> tuple[str, ...]:
-        return self.prepared_claims
+    async def prepared(self) -> tuple[tuple[ClaimHold, ...], str]:
+        return self.prepared_claims, ""
 
     def devices(self) -> int:
         last = self.published[-1] if self.published else Inventory()

@@ -1,0 +1,244 @@
+"""Keeping the node's ResourceSlices on the API server exactly as wanted: create, update, delete, re-create.
+
+The pool is the node's (pool name = node name, `spec.nodeName` set) and its slices are owned by the Node
+as controller, so they go with it. Any change bumps the pool's generation in every slice and sets
+`resourceSliceCount`, as consumers require (k8s.io/api resource/v1 types.go, `ResourcePool`). The
+kubelet deletes a node's slices when it starts and about 30 s after a driver unregisters
+(kubernetes/kubernetes#141912, `defaultWipingDelay`), and anyone may edit them: a watch on the pool
+wakes the publisher, which puts back what is wanted. An API server whose feature gates are off
+silently drops the fields they guard (taints, `allowMultipleAllocations`, request policies): what was
+written is compared with what was stored, the difference is logged once per change with the gate
+to turn on, and the stored form counts as published (no endless rewrites).
+
+Wanted pools come from `want()` (latest wins: a burst of changes is one sync of the newest); `run()`
+syncs them from a thread, because the client blocks, and again every `resync_s` whatever happens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import structlog
+
+from sharing.errors import KubeError
+from sharing.kube.api import GoneError, KubeClient, ResourceSliceObject, SliceDevice, SliceSpec
+from sharing.text import bounded
+
+log = structlog.get_logger(__name__)
+BACKOFF_MAX_S = 30.0
+GATES = {
+    "taints": "DRADeviceTaints",
+    "allowMultipleAllocations": "DRAConsumableCapacity",
+    "requestPolicy": "DRAConsumableCapacity",
+}
+"""The feature gate (kube-apiserver) without which the API server drops a field (types.go +featureGate)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PoolPlan:
+    """What makes the API server hold the wanted pool: every slice written at `generation`."""
+
+    generation: int
+    updates: tuple[tuple[ResourceSliceObject, SliceSpec], ...] = ()
+    creates: tuple[SliceSpec, ...] = ()
+    deletes: tuple[ResourceSliceObject, ...] = ()
+
+
+def plan_pool(
+    wanted: Sequence[SliceSpec],
+    existing: Sequence[ResourceSliceObject],
+    *,
+    floor: int,
+    owner_uid: str,
+    stored: dict[tuple[SliceDevice, ...], tuple[SliceDevice, ...]] | None = None,
+) -> PoolPlan | None:
+    """None when `existing` already is the wanted pool; else the writes, at a generation above
+    `floor` and above every existing one. `stored` maps wanted devices to the form the API server
+    stores them in (after it dropped fields)."""
+    stored = stored or {}
+    held = Counter(s.spec.devices for s in existing)
+    expected = Counter(stored.get(w.devices, w.devices) for w in wanted)
+    generations = {s.spec.generation for s in existing}
+    if (
+        held == expected
+        and len(generations) <= 1
+        and all(s.spec.slice_count == len(wanted) for s in existing)
+        and all(owner_uid in s.owners for s in existing)
+    ):
+        return None
+    generation = max([floor, *generations]) + 1
+    ordered = sorted(existing, key=lambda s: s.name)
+    specs = [replace(w, generation=generation, slice_count=len(wanted)) for w in wanted]
+    return PoolPlan(
+        generation,
+        updates=tuple(zip(ordered, specs, strict=False)),
+        creates=tuple(specs[len(ordered) :]),
+        deletes=tuple(ordered[len(specs) :]),
+    )
+
+
+def dropped(written: SliceSpec, stored: SliceSpec) -> list[str]:
+    """What the API server left out of a slice, one phrase per device and field."""
+    found: list[str] = []
+    kept = {d.name: d for d in stored.devices}
+    for device in written.devices:
+        back = kept.get(device.name)
+        if back is None:
+            found.append(f"device {device.name}")
+            continue
+        if device.taints and not back.taints:
+            found.append(f"taints of {device.name}")
+        if device.allow_multiple_allocations and not back.allow_multiple_allocations:
+            found.append(f"allowMultipleAllocations of {device.name}")
+        if any(c.policy for _, c in device.capacity) and not any(c.policy for _, c in back.capacity):
+            found.append(f"requestPolicy of {device.name}")
+        if dict(device.attributes).keys() - dict(back.attributes).keys():
+            found.append(f"attributes of {device.name}")
+    if not found and written != stored:
+        found.append("fields")
+    return found
+
+
+class SlicePublisher:
+    """Holds the node's pool of `driver` on the API server as `want()` last said."""
+
+    def __init__(
+        self, kube: KubeClient, node: str, driver: str, *, resync_s: float = 60.0, watch_timeout_s: int = 300
+    ) -> None:
+        self.kube = kube
+        self.node = node
+        self.driver = driver
+        self.resync_s = resync_s
+        self.watch_timeout_s = watch_timeout_s
+        self.generation = 0
+        """The pool's generation last written (0: none yet)."""
+        self.published: tuple[ResourceSliceObject, ...] = ()
+        self.problems: tuple[str, ...] = ()
+        """What the API server dropped of the pool last written, one sentence each."""
+        self._wanted: tuple[SliceSpec, ...] | None = None
+        self._stored: dict[tuple[SliceDevice, ...], tuple[SliceDevice, ...]] = {}
+        self._wake = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopped = threading.Event()
+        self._written: set[str] = set()
+        self._lock = threading.Lock()
+
+    def want(self, slices: Sequence[SliceSpec]) -> None:
+        """The pool to publish now (replaces any wanted before and not yet published)."""
+        self._wanted = tuple(slices)
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Sync until cancelled: on `want()`, on any change of the pool by others, every `resync_s`."""
+        self._loop = asyncio.get_running_loop()
+        watcher = threading.Thread(target=self._watch, name="watch-resourceslices", daemon=True)
+        watcher.start()
+        failures = 0
+        try:
+            while True:
+                timeout = self.resync_s if failures == 0 else min(BACKOFF_MAX_S, 0.5 * 2**failures)
+                try:
+                    async with asyncio.timeout(timeout):
+                        await self._wake.wait()
+                except TimeoutError:
+                    pass
+                self._wake.clear()
+                if self._wanted is None:
+                    continue
+                try:
+                    await asyncio.to_thread(self.sync)
+                    failures = 0
+                except KubeError as err:
+                    failures += 1
+                    log.warning("resourceslices_not_synced", error=bounded(str(err)))
+        finally:
+            self._stopped.set()
+
+    def sync(self) -> PoolPlan | None:
+        """Make the API server hold the wanted pool (blocking); the plan it took, None when in sync."""
+        wanted = self._wanted
+        if wanted is None:
+            return None
+        with self._lock:
+            existing = self.kube.list_resource_slices(self.driver, self.node)
+            owner = self.kube.get_node(self.node)  # afresh: a Node made again has a new UID
+            plan = plan_pool(
+                wanted, existing, floor=self.generation, owner_uid=owner.uid, stored=self._stored
+            )
+            if plan is None:
+                self.published = tuple(existing)
+                return None
+            results: list[ResourceSliceObject] = []
+            problems: list[str] = []
+            for old, spec in plan.updates:
+                results.append(
+                    self._written_as(
+                        spec,
+                        self.kube.update_resource_slice(old.name, old.resource_version, spec, owner),
+                        problems,
+                    )
+                )
+            for spec in plan.creates:
+                results.append(self._written_as(spec, self.kube.create_resource_slice(spec, owner), problems))
+            for old in plan.deletes:
+                self.kube.delete_resource_slice(old.name)
+            self.generation = plan.generation
+            self.published = tuple(results)
+            if problems and tuple(problems) != self.problems:
+                gates = sorted({g for field, g in GATES.items() if any(field in p for p in problems)})
+                log.warning(
+                    "resourceslice_fields_dropped",
+                    dropped=bounded("; ".join(problems)),
+                    feature_gates=",".join(gates) or "unknown",
+                    hint="the API server lacks these features: turn the gates on (API server, scheduler)",
+                )
+            self.problems = tuple(problems)
+            log.info(
+                "resourceslices_published",
+                generation=plan.generation,
+                slices=len(results),
+                devices=sum(len(s.devices) for s in wanted),
+                updated=len(plan.updates),
+                created=len(plan.creates),
+                deleted=len(plan.deletes),
+            )
+            return plan
+
+    def _written_as(
+        self, spec: SliceSpec, stored: ResourceSliceObject, problems: list[str]
+    ) -> ResourceSliceObject:
+        self._written.add(stored.resource_version)
+        if stored.spec != spec:
+            problems += [f"{stored.name}: {p}" for p in dropped(spec, stored.spec)]
+            self._stored[spec.devices] = stored.spec.devices
+        return stored
+
+    def _watch(self) -> None:
+        """Wake the loop when someone else changes, deletes or adds a slice of the pool."""
+        version = ""
+        failures = 0
+        while not self._stopped.is_set():
+            try:
+                for event in self.kube.watch_resource_slices(
+                    self.driver, self.node, version, self.watch_timeout_s
+                ):
+                    failures = 0
+                    version = event.resource_version or version
+                    if event.kind != "BOOKMARK" and event.resource_version not in self._written:
+                        self._trigger()
+                    if self._stopped.is_set():
+                        return
+            except GoneError:
+                version = ""
+            except KubeError as err:
+                failures += 1
+                log.debug("resourceslice_watch_failed", error=bounded(str(err)))
+                self._stopped.wait(min(BACKOFF_MAX_S, 0.2 * 2**failures))
+
+    def _trigger(self) -> None:
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._wake.set)

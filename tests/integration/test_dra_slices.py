@@ -1,0 +1,288 @@
+"""The node's ResourceSlices on a real kube-apiserver, published with the agent's own token.
+
+The API server's validation is the test of every slice spec (DNS-label names, attribute types, the
+64/128 device limits, request policies, taints); the chart's RBAC and admission policy (rendered with
+dra.enabled) are applied as a user installs them, and the publisher runs as the agent's
+ServiceAccount with a token bound to a pod on its node, so it gets only what the agent gets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import subprocess
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import lab
+import pytest
+import structlog.testing
+
+from sharing.config.spec import MigStrategy, Replicas, Rule, Selector, SharingConfig
+from sharing.devices import HealthState, build_inventory
+from sharing.devices.inventory import mig_resource
+from sharing.dra.names import DRIVER
+from sharing.dra.slices import build_slices
+from sharing.errors import KubeError
+from sharing.kube import ApiClient
+from sharing.kube.api import SliceDevice, SliceSpec
+from sharing.kube.client import resource_slice
+from sharing.kube.resourceslices import SlicePublisher
+from sharing.mig import default_catalog
+from sharing.model import (
+    ComputeInstance,
+    DriverInfo,
+    Gpu,
+    GpuInstance,
+    GpuUuid,
+    HealthEvent,
+    MigUuid,
+    NodeState,
+)
+from tests.polling import poll
+
+pytestmark = pytest.mark.integration
+
+CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "gpu-sharing"
+NAME = "gpu-sharing-dra"
+NAMESPACE = "gpu-sharing-dra"
+TEMPLATES = ("rbac.yaml", "admission-policy.yaml", "deviceclasses.yaml")
+CATALOG = default_catalog()
+DRIVER_INFO = DriverInfo("550.107.02", 12040)
+
+
+@pytest.fixture(scope="module")
+def chart(control_plane: lab.ControlPlane) -> lab.ControlPlane:
+    """The chart's RBAC, admission policies and DeviceClasses with dra.enabled, under their own name."""
+    rendered = subprocess.run(
+        [str(lab.binaries().helm), "template", "x", str(CHART), "--namespace", NAMESPACE,
+         "--set", "dra.enabled=true", "--set", f"fullnameOverride={NAME}"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    docs = [d for d in rendered.split("\n---\n") if d.strip("-\n").split("\n", 1)[0].endswith(TEMPLATES)]
+    control_plane.kubectl("create", "namespace", NAMESPACE)
+    control_plane.kubectl("apply", "-f", "-", input="\n---\n".join(docs), check=True)
+    return control_plane
+
+
+@dataclass
+class Node:
+    name: str
+    uid: str
+    api: ApiClient
+
+
+@pytest.fixture
+def node(chart: lab.ControlPlane) -> Iterator[Node]:
+    """A Node (no kubelet: only the object) and the agent's client, its token bound to a pod there."""
+    name = f"dra-{uuid.uuid4().hex[:6]}"
+    manifest = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
+    chart.kubectl("create", "-f", "-", input=json.dumps(manifest), check=True)
+    uid = json.loads(chart.kubectl("get", "node", name, "-o", "json", check=True).stdout)["metadata"]["uid"]
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": f"agent-{name}", "namespace": NAMESPACE},
+        "spec": {"nodeName": name, "serviceAccountName": NAME, "containers": [{"name": "a", "image": "x"}]},
+    }
+    chart.kubectl("apply", "-f", "-", input=json.dumps(pod), check=True)
+    made = chart.kubectl(
+        "create", "token", NAME, "-n", NAMESPACE,
+        "--bound-object-kind=Pod", f"--bound-object-name=agent-{name}",
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    token = made.stdout.strip()
+    api = ApiClient(str(chart.token_kubeconfig(token, f"agent-{name}")))
+    yield Node(name, uid, api)
+    api.close()
+    chart.kubectl("delete", "resourceslices", f"--field-selector=spec.nodeName={name}")
+    chart.kubectl("delete", "node", name, "--wait=false")
+
+
+def a100(index: int, *profiles: str) -> Gpu:
+    """An A100-SXM4-40GB, in MIG mode with one device per profile when given any."""
+    instances = tuple(
+        GpuInstance(n, p, n, 1, (ComputeInstance(0, MigUuid(f"MIG-{index}-{n}"), mig_index=n),))
+        for n, p in enumerate(profiles)
+    )
+    return Gpu(
+        index, GpuUuid(f"GPU-{index}"), "NVIDIA A100-SXM4-40GB", 40960, True, bool(profiles), bool(profiles),
+        instances, compute_capability=(8, 0), minor=index, pci_bus_id=f"0000:{index % 256:02x}:00.0",
+    )  # fmt: skip
+
+
+def wanted_pool(name: str, gpus: int, *, sick: int | None = None) -> tuple[SliceSpec, ...]:
+    """GPU 0 in MIG mode, GPU 1 time-sliced 4 ways, the rest whole; GPU `sick` with an XID."""
+    node = NodeState(
+        (a100(0, "3g.20gb", "2g.10gb", "1g.5gb", "1g.5gb"), *(a100(i) for i in range(1, gpus))),
+        driver=DRIVER_INFO,
+    )
+    shared = Rule(Selector(indices=(1,)), replicas=Replicas(default=4))
+    config = SharingConfig(name="t", mig_strategy=MigStrategy.MIXED, rules=(shared,))
+    health = None if sick is None else HealthState().apply(HealthEvent(GpuUuid(f"GPU-{sick}"), False, xid=48))
+    inventory = build_inventory(node, config, health, CATALOG)
+    xids = {} if sick is None else {f"GPU-{sick}": 48}
+    return build_slices(name, node, inventory, CATALOG, xids=xids)
+
+
+def stored(cp: lab.ControlPlane, node: str) -> list[dict[str, Any]]:
+    listed = cp.kubectl(
+        "get", "resourceslices", f"--field-selector=spec.nodeName={node}", "-o", "json", check=True
+    )
+    return list(json.loads(listed.stdout)["items"])
+
+
+def devices_of(specs: tuple[SliceSpec, ...]) -> dict[str, SliceDevice]:
+    return {d.name: d for s in specs for d in s.devices}
+
+
+def pool_is(wanted: tuple[SliceSpec, ...], *, above: int = 0) -> Any:
+    """True when the stored pool is complete at one generation above `above` with exactly `wanted`."""
+
+    def ok(items: list[dict[str, Any]]) -> bool:
+        slices = [resource_slice(i).spec for i in items]
+        generations = {s.generation for s in slices}
+        return (
+            len(slices) == len(wanted)
+            and len(generations) == 1
+            and min(generations) > above
+            and all(s.slice_count == len(wanted) for s in slices)
+            and devices_of(tuple(slices)) == devices_of(wanted)
+        )
+
+    return ok
+
+
+@contextlib.asynccontextmanager
+async def publishing(node: Node) -> AsyncIterator[SlicePublisher]:
+    publisher = SlicePublisher(node.api, node.name, DRIVER, resync_s=30)
+    task = asyncio.create_task(publisher.run())
+    try:
+        yield publisher
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_the_pool_is_published_exactly_and_follows_a_change(
+    chart: lab.ControlPlane, node: Node
+) -> None:
+    # 72 devices, one of them tainted: at most 64 a slice, so two slices.
+    first = wanted_pool(node.name, 69, sick=5)
+    assert [len(s.devices) for s in first] == [64, 8]
+    async with publishing(node) as publisher:
+        publisher.want(first)
+        items = await asyncio.to_thread(
+            poll, "the first pool", lambda: stored(chart, node.name), pool_is(first)
+        )
+        generation = resource_slice(items[0]).spec.generation
+        assert publisher.problems == ()  # every field written was kept
+        for item in items:
+            meta = item["metadata"]
+            assert meta["name"].startswith(f"{DRIVER}-{node.name}-")
+            assert meta["ownerReferences"] == [
+                {"apiVersion": "v1", "kind": "Node", "name": node.name, "uid": node.uid, "controller": True}
+            ]
+            assert (item["spec"]["driver"], item["spec"]["nodeName"]) == (DRIVER, node.name)
+        shared = devices_of(tuple(resource_slice(i).spec for i in items))["gpu-1"]
+        assert shared.allow_multiple_allocations
+
+        second = wanted_pool(node.name, 10)
+        assert len(second) == 1
+        publisher.want(second)
+        await asyncio.to_thread(
+            poll, "the changed pool", lambda: stored(chart, node.name), pool_is(second, above=generation)
+        )
+
+
+async def test_slices_wiped_behind_its_back_are_put_back(chart: lab.ControlPlane, node: Node) -> None:
+    wanted = wanted_pool(node.name, 3)
+    async with publishing(node) as publisher:
+        publisher.want(wanted)
+        items = await asyncio.to_thread(poll, "the pool", lambda: stored(chart, node.name), pool_is(wanted))
+        generation = resource_slice(items[0]).spec.generation
+        # What the kubelet does when it starts (and ~30 s after a driver unregisters).
+        chart.kubectl("delete", "resourceslices", f"--field-selector=spec.nodeName={node.name}", check=True)
+        await asyncio.to_thread(
+            poll, "the pool again", lambda: stored(chart, node.name), pool_is(wanted, above=generation)
+        )
+
+
+def test_the_admission_policy_keeps_the_agent_to_its_own_nodes_slices(
+    chart: lab.ControlPlane, node: Node
+) -> None:
+    other = f"other-{uuid.uuid4().hex[:6]}"
+    chart.kubectl(
+        "create",
+        "-f",
+        "-",
+        input=json.dumps({"apiVersion": "v1", "kind": "Node", "metadata": {"name": other}}),
+        check=True,
+    )
+    owner = node.api.get_node(node.name)
+    foreign = wanted_pool(other, 1)[0]
+
+    def attempt() -> str:
+        """Try to publish a slice for the other node; '' when the API server took it (then undo it)."""
+        try:
+            made = node.api.create_resource_slice(foreign, owner)
+        except KubeError as err:
+            return str(err)
+        chart.kubectl("delete", "resourceslice", made.name)
+        return ""
+
+    # The policy is read by the API server a moment after it is created: until then RBAC alone rules.
+    refusal = poll("the policy to refuse", attempt, bool, timeout=30)
+    expected = f"the gpu-sharing agent on {node.name} may only change ResourceSlices of its own node"
+    assert f"{expected}, not those of {other}" in refusal
+    assert stored(chart, other) == []
+    chart.kubectl("delete", "node", other, "--wait=false")
+
+
+@pytest.fixture(scope="module")
+def gates_off(cluster_binaries: lab.Binaries) -> Iterator[lab.ControlPlane]:
+    """An API server without consumable capacity and device taints (both beta, on by default in 1.36)."""
+    gates = "--feature-gates=DRAConsumableCapacity=false,DRADeviceTaints=false"
+    with lab.ControlPlane(bins=cluster_binaries, extra_apiserver_args=[gates]) as cp:
+        yield cp
+
+
+def test_fields_the_api_server_drops_are_said_once_and_not_rewritten(gates_off: lab.ControlPlane) -> None:
+    name = "gateless"
+    node = json.dumps({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
+    gates_off.kubectl("create", "-f", "-", input=node, check=True)
+    api = ApiClient(str(gates_off.kubeconfig))
+    try:
+        publisher = SlicePublisher(api, name, DRIVER)
+        publisher.want(wanted_pool(name, 3, sick=2))
+        with structlog.testing.capture_logs() as logs:
+            first = publisher.sync()
+        assert first is not None
+        assert publisher.problems == tuple(
+            f"{s['metadata']['name']}: {what}"
+            for s in stored(gates_off, name)
+            for what in ("allowMultipleAllocations of gpu-1", "requestPolicy of gpu-1", "taints of gpu-2")
+        )
+        said = [e for e in logs if e["event"] == "resourceslice_fields_dropped"]
+        assert [(e["log_level"], e["feature_gates"]) for e in said] == [
+            ("warning", "DRAConsumableCapacity,DRADeviceTaints")
+        ]
+        # What the API server keeps of the pool counts as published: no rewrite on the next sync.
+        assert publisher.sync() is None
+    finally:
+        api.close()
+
+
+def test_the_chart_ships_a_device_class_per_catalog_mig_profile(chart: lab.ControlPlane) -> None:
+    listed = json.loads(chart.kubectl("get", "deviceclasses", "-o", "json", check=True).stdout)["items"]
+    ours = {c["metadata"]["name"]: c["spec"].get("extendedResourceName") for c in listed}
+    profiles = {p.name for product in CATALOG.products for p in product.profiles}
+    expected = {"gpu.nvidia.com": "nvidia.com/gpu", "mig.nvidia.com": None} | {
+        f"{mig_resource(p).removeprefix('nvidia.com/')}.nvidia.com": mig_resource(p) for p in profiles
+    }
+    assert ours == expected

@@ -1,0 +1,93 @@
+"""What the publisher writes to make the API server hold the wanted pool, and what it says was dropped."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from sharing.kube.api import Capacity, DeviceTaint, RequestPolicy, ResourceSliceObject, SliceDevice, SliceSpec
+from sharing.kube.resourceslices import PoolPlan, dropped, plan_pool
+
+A = (SliceDevice("gpu-0"), SliceDevice("gpu-1"))
+B = (SliceDevice("gpu-2"),)
+
+
+def spec(devices: tuple[SliceDevice, ...], generation: int = 0, count: int = 2) -> SliceSpec:
+    return SliceSpec("gpu.nvidia.com", "n", "n", generation, count, devices)
+
+
+def held(
+    name: str, devices: tuple[SliceDevice, ...], generation: int = 3, count: int = 2, owner: str = "u"
+) -> ResourceSliceObject:
+    return ResourceSliceObject(name, "1", spec(devices, generation, count), (owner,))
+
+
+WANTED = (spec(A), spec(B))
+S1, S2 = held("s1", A), held("s2", B)
+S2_OLD = held("s2", B, generation=2)
+S1_3, S2_3 = held("s1", A, count=3), held("s2", B, count=3)
+S2_THEIRS = held("s2", B, owner="old")
+S3 = held("s3", B)
+
+
+@pytest.mark.parametrize(
+    ("existing", "floor", "expected"),
+    [
+        ((), 0, PoolPlan(1, creates=(spec(A, 1), spec(B, 1)))),
+        ((held("s1", B), held("s2", A)), 0, None),
+        ((S1, S2_OLD), 0, PoolPlan(4, updates=((S1, spec(A, 4)), (S2_OLD, spec(B, 4))))),
+        ((S1_3, S2_3), 9, PoolPlan(10, updates=((S1_3, spec(A, 10)), (S2_3, spec(B, 10))))),
+        ((S1, S2_THEIRS), 0, PoolPlan(4, updates=((S1, spec(A, 4)), (S2_THEIRS, spec(B, 4))))),
+        ((S1, S2, S3), 0, PoolPlan(4, updates=((S1, spec(A, 4)), (S2, spec(B, 4))), deletes=(S3,))),
+    ],
+    ids=[
+        "empty-creates-all",
+        "in-sync",
+        "mixed-generations",
+        "wrong-count",
+        "other-owner",
+        "extra-slice-deleted",
+    ],
+)
+def test_plan(existing: tuple[ResourceSliceObject, ...], floor: int, expected: PoolPlan | None) -> None:
+    assert plan_pool(WANTED, existing, floor=floor, owner_uid="u") == expected
+
+
+def test_nothing_wanted_deletes_everything() -> None:
+    assert plan_pool((), (held("s1", A),), floor=0, owner_uid="u") == PoolPlan(4, deletes=(held("s1", A),))
+
+
+def test_the_stored_form_of_a_pool_counts_as_published() -> None:
+    shared = (
+        SliceDevice(
+            "gpu-0",
+            capacity=(("shares", Capacity("4", RequestPolicy("1", "1", "4"))),),
+            allow_multiple_allocations=True,
+        ),
+    )
+    kept = (SliceDevice("gpu-0", capacity=(("shares", Capacity("4")),)),)
+    existing = (held("s1", kept, count=1),)
+    assert plan_pool((spec(shared, count=1),), existing, floor=0, owner_uid="u") is not None
+    assert (
+        plan_pool((spec(shared, count=1),), existing, floor=0, owner_uid="u", stored={shared: kept}) is None
+    )
+
+
+def test_dropped_names_each_device_and_field() -> None:
+    taint = DeviceTaint("gpu.nvidia.com/xid", "48", "NoSchedule")
+    policy = Capacity("2", RequestPolicy("1", "1", "2"))
+    written = spec(
+        (
+            SliceDevice("gpu-0", taints=(taint,)),
+            SliceDevice("gpu-1", capacity=(("shares", policy),), allow_multiple_allocations=True),
+        )
+    )
+    kept = replace(
+        written, devices=(SliceDevice("gpu-0"), SliceDevice("gpu-1", capacity=(("shares", Capacity("2")),)))
+    )
+    assert dropped(written, kept) == [
+        "taints of gpu-0",
+        "allowMultipleAllocations of gpu-1",
+        "requestPolicy of gpu-1",
+    ]
