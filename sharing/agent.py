@@ -156,6 +156,7 @@ class Agent:
                 log.error("http_not_served", error=str(err))
                 http = None
         self.report.alive = self._alive
+        self.report.frontend = self._frontend_health
         await self._recall()
         self.node.start(self.trigger)
         self.sources.start(self.trigger)
@@ -191,6 +192,19 @@ class Agent:
         return ConfigStatus(
             self._selected[0], self._selected[1], state, self._in_effect(), self.node_out.last_change
         )
+
+    def _frontend_health(self) -> tuple[bool, str]:
+        """Whether the front-end in service runs, and why it is not ready ("": it is)."""
+        if self.serving is Frontend.DEVICE_PLUGIN:
+            waiting = [p.resource for p in self.fleet.status() if not p.registered]
+            ready = self.fleet.ready
+            return (
+                self.fleet.alive,
+                "" if ready else f"not registered with the kubelet: {', '.join(waiting) or 'pending'}",
+            )
+        if self.dra is None:
+            return True, ""
+        return self.dra.health()
 
     def _alive(self) -> bool:
         return bool(self._tasks) and not any(t.done() for t in self._tasks[:2])

@@ -62,6 +62,7 @@ class DraFrontEnd:
         )
         self.publisher = SlicePublisher(kube, node_name, DRIVER)
         self._task: asyncio.Task[None] | None = None
+        self._problem = ""
 
     async def start(self) -> None:
         """Serve the plugin's sockets and keep the slices as wanted (re-published after a wipe)."""
@@ -92,6 +93,17 @@ class DraFrontEnd:
         self.publisher.want(())
         return await self._sync()
 
+    def health(self) -> tuple[bool, str]:
+        """(the plugin serves and the publisher runs, why it is not ready or "")."""
+        alive = self.plugin.serving and self._task is not None and not self._task.done()
+        registration = self.plugin.registration
+        if not registration.registered:
+            why = registration.error or "waiting for the kubelet"
+            return alive, f"the DRA plugin is not registered with the kubelet: {why}"
+        if self._problem:
+            return alive, self._problem
+        return alive, ""
+
     async def prepared(self) -> tuple[tuple[ClaimHold, ...], str]:
         """The claims prepared on this node with the devices they hold, and why that cannot be told
         ("": it can; the checkpoint is unreadable otherwise, and then everything counts as held)."""
@@ -113,5 +125,7 @@ class DraFrontEnd:
         except SharingError as err:
             why = f"the ResourceSlices of node {self.node_name} could not be written: {bounded(str(err))}"
             log.warning("resourceslices_not_synced", error=why)
+            self._problem = why
             return why
+        self._problem = ""
         return ""

@@ -52,6 +52,10 @@ class DraFrontend(Protocol):
         """Delete the node's ResourceSlices; "" once gone, else why not."""
         ...
 
+    def health(self) -> tuple[bool, str]:
+        """(its servers run, why it is not ready: not registered, slices not written; or "")."""
+        ...
+
     async def prepared(self) -> tuple[tuple[ClaimHold, ...], str]:
         """The claims prepared on this node and not yet unprepared, with their devices; why that
         cannot be told, or ""."""

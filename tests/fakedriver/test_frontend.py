@@ -120,6 +120,9 @@ class Slices:
         self.published.append(Inventory())
         return ""
 
+    def health(self) -> tuple[bool, str]:
+        return self.running, ""
+
     async def prepared(self) -> tuple[tuple[ClaimHold, ...], str]:
         return self.prepared_claims, ""
 
