@@ -1,7 +1,11 @@
-"""DRA on the real node: what the node must run for it, and the node's choice of front-end.
+"""DRA on the real node: the session node of tests/node/conftest.py switched to the DRA front-end.
 
-The session node of tests/node/conftest.py serves through the device plugins; a test that switches
-it puts it back (its label removed), so every other test finds it as the session made it.
+The module switches the node once (the chart's DRA on, the node's label `nvidia.com/gpu-sharing.frontend=dra`)
+and back at its end (label removed, chart values as the session set them), so every other module
+finds the node as the session made it; each test deletes the claims and pods it made. The claims
+are written as for NVIDIA's DRA driver (driver gpu.nvidia.com, classes gpu.nvidia.com and
+mig.nvidia.com, its attribute names), and what a container sees is compared with the GPUs as
+`sharing export` in the agent's pod reads them.
 """
 
 from __future__ import annotations
@@ -335,12 +339,20 @@ def test_a_restarted_agent_unprepares_what_the_one_before_prepared(dra: DraNode)
 def test_a_kubelet_restarted_between_prepare_and_unprepare_loses_nothing(dra: DraNode) -> None:
     claim = dra.claim([{"name": "gpu", "exactly": {"deviceClassName": "mig.nvidia.com"}}])
     pod = dra.pod(claim)
-    dra.node.wait_running(pod)
+    before = dra.node.wait_running(pod)["status"]["containerStatuses"][0]["containerID"]
     seen = dra.seen(pod)
     dra.node.node.restart_kubelet()
     poll("the pool re-published", lambda: set(_published(dra.node)), lambda d: d == DEVICES, 120)
+
+    def exec_env() -> tuple[int, str]:  # the restarted kubelet serves exec once it runs the pod again
+        done = dra.node.node.kubectl("exec", pod, "--", "env")
+        return done.returncode, done.stderr
+
+    poll("exec into the pod", exec_env, lambda d: d[0] == 0, 120)
+    after = dra.node.wait_running(pod)["status"]["containerStatuses"][0]
+    assert (before, 0) == (after["containerID"], after["restartCount"])
     assert seen == dra.seen(pod)
-    dra.node.kubectl("delete", "pod", pod, "--timeout=60s")
+    dra.node.kubectl("delete", "pod", pod, "--timeout=60s")  # returns once unprepared
     second = dra.pod(claim)
     dra.node.wait_running(second)
     assert seen == dra.seen(second)
