@@ -120,6 +120,12 @@ class DraNode:
         self.objects.clear()
 
 
+def mig_request(cel: str, name: str = "mig", **extra: Any) -> list[dict[str, Any]]:
+    """One request of the class mig.nvidia.com with a CEL selector."""
+    exactly = {"deviceClassName": "mig.nvidia.com", "selectors": [{"cel": {"expression": cel}}], **extra}
+    return [{"name": name, "exactly": exactly}]
+
+
 def _slices(node: NodeUnderTest) -> list[dict[str, Any]]:
     items = node.get("resourceslices")["items"]
     return [s for s in items if s["spec"]["driver"] == DRIVER and s["spec"].get("nodeName") == NODE]
@@ -400,3 +406,97 @@ def test_the_node_runs_what_dra_needs(dra: DraNode) -> None:
     (pod,) = node.agent_pods()
     mounts = {m["mountPath"] for c in pod["spec"]["containers"] for m in c.get("volumeMounts", [])}
     assert {"/var/lib/kubelet/plugins", "/var/lib/kubelet/plugins_registry", "/var/run/cdi"} <= mounts
+
+
+def _set_config(node: NodeUnderTest, text: str) -> None:
+    patch = json.dumps({"data": {CONFIG: text}})
+    node.kubectl("-n", NAMESPACE, "patch", "configmap", "gpu-sharing-config", "--type=merge", "-p", patch)
+
+
+# The A100s cut into 1g.5gb slices only: a change that would destroy every MIG device they have now.
+SMALL = ALL_KINDS.replace(
+    "mig: {1g.5gb: 2, 2g.10gb: 1, 3g.20gb: 1}\n    replicas: {2g.10gb: 2}", "mig: {1g.5gb: 7}"
+)
+SMALL_DEVICES = {*(f"gpu-{g}-mig-{m}" for g in (0, 1) for m in range(7)), "gpu-2", "gpu-3"}
+
+
+def test_a_config_change_leaves_a_claimed_device_alone_and_finishes_when_it_is_free(dra: DraNode) -> None:
+    cel = f"device.attributes['{DRIVER}'].profile == '3g.20gb'"
+    claim = dra.claim(
+        [
+            {
+                "name": "mig",
+                "exactly": {"deviceClassName": "mig.nvidia.com", "selectors": [{"cel": {"expression": cel}}]},
+            }
+        ]
+    )
+    pod = dra.pod(claim)
+    dra.node.wait_running(pod)
+    (held,) = dra.seen(pod)
+    gpu = _export_uuids(dra.node)[held][0]
+    said = len(_events(dra.node, "ConfigApplyBlocked"))
+    try:
+        _set_config(dra.node, SMALL)
+        waits = poll(
+            "ConfigApplyBlocked", lambda: _events(dra.node, "ConfigApplyBlocked"), lambda m: len(m) > said, 90
+        )
+        assert f"claim default/{claim} (pod default/{pod})" in waits[-1]
+        other = 1 - gpu
+        profiles = poll(
+            "the other A100 re-cut",
+            lambda: {
+                i: [x["profile"] for x in g["instances"]] for i, g in enumerate(dra.node.export()["gpus"])
+            },
+            lambda p: p[other] == ["1g.5gb"] * 7,
+            90,
+        )
+        assert held in _export_uuids(dra.node)  # untouched while the claim holds it
+        assert "3g.20gb" in profiles[gpu]
+        assert {held} == dra.seen(pod)
+        dra.cleanup()
+        poll("the change finished", lambda: set(_published(dra.node)), lambda d: d == SMALL_DEVICES, 120)
+        assert held not in _export_uuids(dra.node)
+    finally:
+        dra.cleanup()
+        _set_config(dra.node, ALL_KINDS)
+        poll("the pool as before", lambda: set(_published(dra.node)), lambda d: d == DEVICES, 120)
+
+
+def test_switching_the_front_end_with_pods_running_waits_for_them(dra: DraNode) -> None:
+    node = dra.node
+    claim = dra.claim([{"name": "gpu", "exactly": {"deviceClassName": "mig.nvidia.com"}}])
+    pod = dra.pod(claim)
+    node.wait_running(pod)
+    blocked = len(_events(node, "FrontendSwitchBlocked"))
+    switched = len(_events(node, "FrontendSwitched"))
+    try:
+        node.kubectl("label", "node", NODE, f"{FRONTEND}=deviceplugin", "--overwrite")
+        waits = poll(
+            "the switch waits", lambda: _events(node, "FrontendSwitchBlocked"), lambda m: len(m) > blocked, 60
+        )
+        assert f"claim default/{claim} (pod default/{pod})" in waits[-1]
+        assert [] == _slices(node)  # withdrawn: nothing new is allocated
+        assert set(node.allocatable().values()) <= {"0"}  # and not offered through device plugins yet
+        assert 1 == len(dra.seen(pod))  # the running pod keeps its device
+        dra.cleanup()
+        poll("switched", lambda: _events(node, "FrontendSwitched"), lambda m: len(m) > switched, 90)
+        node.wait_allocatable()
+        name = node.start_pod("nvidia.com/mig-1g.5gb")
+        node.wait_running(name)
+        # Back to DRA: now a device-plugin pod holds the switch.
+        blocked = len(_events(node, "FrontendSwitchBlocked"))
+        node.kubectl("label", "node", NODE, f"{FRONTEND}=dra", "--overwrite")
+        waits = poll(
+            "the switch back waits",
+            lambda: _events(node, "FrontendSwitchBlocked"),
+            lambda m: len(m) > blocked,
+            60,
+        )
+        assert f"default/{name}" in waits[-1]
+        assert [] == _slices(node)
+        node.delete_pods()
+    finally:
+        dra.cleanup()
+        node.delete_pods()
+        node.kubectl("label", "node", NODE, f"{FRONTEND}=dra", "--overwrite")
+        poll("the pool back", lambda: set(_published(node)), lambda d: d == DEVICES, 120)
