@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -264,5 +264,17 @@ def _check_uid(key: ClaimKey) -> None:
 
 
 def devices_by_name(inventory: Inventory) -> Mapping[str, Device]:
-    """{DRA device name: device} of everything the node offers."""
-    return {device_name(d): d for _, ds in inventory.resources for d in ds}
+    """{DRA device name: device} of everything the node offers.
+
+    A replicated device is published as one DRA device whose replicas are shares of it
+    (`sharing.dra.slices`: `allowMultipleAllocations` with a capacity of shares), so the name the
+    scheduler allocates is the device's own; each replica's name is known too.
+    """
+    named: dict[str, Device] = {}
+    for _, ds in inventory.resources:
+        for d in ds:
+            named[device_name(d)] = d
+    for _, ds in inventory.resources:
+        for d in ds:
+            named.setdefault(device_name(replace(d, replica=None)), replace(d, replica=None))
+    return named
