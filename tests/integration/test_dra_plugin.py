@@ -379,8 +379,8 @@ async def test_bad_claims_fail_alone_with_a_clear_error(
     assert "" == errors[good["metadata"]["uid"]]
     assert (
         f"claim {namespace}/gone: status.allocation.devices.results[0]: device gpu-7 is not one this node "
-        "has now (it has gpu-0-mig-0, gpu-1, gpu-1-replica-0, gpu-1-replica-1); the claim was allocated from an "
-        "out-of-date ResourceSlice: delete the claim (or its pod) so that it is allocated again"
+        "has now (it has gpu-0-mig-0, gpu-1, gpu-1-replica-0, gpu-1-replica-1); the claim was allocated "
+        "from an out-of-date ResourceSlice: delete the claim (or its pod) so that it is allocated again"
     ) == errors[missing_device["metadata"]["uid"]]
     assert (
         f"claim {namespace}/elsewhere: status.allocation.devices.results[0]: device gpu-0 of pool node-other "
