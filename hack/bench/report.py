@@ -68,6 +68,9 @@ TARGETS: dict[str, Target] = {
     "fleet_converge_s_p95": Target("s", "< 10 s", lambda v: v < 10),
     "fleet_idle_api_rpm": Target("", "0", lambda v: v == 0),
     "healthz_flood_s_max": Target("s", "< 1 s", lambda v: v < 1),
+    "dra_pod_start_vs_deviceplugin_p50": Target("x", "<= 1.2", lambda v: v <= 1.2),
+    "resourceslice_update_s_p95": Target("s", "< 1 s", lambda v: v < 1),
+    "dra_agent_rss_mb": Target("MB", "< 100 MB", lambda v: v < 100),
 }
 
 

@@ -91,6 +91,8 @@ class Reporter:
             self.config(),
             holders_error=holders.unknown,
             unhealthy=frozenset(health.unhealthy_gpus),
+            claims=holders.claims,
+            frontend=self.rollout.frontend.value,
         )
         self.metrics.snapshot(document, ((p.resource, p.registered) for p in self.fleet.status()))
         self._cached = (loop.time(), document)

@@ -151,8 +151,9 @@ class Rollout:
                 holders = replace(holders, unknown=holders.unknown or why)
             else:
                 holders = replace(holders, claims=claim_holds(allocated, node or self.node))
-        if deciding and self.dra is not None:
+        if self.dra is not None:
             # Prepared and not yet unprepared (its claim may be gone already): its container may run.
+            # The plugin's own record, no API request: shown by `sharing status` too.
             prepared, unknown = await self.dra.prepared()
             named = {(c.namespace, c.name) for c in holders.claims}
             extra = tuple(c for c in prepared if (c.namespace, c.name) not in named)

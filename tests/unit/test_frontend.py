@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from sharing.cli.status import describe
 from sharing.config import FRONTEND_LABEL, Frontend, FrontendChoice, choose_frontend
+from sharing.devices.inventory import Device, DeviceId, Health, Inventory, ResourceName
 from sharing.dra.holds import ClaimHold, claim_holds
 from sharing.model import ClaimAllocation, ComputeInstance, Gpu, GpuInstance, GpuUuid, MigUuid, NodeState
+from sharing.ops.status import ConfigStatus, status_document
 from sharing.rollout.holders import Holders
 
 DP, DRA = Frontend.DEVICE_PLUGIN, Frontend.DRA
@@ -78,3 +81,19 @@ def test_claims_count_as_holders_and_are_named_beside_pods() -> None:
     assert frozenset({"MIG-b", "GPU-1"}) == holders.busy_uuids(NODE)
     assert ("claim ml/c (pod ml/p)",) == holders.pods_holding({"MIG-b"})
     assert ("claim a/b (no pod yet)", "claim ml/c (pod ml/p)") == holders.pods_holding({"MIG-b", "GPU-1"})
+
+
+def test_sharing_status_shows_each_claim_beside_the_devices_it_holds() -> None:
+    mig = Device(DeviceId("MIG-b"), Health.HEALTHY, None, GpuUuid("GPU-0"), MigUuid("MIG-b"), index="0:1")
+    whole = Device(DeviceId("GPU-1"), Health.HEALTHY, None, GpuUuid("GPU-1"), index="1")
+    inventory = Inventory(
+        ((ResourceName("nvidia.com/gpu"), (whole,)), (ResourceName("nvidia.com/mig-1g.5gb"), (mig,)))
+    )
+    claims = claim_holds([ClaimAllocation("ml", "c", "u", ("gpu-0-mig-1",), ("ml/p",))], NODE)
+    document = status_document("n1", NODE, inventory, (), ConfigStatus(), claims=claims, frontend="dra")
+    slices = {s["id"]: s["claims"] for g in document["gpus"] for s in g["slices"]}
+    assert {"MIG-b": [{"namespace": "ml", "name": "c", "pods": ["ml/p"]}], "GPU-1": []} == slices
+    table = describe(document)
+    assert "front-end dra" in table.splitlines()[0]
+    (row,) = [line for line in table.splitlines() if "MIG-b" in line]
+    assert row.rstrip().endswith("claim ml/c (pod ml/p)")
