@@ -92,6 +92,30 @@ async def test_claims_that_cannot_be_read_hold_every_device(
     assert before == mig_uuids(await backend.observe())
 
 
+async def test_a_claim_still_prepared_here_holds_its_device_after_the_claim_is_gone(
+    backend: NvmlBackend, tmp_path: Path, fleet: Fleet
+) -> None:
+    """Its pod may still run: the plugin's checkpoint counts until the kubelet unprepares it; an
+    unreadable checkpoint holds every device."""
+    observed = await small_slices(backend, tmp_path)
+    before = mig_uuids(observed)
+    held = sorted(before)[0]
+    slices = Slices(prepared_claims=(ClaimHold("ml", "gone", ("ml/p",), frozenset({held})),))
+    rollout = Rollout(
+        backend=backend, fleet=fleet, catalog=CATALOG, journal=Journal(tmp_path / "j2"),
+        pod_resources=Kubelet({}), dra=slices,
+    )  # fmt: skip
+    verdict, _ = await rollout.roll_out(mig(**{"7g.40gb": 1}), observed, nothing)
+    assert "ConfigApplyBlocked" == verdict.reason
+    assert "claim ml/gone (pod ml/p)" in verdict.message
+    assert before == mig_uuids(await backend.observe())
+    slices.prepared_claims, slices.unknown = (), "the checkpoint /x/claims.json is not JSON"
+    verdict, _ = await rollout.roll_out(mig(**{"7g.40gb": 1}), observed, nothing)
+    assert "ConfigApplyBlocked" == verdict.reason
+    assert "the checkpoint /x/claims.json is not JSON" in verdict.message
+    assert before == mig_uuids(await backend.observe())
+
+
 # --- the agent: the label and the switch ------------------------------------------------------------
 
 
@@ -104,6 +128,7 @@ class Slices:
     published: list[Inventory] = field(default_factory=list)
     withdrawn: int = 0
     prepared_claims: tuple[ClaimHold, ...] = ()
+    unknown: str = ""
 
     async def start(self) -> None:
         self.running = True
@@ -124,7 +149,7 @@ class Slices:
         return self.running, ""
 
     async def prepared(self) -> tuple[tuple[ClaimHold, ...], str]:
-        return self.prepared_claims, ""
+        return self.prepared_claims, self.unknown
 
     def devices(self) -> int:
         last = self.published[-1] if self.published else Inventory()

@@ -500,3 +500,24 @@ def test_switching_the_front_end_with_pods_running_waits_for_them(dra: DraNode) 
         node.delete_pods()
         node.kubectl("label", "node", NODE, f"{FRONTEND}=dra", "--overwrite")
         poll("the pool back", lambda: set(_published(node)), lambda d: d == DEVICES, 120)
+
+
+def test_sharing_status_shows_the_claim_and_its_pod_beside_the_device(dra: DraNode) -> None:
+    claim = dra.claim([{"name": "gpu", "exactly": {"deviceClassName": "mig.nvidia.com"}}])
+    pod = dra.pod(claim)
+    dra.node.wait_running(pod)
+    (seen,) = dra.seen(pod)
+
+    def status() -> dict[str, Any]:
+        out = dra.node.kubectl("-n", NAMESPACE, "exec", "ds/gpu-sharing", "--", "sharing", "status", "--json")
+        return dict(json.loads(out))
+
+    def claims(document: dict[str, Any]) -> list[Any]:
+        return [s["claims"] for g in document["gpus"] for s in g["slices"] if s["id"] == seen]
+
+    # The agent reads who holds what at most once a second.
+    document = poll("the claim in `sharing status`", status, lambda d: any(claims(d)), 30)
+    assert "dra" == document["frontend"]
+    assert [[{"namespace": "default", "name": claim, "pods": [f"default/{pod}"]}]] == claims(document)
+    table = dra.node.kubectl("-n", NAMESPACE, "exec", "ds/gpu-sharing", "--", "sharing", "status")
+    assert f"claim default/{claim} (pod default/{pod})" in table
