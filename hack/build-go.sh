@@ -60,7 +60,7 @@ hash_files() { # files (relative to hack/go)... -> short content hash
 }
 go_files() { (cd "$gomods" && find "$1" -type f -name '*.go' | LC_ALL=C sort); }
 mods="k8s/go.mod k8s/go.sum etcd/go.mod etcd/go.sum containerd/go.mod containerd/go.sum helm/go.mod helm/go.sum"
-sources="$(go_files k8s/kubelet-harness) $(go_files k8s/stubplugin) $(go_files k8s/pause)"
+sources="$(go_files k8s/kubelet-harness) $(go_files k8s/stubplugin) $(go_files k8s/dra-kubelet) $(go_files k8s/pause)"
 # shellcheck disable=SC2086
 inputs_hash=$(hash_files $mods $sources)
 go_hash=$(printf '%s' "$go_version" | sha256sum | cut -c1-8)
@@ -69,7 +69,7 @@ cache=${SHARING_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-sharing}
 prefix="$cache/bin/k8s-${k8s_version}_etcd-${etcd_version}_containerd-${containerd_version}_${inputs_hash}"
 bin="${prefix}_go-${go_hash}"
 objs="$cache/objs"
-names="kube-apiserver etcd kubelet-harness stub-device-plugin kubelet kube-scheduler kube-controller-manager kube-proxy pause containerd containerd-shim-runc-v2 ctr helm"
+names="kube-apiserver etcd kubelet-harness stub-device-plugin dra-kubelet kubelet kube-scheduler kube-controller-manager kube-proxy pause containerd containerd-shim-runc-v2 ctr helm"
 
 have_all() { # <dir>
 	local n
@@ -92,7 +92,7 @@ if [ -z "$go_version" ]; then
 	log "install Go >= 1.26, or point SHARING_KUBE_APISERVER, SHARING_ETCD, SHARING_KUBELET_HARNESS,"
 	log "SHARING_KUBELET, SHARING_KUBE_SCHEDULER, SHARING_KUBE_CONTROLLER_MANAGER, SHARING_KUBE_PROXY,"
 	log "SHARING_CONTAINERD, SHARING_CONTAINERD_SHIM, SHARING_CTR, SHARING_HELM, SHARING_PAUSE and"
-	log "SHARING_STUB_DEVICE_PLUGIN at prebuilt binaries"
+	log "SHARING_STUB_DEVICE_PLUGIN, SHARING_DRA_KUBELET at prebuilt binaries"
 	exit 3
 fi
 
@@ -151,6 +151,8 @@ harness_hash=$(hash_files k8s/go.mod k8s/go.sum $(go_files k8s/kubelet-harness))
 # shellcheck disable=SC2046
 stub_hash=$(hash_files $(go_files k8s/stubplugin))_$go_hash
 # shellcheck disable=SC2046
+dra_kubelet_hash=$(hash_files k8s/go.mod k8s/go.sum $(go_files k8s/dra-kubelet))_$go_hash
+# shellcheck disable=SC2046
 pause_hash=$(hash_files $(go_files k8s/pause))_$go_hash
 etcd_hash=$(hash_files etcd/go.mod etcd/go.sum)_$go_hash
 containerd_hash=$(hash_files containerd/go.mod containerd/go.sum)_$go_hash
@@ -166,6 +168,8 @@ build kubelet-harness "(k8s $k8s_version)" "${k8s_version}_$harness_hash" "$gomo
 	"~1-2 min on a cold cache, ~15 s after a harness edit"
 build stub-device-plugin "(k8s $k8s_version)" "${k8s_version}_$stub_hash" "$gomods/k8s" ./stubplugin "-s -w" \
 	"a test peer for the harness: seconds"
+build dra-kubelet "(k8s $k8s_version)" "${k8s_version}_$dra_kubelet_hash" "$gomods/k8s" ./dra-kubelet "$k8s_ld" \
+	"the kubelet's DRA plugin registration and client, a test peer for DRA plugins: ~2 min cold, seconds after"
 build kubelet "$k8s_version" "${k8s_version}_$k8s_hash" "$gomods/k8s" "$k8s/kubelet" "$k8s_ld" \
 	"~4 min from an empty Go cache, ~1 min after kube-apiserver"
 build kube-scheduler "$k8s_version" "${k8s_version}_$k8s_hash" "$gomods/k8s" "$k8s/kube-scheduler" "$k8s_ld" "~10-45 s"

@@ -36,6 +36,7 @@ from sharing.devices import Inventory
 from sharing.dra.names import DRIVER
 from sharing.errors import SharingError
 from sharing.gpu import GpuBackend
+from sharing.gpu.mps import CONTROL, MpsDaemons
 from sharing.kube import ConfigSources, KubeClient, NodePublisher, watch_node
 from sharing.kubelet import PodResourcesClient
 from sharing.labels import ConfigState
@@ -89,6 +90,7 @@ class Agent:
         self.serving = remembered(self._frontend_file) or Frontend.DEVICE_PLUGIN
         """The front-end in service (as before a restart; device plugins for an agent that had no choice)."""
         self._frontend_said: tuple[str, str] | None = None
+        self.mps = MpsDaemons(settings.mps_root, settings.driver_root / CONTROL, backend.set_compute_mode)
         self.rollout = Rollout(
             backend=backend,
             fleet=fleet,
@@ -105,6 +107,7 @@ class Agent:
             injection=settings.injection(),
             cdi_spec_dir=settings.cdi_spec_dir,
             metrics=self.metrics,
+            mps=self.mps,
         )
         self.report = Reporter(
             settings.node_name,
@@ -170,6 +173,7 @@ class Agent:
             asyncio.create_task(self._loop(), name="reconcile"),
             asyncio.create_task(self._resync(), name="resync"),
             asyncio.create_task(self._grace(), name="api-grace"),
+            asyncio.create_task(self._watch_mps(), name="mps-watch"),
         ]
         try:
             await stop.wait()
@@ -259,12 +263,51 @@ class Agent:
             holders = await self.rollout.holders(node=observed)
         except SharingError:
             return False
+        if any(not (g := observed.gpu(u)) or not g.busy for u in self.rollout.mps_blocked):
+            return True  # an MPS change waits for processes, not for the pods that hold replicas
         return bool(self._verdict.blockers - holders.busy_uuids(observed))
 
     async def _resync(self) -> None:
         while True:
             await asyncio.sleep(self.settings.resync_seconds)
             self.trigger()
+
+    async def _watch_mps(self) -> None:
+        """Ask the MPS daemons whether they answer: one that stopped makes its replicas unhealthy at
+        once, and the reconcile that follows starts it again."""
+        down: set[str] = set()
+        while True:
+            await asyncio.sleep(self.settings.mps_check_seconds)
+            try:
+                changed = await self.mps.check()
+            except SharingError as err:
+                log.warning("mps_check_failed", error=bounded(str(err)))
+                continue
+            if changed:
+                await self.rollout.republish()
+                self.trigger()
+            down = await self._mps_events(down)
+
+    async def _mps_events(self, down: set[str]) -> set[str]:
+        """An Event when a GPU's daemon stops answering, and one when it answers again; the GPUs down."""
+        daemons = self.mps.status()
+        now: set[str] = {s.gpu for s in daemons if s.enforced is None}
+        healthy = {s.gpu for s in daemons if s.healthy}
+        for uuid in sorted(now ^ down):
+            gpu = self.rollout.node.gpu(uuid)
+            where = f"GPU {gpu.index} ({gpu.product})" if gpu else f"GPU {uuid}"
+            if uuid in now:
+                await self.node_out.event(
+                    "Warning",
+                    "MpsDaemonDown",
+                    f"the MPS control daemon of {where} does not answer: its replicas are unhealthy"
+                    " until it is started again",
+                )
+            elif uuid in healthy:
+                await self.node_out.event(
+                    "Normal", "MpsDaemonHealthy", f"the MPS control daemon of {where} answers again"
+                )
+        return now
 
     async def _grace(self) -> None:
         await asyncio.sleep(API_GRACE_S)

@@ -13,7 +13,13 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from sharing.config.frontend import FRONTEND_LABEL, Frontend, parse_frontend
-from sharing.devices import APPLICATION_XIDS, DeviceIdStrategy, DeviceListStrategy, Injection
+from sharing.devices import (
+    APPLICATION_XIDS,
+    DEFAULT_MPS_ROOT,
+    DeviceIdStrategy,
+    DeviceListStrategy,
+    Injection,
+)
 from sharing.store import DEFAULT_JOURNAL
 
 DEFAULT_POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
@@ -65,6 +71,11 @@ class Settings:
     """Comma list of envvar, volume-mounts, cdi-annotations, cdi-cri (NVIDIA's names)."""
     device_id_strategy: str = "uuid"
     cdi_spec_dir: Path = Path("/var/run/cdi")
+    mps_root: Path = Path(DEFAULT_MPS_ROOT)
+    """Host directory of the MPS control daemons' pipes, logs and shared memory (NVIDIA's mpsRoot); the
+    agent sees it at the same path."""
+    mps_check_seconds: float = 2.0
+    """How often every MPS control daemon is asked whether it still answers."""
     http_port: int = 9402
     """/healthz, /readyz, /metrics and /status; 0: no HTTP server."""
     holders_localhost_only: bool = False
@@ -94,7 +105,7 @@ class Settings:
             ) from None
         if not strategies:
             raise ValueError(f"no device-list strategy given (choose from {valid})")
-        return Injection(strategies, ids)
+        return Injection(strategies, ids, str(self.mps_root))
 
     def describe(self) -> dict[str, object]:
         """The settings as plain values (paths as text), for the start-up log line."""
@@ -144,6 +155,8 @@ _OPTIONS: dict[str, str] = {
     ),
     "device_id_strategy": "uuid or index",
     "cdi_spec_dir": "where the CDI spec is written",
+    "mps_root": "host directory of the MPS control daemons' pipes and shared memory (NVIDIA's mpsRoot)",
+    "mps_check_seconds": "how often the MPS control daemons are asked whether they answer",
     "http_port": "port of /healthz, /readyz, /metrics (0: none)",
     "holders_localhost_only": (
         "serve /status and gpu_sharing_slice_owner_info (which pod holds each GPU) on localhost only "

@@ -5,8 +5,9 @@
 Parts, in order: planner, hostile (parsing hostile ConfigMap keys), mutations, listandwatch,
 cluster (startup, reconcile, configmap, allocate, idle, preferred, restart: the API server's),
 agentrestart (the agent's: how long the kubelet refuses pods), realnode, dra (the DRA front-end
-on a real node), fleet, probes (the HTTP
-port under a flood). A part that fails is reported and the others still run; the exit code is 1
+on a real node), fleet, probes (the HTTP port under a flood), resourceslices (the DRA publisher: a
+changed pool until the API server holds it). A part that fails is reported and the others still
+run; the exit code is 1
 when any failed. Ctrl-C or SIGTERM stops everything it started.
 """
 
@@ -42,6 +43,7 @@ from bench import (
     probes,
     realnode,
     reconcile,
+    resourceslices,
     restart,
 )
 from bench.cluster import Cluster, running_cluster
@@ -58,6 +60,7 @@ PARTS = (
     "dra",
     "fleet",
     "probes",
+    "resourceslices",
 )
 
 
@@ -147,6 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ("dra", lambda: dra.bench_dra(budget, results)),
             ("fleet", lambda: fleet.bench_fleet(nodes, budget, results) if nodes else None),
             ("probes", lambda: probes.bench_probes(tmp / "probes", budget, results)),
+            ("resourceslices", lambda: resourceslices.bench_resourceslices(tmp / "slices", budget, results)),
         ]
         try:
             for name, part in parts:

@@ -10,6 +10,7 @@
 #     usr/lib/x86_64-linux-gnu/libcuda.so.<version>        stand-in (+ libcuda.so.1 link)
 #     usr/lib/x86_64-linux-gnu/libnvidia-ptxjitcompiler.so.<version>  stand-in (+ .so.1 link)
 #     usr/bin/nvidia-smi                                   stand-in over the fake NVML
+#     usr/bin/nvidia-cuda-mps-control                      MPS control daemon stand-in (src/mpsctl.c)
 #
 # <key> hashes the sources, this script, and the versions of NVIDIA's header and of jansson, so
 # unchanged inputs never rebuild. The header is NVIDIA's own nvml.h from the PyPI package
@@ -50,7 +51,7 @@ done_with() { # <built root>
 	if [ -n "$install" ]; then
 		mkdir -p "$install/usr/lib/x86_64-linux-gnu" "$install/usr/bin"
 		local f
-		for f in "$1"/usr/lib/x86_64-linux-gnu/* "$1/usr/bin/nvidia-smi"; do
+		for f in "$1"/usr/lib/x86_64-linux-gnu/* "$1"/usr/bin/*; do
 			local to=$install/${f#"$1"/}
 			cp -P "$f" "$to.tmp.$$" && mv -f "$to.tmp.$$" "$to"
 		done
@@ -144,7 +145,7 @@ out=$root.tmp/usr/lib/x86_64-linux-gnu
 cflags=(-O2 -g -Wall -Wextra -Wno-format-truncation -fPIC -fvisibility=hidden -I"$(dirname "$header")" -I"$jansson/include")
 # -fvisibility=hidden and --exclude-libs: the library exports exactly the NVML symbols (FAKE_EXPORT).
 gcc "${cflags[@]}" -shared -Wl,-soname,libnvidia-ml.so.1 -Wl,--exclude-libs,ALL -Wl,-z,defs \
-	-o "$out/libnvidia-ml.so.$DRIVER_VERSION" "$here"/src/{state,device,mig,compute,events,files}.c \
+	-o "$out/libnvidia-ml.so.$DRIVER_VERSION" "$here"/src/{state,device,mig,compute,events,files,mps}.c \
 	"$jansson/lib/libjansson.a" -lpthread
 for name in libcuda libnvidia-ptxjitcompiler; do
 	gcc "${cflags[@]}" -shared -Wl,-soname,$name.so.1 -o "$out/$name.so.$DRIVER_VERSION" "$here/src/stub.c"
@@ -152,8 +153,10 @@ done
 for name in libnvidia-ml libcuda libnvidia-ptxjitcompiler; do
 	ln -s "$name.so.$DRIVER_VERSION" "$out/$name.so.1"
 done
-gcc "${cflags[@]}" -o "$root.tmp/usr/bin/nvidia-smi" "$here/src/smi.c" -L"$out" -l:libnvidia-ml.so.1 \
-	-Wl,-rpath,'$ORIGIN/../lib/x86_64-linux-gnu'
+for tool in nvidia-smi:smi nvidia-cuda-mps-control:mpsctl; do
+	gcc "${cflags[@]}" -o "$root.tmp/usr/bin/${tool%%:*}" "$here/src/${tool#*:}.c" -L"$out" -l:libnvidia-ml.so.1 \
+		-Wl,-rpath,'$ORIGIN/../lib/x86_64-linux-gnu'
+done
 touch "$root.tmp/.complete"
 rm -rf "$root"
 mv "$root.tmp" "$root"

@@ -27,6 +27,7 @@ class Binaries:
     etcd: Path
     kubelet_harness: Path
     stub_device_plugin: Path  # a minimal Go device plugin, a test peer for the harness
+    dra_kubelet: Path  # the kubelet's own DRA plugin watcher and client, a test peer for DRA plugins
     kubelet: Path
     kube_scheduler: Path
     kube_controller_manager: Path

@@ -28,7 +28,8 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser with every command registered."""
-    parser = _Parser(prog="sharing", description="Share NVIDIA GPUs in Kubernetes: MIG and time-slicing.")
+    about = "Share NVIDIA GPUs in Kubernetes: MIG, time-slicing and MPS."
+    parser = _Parser(prog="sharing", description=about)
     parser.add_argument("--version", action="version", version=f"sharing {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
     for command in COMMANDS:

@@ -33,7 +33,10 @@ def product_arg(name: str) -> Product:
     """The MIG product for a --gpu argument; an unknown GPU or one without MIG is a usage error."""
     found = gpu_arg(name)
     if isinstance(found, PlainProduct):
-        raise UsageError(f"{found.name} has no MIG: it can only be time-sliced (a rule with `replicas`)")
+        raise UsageError(
+            f"{found.name} has no MIG: it can only be time-sliced or shared with MPS "
+            "(a rule with `replicas` or `mps`)"
+        )
     return found
 
 

@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(
                 f"{found.name} has no MIG: it cannot be partitioned, but it can be time-sliced "
-                "(a rule with `replicas`, e.g. the all-replicas-4 preset)"
+                "or shared with MPS (a rule with `replicas`, e.g. the all-replicas-4 preset, or `mps`)"
             )
         return 0
     product = found

@@ -132,6 +132,19 @@ def describe(status: dict[str, Any]) -> str:
             f"GPU {gpu['index']}  {gpu['product']}  {gpu['uuid']}  MIG {gpu['mig']}  {gpu['health']}"
             + (f"  config {gpu['config']}" if gpu.get("config") else "")
         )
+        daemon = gpu.get("mps")
+        if daemon:
+            enforced = daemon.get("enforced")
+            answer = (
+                "healthy" if daemon["healthy"] else
+                "not answering" if enforced is None else
+                f"answers {enforced['activeThreadPercentage']}% / {enforced['pinnedMemoryMiB']} MiB"
+            )  # fmt: skip
+            lines.append(
+                f"  MPS daemon {answer}: {daemon['activeThreadPercentage']}% of the threads and"
+                f" {daemon['pinnedMemoryMiB']} MiB per client, pipes {daemon['pipeDirectory']},"
+                f" restarts {daemon['restarts']}" + (f"; {daemon['error']}" if daemon.get("error") else "")
+            )
         rows = [("RESOURCE", "DEVICE", "PROFILE", "HEALTH", "HELD BY")] + [
             (
                 s["resource"],

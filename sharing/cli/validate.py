@@ -20,6 +20,7 @@ from sharing.config import (
     Problem,
     Rule,
     Selector,
+    Sharing,
     SharingConfig,
     load_yaml,
     node_from_names,
@@ -154,6 +155,8 @@ def _action(rule: Rule) -> str:
             MigMode.ENABLED: "MIG on, no instances",
             MigMode.UNCHANGED: "MIG as is",
         }[rule.mig]
+    if rule.sharing is Sharing.MPS:
+        return text + _mps(rule)
     if rule.replicas.default > 1:
         text += f", {rule.replicas.default} replicas each"
     if rule.replicas.per_device_kind:
@@ -161,6 +164,18 @@ def _action(rule: Rule) -> str:
     if rule.rename:
         text += ", renamed " + ", ".join(f"{a}->{b}" for a, b in rule.rename)
     return text
+
+
+def _mps(rule: Rule) -> str:
+    """`, MPS: 4 replicas each with 25% of the threads and 10240 MiB`; the defaults spelt out."""
+    replicas = rule.replicas.for_kind("gpu")
+    threads = rule.mps.active_thread_percentage
+    memory = rule.mps.pinned_memory_mib
+    limits = f"{threads if threads is not None else 100 // replicas}% of the threads and " + (
+        f"{memory} MiB" if memory is not None else f"1/{replicas} of the memory"
+    )
+    renamed = ", renamed " + ", ".join(f"{a}->{b}" for a, b in rule.rename) if rule.rename else ""
+    return f", MPS: {replicas} replicas each with {limits}{renamed}"
 
 
 def config_json(config: SharingConfig, products: list[str] | None = None) -> dict[str, object]:
@@ -185,6 +200,13 @@ def config_json(config: SharingConfig, products: list[str] | None = None) -> dic
                 "instances": dict(r.instances),
                 "replicas": {"default": r.replicas.default, **dict(r.replicas.per_device_kind)},
                 "rename": dict(r.rename),
+                "sharing": r.sharing.value,
+                "mps": {
+                    "activeThreadPercentage": r.mps.active_thread_percentage,
+                    "pinnedMemoryMiB": r.mps.pinned_memory_mib,
+                }
+                if r.sharing is Sharing.MPS
+                else None,
             }
             for r in config.rules
         ],

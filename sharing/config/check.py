@@ -13,10 +13,20 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from sharing.config.mps import check_mps
 from sharing.config.node import NodeGpu, catalog_targets, layout_problems
 from sharing.config.problems import Report
 from sharing.config.rules import GPU, check_rename, check_replicas, check_strategy, covers, reachability
-from sharing.config.spec import MigMode, MigStrategy, Replicas, Rule, Selector, SharingConfig
+from sharing.config.spec import (
+    MigMode,
+    MigStrategy,
+    MpsLimits,
+    Replicas,
+    Rule,
+    Selector,
+    Sharing,
+    SharingConfig,
+)
 from sharing.mig import Catalog
 
 __all__ = ["GPU", "DraftConfig", "DraftRule", "covers", "finish"]
@@ -39,6 +49,12 @@ class DraftRule:
     replicas: dict[str, tuple[int, str]] = field(default_factory=dict)
     rename: dict[str, tuple[str, str]] = field(default_factory=dict)
     skip_without_mig: bool = False
+    sharing: Sharing = Sharing.TIME_SLICING
+    sharing_path: str = ""
+    """The `mps` key of a native rule, or the `sharing.mps.resources[]` entry (MPS messages)."""
+    mps: MpsLimits = field(default_factory=MpsLimits)
+    thread_path: str = ""
+    memory_path: str = ""
 
 
 @dataclass(slots=True)
@@ -52,6 +68,8 @@ class DraftConfig:
     rename_path: str = "sharing.renameByDefault"
     fail_requests_greater_than_one: bool = False
     fail_path: str = "sharing.failRequestsGreaterThanOne"
+    fail_implied: bool = False
+    """failRequestsGreaterThanOne is true because MPS makes it so, not because the config says so."""
     rules: list[DraftRule] = field(default_factory=list)
     nvidia: bool = False
     """An NVIDIA device-plugin config: replicated resources that no GPU has are skipped with a warning."""
@@ -73,6 +91,8 @@ def finish(
         _check_mig(report, draft, rule, catalog, targets, offline=node is None)
         check_replicas(report, name, draft.strategy, rule, catalog, targets=targets, lenient=draft.nvidia)
         check_rename(report, name, draft.strategy, rule)
+        if rule.sharing is Sharing.MPS:
+            check_mps(report, name, rule, _first_match(draft, rule, targets))
     check_strategy(report, draft)
     if report.has_errors_for(name):
         return None
@@ -91,10 +111,20 @@ def finish(
                 ),
                 rename=tuple(sorted((k, v) for k, (v, _) in r.rename.items())),
                 skip_without_mig=r.skip_without_mig,
+                sharing=r.sharing,
+                mps=r.mps,
             )
             for r in draft.rules
         ),
     )
+
+
+def _first_match(draft: DraftConfig, rule: DraftRule, targets: list[NodeGpu] | None) -> list[NodeGpu] | None:
+    """The targets this rule applies to: those no earlier rule matches (the first match wins)."""
+    if targets is None:
+        return None
+    first = {id(t): next((r for r in draft.rules if r.selector.matches(t.identity)), rule) for t in targets}
+    return [t for t in targets if first[id(t)] is rule]
 
 
 def _canonical_product(report: Report, name: str, rule: DraftRule, catalog: Catalog) -> None:

@@ -6,9 +6,10 @@ from typing import Any
 
 from sharing.config.check import DraftConfig, DraftRule
 from sharing.config.document import describe
+from sharing.config.mps import LIMIT_KEYS, read_limits
 from sharing.config.problems import Report, item, key
 from sharing.config.schema import boolean, choice, fields, integer, resource_name, string
-from sharing.config.spec import MigMode, MigStrategy, Selector
+from sharing.config.spec import MigMode, MigStrategy, Selector, Sharing
 
 MAX_REPLICAS = 256
 MAX_GPU_INDEX = 255
@@ -48,12 +49,15 @@ def read_native(report: Report, name: str, doc: dict[str, Any]) -> DraftConfig:
         rule = read_rule(report, item("gpus", i), value)
         if rule is not None:
             draft.rules.append(rule)
+    fail_set = isinstance(top.get("sharing"), dict) and "failRequestsGreaterThanOne" in top["sharing"]
+    if not fail_set and any(r.sharing is Sharing.MPS for r in draft.rules):
+        draft.fail_requests_greater_than_one = draft.fail_implied = True  # NVIDIA's MPS default
     return draft
 
 
 def read_rule(report: Report, path: str, value: object) -> DraftRule | None:
     """One `gpus[]` entry."""
-    rule = fields(report, path, value, required=("devices",), optional=("mig", "replicas", "rename"))
+    rule = fields(report, path, value, required=("devices",), optional=("mig", "replicas", "rename", "mps"))
     if rule is None or "devices" not in rule:
         return None
     selector = read_devices(report, key(path, "devices"), rule["devices"])
@@ -68,7 +72,25 @@ def read_rule(report: Report, path: str, value: object) -> DraftRule | None:
         read_replicas(report, draft, key(path, "replicas"), rule["replicas"])
     if "rename" in rule:
         read_rename(report, draft, key(path, "rename"), rule["rename"])
+    if "mps" in rule:
+        if "replicas" in rule:
+            report.error(key(path, "replicas"), "a rule shares its GPUs one way: mps.replicas gives MPS "
+                         "replicas, replicas time-sliced ones; keep one")  # fmt: skip
+        read_mps(report, draft, key(path, "mps"), rule["mps"])
     return draft
+
+
+def read_mps(report: Report, rule: DraftRule, path: str, value: object) -> None:
+    """`{replicas: N, activeThreadPercentage: P, pinnedMemoryLimit: SIZE}`: each whole GPU shared by MPS."""
+    found = fields(report, path, value, required=("replicas",), optional=LIMIT_KEYS)
+    if found is None:
+        return
+    rule.sharing, rule.sharing_path = Sharing.MPS, path
+    if "replicas" in found:
+        replicas = integer(report, key(path, "replicas"), found["replicas"], low=2, high=MAX_REPLICAS)
+        if replicas is not None:
+            rule.replicas["gpu"] = (replicas, key(path, "replicas"))
+    read_limits(report, rule, path, found)
 
 
 def read_indices(report: Report, path: str, value: object) -> tuple[int, ...] | None:

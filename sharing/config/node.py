@@ -37,6 +37,12 @@ class NodeGpu:
     """Its MIG profiles (the driver's or the catalog's); None for a GPU without MIG or an unknown one."""
     known: bool = True
     """False for a GPU the catalog does not know and no driver described: its MIG is unknown."""
+    compute_capability: tuple[int, int] | None = None
+    """(major, minor) as NVML reports it or the catalog lists it; None when unknown (MPS client cap)."""
+    memory_mib: int | None = None
+    """Its memory (the MPS pinned-memory limit must fit); None when unknown."""
+    mig_enabled: bool = False
+    """MIG mode is on now (observed GPUs only): MPS cannot share it."""
 
 
 def node_from_gpus(gpus: Sequence[Gpu], catalog: Catalog) -> tuple[NodeGpu, ...]:
@@ -45,9 +51,11 @@ def node_from_gpus(gpus: Sequence[Gpu], catalog: Catalog) -> tuple[NodeGpu, ...]
     for gpu in gpus:
         ident = identity(gpu, catalog)
         table = geometry(gpu, catalog)
+        known = table is not None or not gpu.mig_capable
         found.append(
-            NodeGpu(ident.product or gpu.product, ident, table, table is not None or not gpu.mig_capable)
-        )
+            NodeGpu(ident.product or gpu.product, ident, table, known, gpu.compute_capability,
+                    gpu.memory_mib or None, gpu.mig_enabled)
+        )  # fmt: skip
     return tuple(found)
 
 
@@ -69,7 +77,9 @@ def node_from_names(names: Sequence[str], catalog: Catalog) -> tuple[NodeGpu, ..
             packed = None if device is None else device << 16 | NVIDIA_VENDOR
             nvml = next(iter(product.nvml_names), None)
             ident = GpuIdentity(index=index, product=product.name, nvml_name=nvml, pci_device_id=packed)
-            found.append(NodeGpu(product.name, ident, mig))
+            found.append(
+                NodeGpu(product.name, ident, mig, True, product.compute_capability, product.memory_mib)
+            )
     return tuple(found)
 
 
@@ -82,15 +92,19 @@ def catalog_targets(selector: Selector, catalog: Catalog) -> list[NodeGpu] | Non
             product = catalog.describe(f"0x{device:04X}") if vendor == NVIDIA_VENDOR else None
             if product is not None and product not in products:
                 products.append(product)
-        return [NodeGpu(p.name, GpuIdentity(product=p.name), p if isinstance(p, Product) else None)
-                for p in products]  # fmt: skip
+        return [_catalog_gpu(p) for p in products]
     if selector.product is not None:
         product = catalog.describe(selector.product)
         if product is None:
             return [NodeGpu(selector.product, GpuIdentity(product=selector.product), None, known=False)]
-        mig = product if isinstance(product, Product) else None
-        return [NodeGpu(product.name, GpuIdentity(product=product.name), mig)]
+        return [_catalog_gpu(product)]
     return None
+
+
+def _catalog_gpu(product: Product | PlainProduct) -> NodeGpu:
+    mig = product if isinstance(product, Product) else None
+    return NodeGpu(product.name, GpuIdentity(product=product.name), mig, True, product.compute_capability,
+                   product.memory_mib)  # fmt: skip
 
 
 @functools.lru_cache(maxsize=4096)

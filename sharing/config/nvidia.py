@@ -1,4 +1,4 @@
-"""NVIDIA k8s-device-plugin configs (`sharing.timeSlicing.resources`) as native drafts.
+"""NVIDIA k8s-device-plugin configs (`sharing.timeSlicing` or `sharing.mps`) as native drafts.
 
 Users bring the ConfigMaps they already have, so a file is accepted and refused where NVIDIA's
 parser (api/config/v1) accepts and refuses it: `replicas` must be at least 2, `devices` may be
@@ -8,26 +8,33 @@ never partition, so every converted rule says `mig: unchanged`. NVIDIA's plugin 
 and `rename` and then throws them away (every device behind a name gets the same replicas; the
 name follows `renameByDefault`); the agent honours them: `rename` as written, `devices` per GPU for
 GPU indices, counts and GPU UUIDs. A list naming MIG devices applies to every device, as NVIDIA's
-plugin does with any list, with a warning. Two deliberate differences: unknown keys are errors
-(NVIDIA drops them silently) and `sharing.mps` is refused.
+plugin does with any list, with a warning. `sharing.mps` shares each selected whole GPU with MPS
+(`failRequestsGreaterThanOne` true unless set, `migStrategy: mixed` refused, as NVIDIA's config.go
+and main.go `validateFlags` do); its resources may also set the per-replica limits
+`activeThreadPercentage` and `pinnedMemoryLimit` (an extension: NVIDIA's parser would drop them).
+Deliberate differences: unknown keys are errors (NVIDIA drops them silently), and `timeSlicing`
+next to `mps` is an error (NVIDIA silently ignores `timeSlicing`, api/config/v1/sharing.go).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from sharing.config import nvidiadevices
 from sharing.config.check import DraftConfig, DraftRule
 from sharing.config.document import describe
+from sharing.config.mps import LIMIT_KEYS, read_limits
 from sharing.config.native import MAX_REPLICAS, STRATEGIES
 from sharing.config.nvidiaflags import read_flags, read_imex, read_resources
 from sharing.config.problems import Report, item, key
 from sharing.config.schema import boolean, choice, fields, integer
-from sharing.config.spec import MigMode, MigStrategy, Selector
+from sharing.config.spec import MigMode, MigStrategy, Selector, Sharing
 
 DEFAULT = "*"
 """Contribution key of `nvidia.com/gpu` under none/single: every device the rule produces."""
 TS = "sharing.timeSlicing"
+MPS = "sharing.mps"
 GPU_KIND = "gpu"
 
 
@@ -63,45 +70,67 @@ def read_nvidia(
     if strategy is not None:
         draft.strategy = MigStrategy(strategy)
     sharing = fields(report, "sharing", top.get("sharing", {}), optional=("timeSlicing", "mps")) or {}
-    if "mps" in sharing:
-        report.error("sharing.mps", "MPS is not supported by this agent; use timeSlicing")
-    if "timeSlicing" not in sharing:
+    if "mps" in sharing and "timeSlicing" in sharing:
+        report.error(
+            "sharing",
+            "both timeSlicing and mps are set: NVIDIA's plugin would silently ignore timeSlicing; "
+            "keep the one you mean (one config per node, chosen by its label)",
+        )
+    word = "mps" if "mps" in sharing else "timeSlicing"  # NVIDIA's ReplicatedResources(): mps wins
+    if word not in sharing:
         return draft
-    ts = fields(report, TS, sharing["timeSlicing"], optional=("resources", "renameByDefault",
+    section = f"sharing.{word}"
+    draft.rename_path = f"{section}.renameByDefault"
+    draft.fail_path = f"{section}.failRequestsGreaterThanOne"
+    ts = fields(report, section, sharing[word], optional=("resources", "renameByDefault",
                 "failRequestsGreaterThanOne")) or {}  # fmt: skip
     if "renameByDefault" in ts:
-        draft.rename_by_default = bool(boolean(report, f"{TS}.renameByDefault", ts["renameByDefault"]))
+        draft.rename_by_default = bool(boolean(report, draft.rename_path, ts["renameByDefault"]))
     if "failRequestsGreaterThanOne" in ts:
-        value = boolean(report, f"{TS}.failRequestsGreaterThanOne", ts["failRequestsGreaterThanOne"])
+        value = boolean(report, draft.fail_path, ts["failRequestsGreaterThanOne"])
         draft.fail_requests_greater_than_one = bool(value)
+    elif section == MPS:
+        # api/config/v1/config.go: "Preserve the historical MPS behavior unless the config explicitly
+        # relaxes it" (unset means true for MPS).
+        draft.fail_requests_greater_than_one = draft.fail_implied = True
+    if section == MPS and draft.strategy is MigStrategy.MIXED:
+        where = "flags.migStrategy" if strategy is not None else section
+        default = "" if strategy is not None else " (the agent's default: no flags.migStrategy is set)"
+        report.error(
+            where,
+            f"using migStrategy mixed{default} is not supported with MPS, as in NVIDIA's plugin: MPS "
+            "shares whole GPUs only; use none",
+        )
     resources = ts.get("resources")
     if not isinstance(resources, list) or not resources:
         got = "nothing" if "resources" not in ts else describe(resources)
-        report.error(f"{TS}.resources", f"no resources specified: expected a non-empty list, got {got}")
+        report.error(f"{section}.resources", f"no resources specified: expected a non-empty list, got {got}")
     else:
-        draft.rules = _rules(report, draft.strategy, resources)
+        draft.rules = _rules(report, draft.strategy, resources, section)
     return draft
 
 
+@dataclass(slots=True)
 class _Contribution:
     """What one resource entry asks of the GPUs it selects."""
 
-    def __init__(self, path: str, kind: str, replicas: int, resource: str, rename: str | None) -> None:
-        self.path, self.kind, self.replicas, self.resource, self.rename = (
-            path,
-            kind,
-            replicas,
-            resource,
-            rename,
-        )
+    path: str
+    kind: str
+    replicas: int
+    resource: str
+    rename: str | None
+    limits: dict[str, Any] = field(default_factory=dict)
+    """MPS only: the entry's activeThreadPercentage and pinnedMemoryLimit, as written."""
 
 
-def _rules(report: Report, strategy: MigStrategy, resources: list[Any]) -> list[DraftRule]:
+def _rules(report: Report, strategy: MigStrategy, resources: list[Any], section: str) -> list[DraftRule]:
+    mps = section == MPS
+    keys = ("name", "replicas", "rename", "devices", *(LIMIT_KEYS if mps else ()))
     everywhere: list[_Contribution] = []
     per_gpu: dict[int | str, list[_Contribution]] = {}
     for i, value in enumerate(resources):
-        path = item(f"{TS}.resources", i)
-        entry = fields(report, path, value, optional=("name", "replicas", "rename", "devices"))
+        path = item(f"{section}.resources", i)
+        entry = fields(report, path, value, optional=keys)
         if entry is None:
             continue
         if "name" not in entry:
@@ -127,15 +156,17 @@ def _rules(report: Report, strategy: MigStrategy, resources: list[Any]) -> list[
         kind = _kind(report, key(path, "name"), strategy, resource)
         if kind is None:
             continue
-        contribution = _Contribution(path, kind, replicas, resource, rename)
+        if mps:  # whole GPUs only; their MIG devices, under single, are not replicated
+            kind = GPU_KIND
+        limits = {k: v for k, v in entry.items() if k in LIMIT_KEYS}
+        contribution = _Contribution(path, kind, replicas, resource, rename, limits)
         for bucket in (
             [everywhere] if devices == nvidiadevices.ALL else [per_gpu.setdefault(d, []) for d in devices]
         ):
             clash = next((c for c in bucket if c.kind == contribution.kind), None)
             if clash is not None:
-                report.error(
-                    key(path, "name"), f"{resource} is already time-sliced on these GPUs by {clash.path}"
-                )
+                how = "shared with MPS" if mps else "time-sliced"
+                report.error(key(path, "name"), f"{resource} is already {how} on these GPUs by {clash.path}")
                 break
             bucket.append(contribution)
     # GPUs asked for by the same resources form one rule; a resource naming a GPU overrides an
@@ -145,9 +176,9 @@ def _rules(report: Report, strategy: MigStrategy, resources: list[Any]) -> list[
         own = per_gpu[gpu]
         merged = own + [c for c in everywhere if c.kind not in {x.kind for x in own}]
         groups.setdefault(tuple(sorted(c.path for c in merged)), ([], merged))[0].append(gpu)
-    rules = [_rule(_selector(gpus), merged) for gpus, merged in groups.values()]
+    rules = [_rule(report, _selector(gpus), merged, mps) for gpus, merged in groups.values()]
     if everywhere:
-        rules.append(_rule([Selector(all=True)], everywhere))
+        rules.append(_rule(report, [Selector(all=True)], everywhere, mps))
     return [r for rule in rules for r in rule]
 
 
@@ -161,7 +192,9 @@ def _selector(gpus: list[int | str]) -> list[Selector]:
     ]
 
 
-def _rule(selectors: list[Selector], contributions: list[_Contribution]) -> list[DraftRule]:
+def _rule(
+    report: Report, selectors: list[Selector], contributions: list[_Contribution], mps: bool
+) -> list[DraftRule]:
     first = contributions[0].path
     rules = []
     for selector in selectors:
@@ -179,6 +212,9 @@ def _rule(selectors: list[Selector], contributions: list[_Contribution]) -> list
                 rule.replicas[c.kind] = (c.replicas, key(c.path, "replicas"))
             if c.rename is not None:
                 rule.rename[c.resource] = (c.rename, key(c.path, "rename"))
+            if mps:
+                rule.sharing, rule.sharing_path = Sharing.MPS, c.path
+                read_limits(report, rule, c.path, c.limits)
         rules.append(rule)
     return rules
 

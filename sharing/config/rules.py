@@ -191,7 +191,7 @@ def check_strategy(report: Report, draft: DraftConfig) -> None:
             report.warn(
                 draft.rename_path, "has no effect: no rule time-slices a device (replicas > 1)", config=name
             )
-        if draft.fail_requests_greater_than_one:
+        if draft.fail_requests_greater_than_one and not draft.fail_implied:
             report.warn(
                 draft.fail_path, "has no effect: no rule time-slices a device (replicas > 1)", config=name
             )

@@ -29,6 +29,8 @@ class MigMode(enum.Enum):
     """MIG on with exactly `Rule.instances` (none for the word `enabled`)."""
     UNCHANGED = "unchanged"
     """Leave MIG mode and instances alone; only advertise and replicate what exists."""
+    DYNAMIC = "dynamic"
+    """MIG on, no instances made ahead: on the DRA front-end each claim gets one made at prepare."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,9 @@ by NVIDIA's device-list strategies (one or several) `envvar` (NVIDIA_VISIBLE_DEV
 (/dev/null mounted at /var/run/nvidia-container-devices/<id>, the variable naming that directory),
 `cdi-annotations` (CDI device names in a pod annotation) and `cdi-cri` (CDI device names in the CRI
 field); devices named by UUID or by index (`0`, or `0:1` for MIG device 1 of GPU 0). When every
-chosen strategy is CDI, no variable and no mount are added, as NVIDIA's plugin does.
+chosen strategy is CDI, no variable and no mount are added, as NVIDIA's plugin does. A replica shared
+with MPS also gets its GPU's MPS pipe directory and shared memory (`sharing.devices.mps`), through
+the CDI spec when a CDI strategy is chosen.
 Replicas and MIG devices are spread over distinct physical GPUs by default (least-loaded GPU first;
 the NVIDIA plugin groups MIG devices by their own UUID and so cannot), or packed onto the busiest
 GPU; full GPUs are kept on one NUMA node when the node knows it. Pure: devices in, IDs out (what
@@ -27,6 +29,7 @@ from sharing.devices import (
     DeviceId,
     DeviceListStrategy,
     Injection,
+    client_edits,
     device_name,
 )
 from sharing.errors import PluginError
@@ -203,6 +206,17 @@ def allocate(
         mounts = tuple(Mount(f"{DEVICE_LIST_DIR}/{n}", "/dev/null") for n in names)
     elif DeviceListStrategy.ENVVAR in chosen_strategies:
         envs = ((VISIBLE_DEVICES_ENV, ",".join(names)),)
+    mps_gpus = tuple(dict.fromkeys(d.gpu_uuid for d in chosen if d.mps))
+    if len(mps_gpus) > 1:
+        raise AllocationError(
+            f"{resource}: replicas of {len(mps_gpus)} MPS GPUs requested ({_ids(mps_gpus)}), but a"
+            " container is the client of one MPS control daemon; request replicas of one GPU"
+        )
+    if mps_gpus and not injection.cdi:
+        # With CDI the device's entry in the CDI spec carries the same (sharing.gpu.cdi).
+        edits = client_edits(injection.mps_root, mps_gpus[0])
+        envs += edits.env
+        mounts += tuple(Mount(inside, host, read_only=False) for inside, host in edits.mounts)
     annotations: tuple[tuple[str, str], ...] = ()
     if DeviceListStrategy.CDI_ANNOTATIONS in chosen_strategies:
         # One key per resource: a container asking for two resources gets both annotations.

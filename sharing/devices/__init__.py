@@ -28,14 +28,27 @@ from sharing.devices.inventory import (
     with_health,
     withdraw,
 )
+from sharing.devices.mps import (
+    DEFAULT_MPS_ROOT,
+    PIPE_ENV,
+    ClientEdits,
+    MpsSettings,
+    client_edits,
+    mps_layout,
+    mps_settings,
+    pipe_dir,
+)
 from sharing.devices.xids import APPLICATION_XIDS, describe
 
 __all__ = [
     "APPLICATION_XIDS",
     "CDI_KIND",
+    "DEFAULT_MPS_ROOT",
     "ENVVAR_BY_UUID",
     "GPU_RESOURCE",
+    "PIPE_ENV",
     "REPLICA_SEPARATOR",
+    "ClientEdits",
     "Device",
     "DeviceId",
     "DeviceIdStrategy",
@@ -44,10 +57,15 @@ __all__ = [
     "HealthState",
     "Injection",
     "Inventory",
+    "MpsSettings",
     "build_inventory",
+    "client_edits",
     "describe",
     "device_name",
     "forms",
+    "mps_layout",
+    "mps_settings",
+    "pipe_dir",
     "reformed",
     "with_health",
     "withdraw",

@@ -38,6 +38,9 @@ class Injection:
 
     strategies: frozenset[DeviceListStrategy] = frozenset({DeviceListStrategy.ENVVAR})
     ids: DeviceIdStrategy = DeviceIdStrategy.UUID
+    mps_root: str = "/run/nvidia/mps"
+    """mpsRoot: the host directory of the MPS daemons' pipes and shared memory (NVIDIA's name and
+    default), which MPS clients get mounted (`sharing.devices.mps`)."""
 
     @property
     def cdi(self) -> bool:

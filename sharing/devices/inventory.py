@@ -15,7 +15,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import NewType
 
-from sharing.config import MigStrategy, SharingConfig, identity
+from sharing.config import MigStrategy, Sharing, SharingConfig, identity
 from sharing.devices.xids import APPLICATION_XIDS
 from sharing.errors import PluginError
 from sharing.mig import Catalog, default_catalog
@@ -54,6 +54,8 @@ class Device:
     index: str = ""
     """The device as the driver numbers it: `0` for GPU 0, `0:1` for MIG device 1 of GPU 0
     (deviceIDStrategy `index`)."""
+    mps: bool = False
+    """A client of its GPU's MPS server (`sharing: mps`): Allocate hands out the daemon's pipes too."""
 
     @property
     def uuid(self) -> str:
@@ -250,7 +252,8 @@ def _devices_of(
         return
     if not gpu.mig_enabled:
         replicas = rule.replicas.for_kind("gpu") if rule else 1
-        yield from _replicate(GPU_RESOURCE, gpu, None, replicas, rename, index=str(gpu.index))
+        mps = rule is not None and rule.sharing is Sharing.MPS
+        yield from _replicate(GPU_RESOURCE, gpu, None, replicas, rename, index=str(gpu.index), mps=mps)
         return
     if not gpu.mig_devices:
         warnings.append(
@@ -279,18 +282,28 @@ class _Rename:
 
 
 def _replicate(
-    resource: ResourceName, gpu: Gpu, mig_uuid: MigUuid | None, replicas: int, rename: _Rename, *, index: str
+    resource: ResourceName,
+    gpu: Gpu,
+    mig_uuid: MigUuid | None,
+    replicas: int,
+    rename: _Rename,
+    *,
+    index: str,
+    mps: bool = False,
 ) -> Iterable[tuple[ResourceName, Device]]:
     uuid = mig_uuid if mig_uuid is not None else gpu.uuid
     if replicas <= 1:
         yield (
             resource,
-            Device(device_id(uuid), Health.HEALTHY, gpu.numa_node, gpu.uuid, mig_uuid, index=index),
+            Device(device_id(uuid), Health.HEALTHY, gpu.numa_node, gpu.uuid, mig_uuid, index=index, mps=mps),
         )
         return
     shared = rename(resource)
     for n in range(replicas):
-        yield shared, Device(device_id(uuid, n), Health.HEALTHY, gpu.numa_node, gpu.uuid, mig_uuid, n, index)
+        yield (
+            shared,
+            Device(device_id(uuid, n), Health.HEALTHY, gpu.numa_node, gpu.uuid, mig_uuid, n, index, mps),
+        )
 
 
 def _single_is_uniform(node: NodeState, warnings: list[str]) -> bool:

@@ -7,6 +7,8 @@ labels (resource.k8s.io/v1 `Device.name`) that round-trip to the inventory's dev
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from sharing.devices.inventory import Device
 
 DRIVER = "gpu.nvidia.com"
@@ -22,6 +24,12 @@ def device_name(device: Device) -> str:
     return name if device.replica is None else f"{name}-replica-{device.replica}"
 
 
+def pool_device_name(device: Device) -> str:
+    """The name a device has in the pool: replicas are shares of one device (consumable capacity,
+    `allowMultipleAllocations`), so every replica of a device has its device's name."""
+    return device_name(replace(device, replica=None))
+
+
 CDI_KIND = f"k8s.{DRIVER}/claim"
 """The CDI kind of the per-claim specs; device names are `<claim UID>-<device name>`, so a runtime's
 cached spec of a deleted claim never matches a new one (the Go helper's advice, k8s.io/
@@ -35,7 +43,8 @@ DRA_SERVICE = "v1.DRAPlugin"
 pkg/apis/dra/v1/types.go, DRAPluginService)."""
 HEALTH_SERVICE = "v1alpha1.DRAResourceHealth"
 """The health service's gRPC name, which the Go helper adds to supported_versions when a driver serves
-it (k8s.io/dynamic-resource-allocation v0.36.3 kubeletplugin/draplugin.go)."""
+it (k8s.io/dynamic-resource-allocation v0.36.3 kubeletplugin/draplugin.go) and the kubelet looks for
+before it opens NodeWatchResources (k8s.io/kubernetes pkg/kubelet/cm/dra/plugin, pickHealthService)."""
 SUPPORTED_VERSIONS = (DRA_SERVICE, HEALTH_SERVICE)
 
 DRA_SOCKET = "dra.sock"
@@ -54,3 +63,22 @@ def claim_cdi_name(claim_uid: str, device: str) -> str:
 def claim_cdi_file(claim_uid: str) -> str:
     """The file name of a claim's CDI spec in the CDI spec directory."""
     return f"{CDI_KIND.replace('/', '-')}_{claim_uid}.json"
+
+
+def profile_slug(profile: str) -> str:
+    """A MIG profile as a DNS-label part: `1g.5gb` -> `1g-5gb`, `1g.10gb+me` -> `1g-10gb-me`."""
+    return profile.lower().replace(".", "-").replace("+", "-")
+
+
+def ondemand_device_name(gpu_index: int, profile: str, start: int) -> str:
+    """The device of an on-demand MIG slice of `profile` placed at memory slice `start` of GPU `gpu_index`."""
+    return f"gpu-{gpu_index}-mig-{profile_slug(profile)}-at-{start}"
+
+
+def parse_ondemand_name(name: str) -> tuple[int, str, int] | None:
+    """(GPU index, profile slug, placement start) of an on-demand device name, or None for any other."""
+    head, sep, start = name.rpartition("-at-")
+    gpu, mig, slug = head.partition("-mig-")
+    if not (sep and mig and gpu.startswith("gpu-") and start.isdigit() and gpu[4:].isdigit() and slug):
+        return None
+    return int(gpu[4:]), slug, int(start)

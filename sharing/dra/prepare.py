@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -26,7 +27,7 @@ import structlog
 
 from sharing.devices import Device, Inventory
 from sharing.dra.claims import ClaimError, check_config, select
-from sharing.dra.names import CDI_KIND, claim_cdi_file, claim_cdi_name, device_name
+from sharing.dra.names import CDI_KIND, claim_cdi_file, claim_cdi_name, pool_device_name
 from sharing.errors import KubeError
 from sharing.gpu import build_named_spec, write_spec
 from sharing.gpu.devfiles import DeviceFiles
@@ -81,6 +82,10 @@ class PreparedClaims:
     claims: tuple[PreparedClaim, ...] = ()
     unknown: str = ""
 
+    def held(self) -> frozenset[str]:
+        """The container UUIDs (GPU or MIG) the prepared claims hold; meaningless while `unknown`."""
+        return frozenset(d.uuid for c in self.claims for d in c.devices)
+
 
 class Preparer:
     """Prepares claims for the pool `pool` (this node's name) from what the node offers now."""
@@ -118,8 +123,24 @@ class Preparer:
             except CheckpointError as err:
                 self._claims, self._unknown = {}, str(err)
                 log.error("dra_checkpoint_unreadable", path=str(self.checkpoint.path), error=str(err))
+            else:
+                await asyncio.to_thread(self._remove_stale_specs)
             self._count()
         log.info("dra_checkpoint_loaded", claims=len(self._claims))
+
+    def _remove_stale_specs(self) -> None:
+        """Remove the CDI specs of claims the checkpoint does not hold: a crash between writing a
+        spec and the checkpoint leaves one, for a prepare the kubelet never saw succeed."""
+        prefix, suffix = claim_cdi_file("*").split("*")
+        try:
+            names = [n for n in os.listdir(self.cdi_dir) if n.startswith(prefix) and n.endswith(suffix)]
+        except OSError:
+            return  # no directory yet: nothing to remove
+        for name in names:
+            if name[len(prefix) : -len(suffix)] not in self._claims:
+                with contextlib.suppress(OSError):
+                    os.unlink(self.cdi_dir / name)
+                    log.info("stale_cdi_spec_removed", path=str(self.cdi_dir / name))
 
     def prepared(self) -> PreparedClaims:
         """The claims prepared now (for the rollout's holders and for `sharing status`)."""
@@ -174,7 +195,10 @@ class Preparer:
         check_config(claim, chosen)
         prepared = tuple(
             PreparedDevice(
-                requests=(c.result.request,),
+                # The kubelet matches a container's `resources.claims[].request` against these, so a
+                # prioritized list's `<request>/<subrequest>` is named by its request, as the Go helper
+                # names it (kubeletplugin/draplugin.go, stripSubrequestNames).
+                requests=(c.result.request.partition("/")[0],),
                 pool=c.result.pool,
                 device=c.result.device,
                 uuid=c.device.uuid,
@@ -264,17 +288,10 @@ def _check_uid(key: ClaimKey) -> None:
 
 
 def devices_by_name(inventory: Inventory) -> Mapping[str, Device]:
-    """{DRA device name: device} of everything the node offers.
-
-    A replicated device is published as one DRA device whose replicas are shares of it
-    (`sharing.dra.slices`: `allowMultipleAllocations` with a capacity of shares), so the name the
-    scheduler allocates is the device's own; each replica's name is known too.
-    """
-    named: dict[str, Device] = {}
-    for _, ds in inventory.resources:
-        for d in ds:
-            named[device_name(d)] = d
-    for _, ds in inventory.resources:
-        for d in ds:
-            named.setdefault(device_name(replace(d, replica=None)), replace(d, replica=None))
-    return named
+    """{pool device name: device} of everything the node offers (a replicated device once: its
+    replicas are shares of it)."""
+    found: dict[str, Device] = {}
+    for _, devices in inventory.resources:
+        for d in devices:
+            found.setdefault(pool_device_name(d), d)
+    return found

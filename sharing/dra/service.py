@@ -21,7 +21,7 @@ import grpc
 import structlog
 
 from sharing.devices import Health, Inventory
-from sharing.dra.names import device_name
+from sharing.dra.names import pool_device_name
 from sharing.dra.prepare import ClaimKey, Preparer
 from sharing.kubelet.api import dra_v1_pb2 as dra
 from sharing.kubelet.api import drahealth_v1alpha1_pb2 as health
@@ -86,8 +86,13 @@ class DeviceHealthState:
 
 
 def health_of(inventory: Inventory) -> tuple[DeviceHealthState, ...]:
-    """Every device of the pool with its health (the inventory's health overlay), sorted by name."""
-    found = {device_name(d): d.health is Health.HEALTHY for _, ds in inventory.resources for d in ds}
+    """Every device of the pool with its health (the inventory's health overlay), sorted by name; a
+    replicated device is one device, unhealthy when any of its replicas is."""
+    found: dict[str, bool] = {}
+    for _, devices in inventory.resources:
+        for d in devices:
+            name = pool_device_name(d)
+            found[name] = found.get(name, True) and d.health is Health.HEALTHY
     return tuple(DeviceHealthState(n, found[n]) for n in sorted(found))
 
 

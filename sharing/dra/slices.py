@@ -49,6 +49,8 @@ TAINT_GPU_LOST = f"{DRIVER}/gpu-lost"
 NO_SCHEDULE = "NoSchedule"
 PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
 """The standard attribute (k8s.io/dynamic-resource-allocation deviceattribute/attribute.go)."""
+NUMA_NODE = "resource.kubernetes.io/numaNode"
+"""An int, where the GPU's NUMA node is known (NVIDIA: deviceinfo.go, `addNumaNodeAttribute`)."""
 SHARES = "shares"
 
 # NVML's architecture as go-nvlib names it (pkg/nvlib/device/device.go, GetArchitectureAsString), from
@@ -76,6 +78,8 @@ def build_slices(
 ) -> tuple[SliceSpec, ...]:
     """The pool `node_name` as ResourceSlice specs: the inventory's devices that the hardware has.
 
+    `node` is the node as last seen: a GPU that became unreadable is kept (with its last known state,
+    as the rollout keeps it) and listed in `node.unreadable`, so its devices carry `gpu-lost`.
     `xids` names the last XID of an unhealthy GPU or MIG device (by UUID), the value of its taint.
     A pool without devices is no slice at all.
     """
@@ -186,6 +190,8 @@ def _gpu_attributes(gpu: Gpu, driver: DriverInfo | None) -> dict[str, AttributeV
             attributes["cudaDriverVersion"] = Version(f"{cuda // 1000}.{cuda % 1000 // 10}.0")
     if gpu.pci_bus_id:
         attributes[PCI_BUS_ID] = gpu.pci_bus_id
+    if gpu.numa_node is not None and gpu.numa_node >= 0:
+        attributes[NUMA_NODE] = gpu.numa_node
     return attributes
 
 

@@ -49,6 +49,10 @@ class GpuBackend(Protocol):
         """Ask for MIG on or off; True when the change is pending until the GPU is reset."""
         ...
 
+    async def set_compute_mode(self, gpu: GpuUuid, exclusive: bool) -> None:
+        """Exclusive-process compute mode (for an MPS GPU) or the default one."""
+        ...
+
     async def destroy_instance(self, gpu: GpuUuid, gi_id: int) -> None:
         """Destroy a GPU instance: its compute instances first, then the GPU instance."""
         ...

@@ -18,7 +18,9 @@ driver's libraries and binaries as read-only bind mounts with the toolkit's opti
 (pkg/nvcdi/wrapper.go GetCommonEdits) so that an NVIDIA runtime hook that also sees the container
 injects nothing more, `void` being "the same behavior as runc"
 (cmd/nvidia-container-runtime/README.md); CUDA images set the variable to `all` themselves.
-Each device entry adds its device nodes and `GPU_SHARING_DEVICE_<NAME>=<uuid>`.
+Each device entry adds its device nodes and `GPU_SHARING_DEVICE_<NAME>=<uuid>`, and for a GPU shared
+with MPS its daemon's pipe directory (with `CUDA_MPS_PIPE_DIRECTORY`) and the MPS shared memory at
+/dev/shm, what Allocate hands out without CDI.
 
 Unlike the toolkit's spec, this one has no hooks: the toolkit's `create-symlinks` and
 `update-ldcache` hooks run `nvidia-cdi-hook`, which a node without the toolkit lacks, and a hook that
@@ -36,7 +38,15 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from sharing.devices import CDI_KIND, Device, DeviceIdStrategy, Inventory, device_name
+from sharing.devices import (
+    CDI_KIND,
+    DEFAULT_MPS_ROOT,
+    Device,
+    DeviceIdStrategy,
+    Inventory,
+    client_edits,
+    device_name,
+)
 from sharing.gpu.devfiles import DeviceFiles, DriverFile
 from sharing.model import NodeState
 
@@ -50,7 +60,12 @@ MOUNT_OPTIONS = ("ro", "nosuid", "nodev", "rbind", "rprivate")
 
 
 def build_spec(
-    inventory: Inventory, node: NodeState, files: DeviceFiles, ids: DeviceIdStrategy
+    inventory: Inventory,
+    node: NodeState,
+    files: DeviceFiles,
+    ids: DeviceIdStrategy,
+    *,
+    mps_root: str = DEFAULT_MPS_ROOT,
 ) -> dict[str, Any] | None:
     """The spec for every physical device in the inventory (replicas share their device's entry).
 
@@ -60,22 +75,21 @@ def build_spec(
     named: dict[str, Device] = {}
     for device in _physical(inventory):
         named.setdefault(device_name(device, ids), device)
-    return build_named_spec(CDI_KIND, sorted(named.items()), node, files)
+    return build_named_spec(CDI_KIND, sorted(named.items()), node, files, mps_root=mps_root)
 
 
 def build_named_spec(
-    kind: str, devices: Iterable[tuple[str, Device]], node: NodeState, files: DeviceFiles
+    kind: str,
+    devices: Iterable[tuple[str, Device]],
+    node: NodeState,
+    files: DeviceFiles,
+    *,
+    mps_root: str = DEFAULT_MPS_ROOT,
 ) -> dict[str, Any] | None:
     """A spec of `kind` with one entry per (CDI device name, device), in the order given, and the
     driver's common files; None when there is no device (a spec without one is invalid)."""
     entries = [
-        {
-            "name": name,
-            "containerEdits": {
-                "env": [f"{DEVICE_ENV}{_env_suffix(name)}={device.uuid}"],
-                "deviceNodes": [_node(f) for f in _files(device, node, files)],
-            },
-        }
+        {"name": name, "containerEdits": _edits(name, device, node, files, mps_root)}
         for name, device in devices
     ]
     if not entries:
@@ -115,6 +129,21 @@ def write_spec(directory: Path, spec: dict[str, Any] | None, file_name: str = SP
         os.fsync(out.fileno())
     os.replace(tmp, path)  # a runtime reading the directory sees the old spec or the new one
     return True
+
+
+def _edits(name: str, device: Device, node: NodeState, files: DeviceFiles, mps_root: str) -> dict[str, Any]:
+    edits: dict[str, Any] = {
+        "env": [f"{DEVICE_ENV}{_env_suffix(name)}={device.uuid}"],
+        "deviceNodes": [_node(f) for f in _files(device, node, files)],
+    }
+    if device.mps:  # a client of its GPU's MPS server: the pipes and shared memory (Allocate's edits)
+        mps = client_edits(mps_root, device.gpu_uuid)
+        edits["env"] += [f"{k}={v}" for k, v in mps.env]
+        edits["mounts"] = [
+            {"hostPath": host, "containerPath": inside, "options": ["rw", "nosuid", "nodev", "rbind"]}
+            for inside, host in mps.mounts
+        ]
+    return edits
 
 
 def _physical(inventory: Inventory) -> Iterable[Device]:

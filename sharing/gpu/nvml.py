@@ -196,6 +196,27 @@ class NvmlBackend:
 
         return await self._call(work)
 
+    async def set_compute_mode(self, gpu: GpuUuid, exclusive: bool) -> None:
+        """Exclusive-process compute mode (an MPS GPU: only its MPS server holds a context) or default.
+
+        nvmlDeviceSetComputeMode "takes effect immediately" and is not persistent across reboots
+        (nvml.h); MPS wants EXCLUSIVE_PROCESS (https://docs.nvidia.com/deploy/mps/latest/,
+        "Starting and Stopping MPS on Linux").
+        """
+        n = self._nvml
+        mode = n.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS if exclusive else n.NVML_COMPUTEMODE_DEFAULT
+        doing = "setting exclusive-process compute mode" if exclusive else "setting the default compute mode"
+
+        def work() -> None:
+            handle, where = self._read.find(gpu)
+            try:
+                if n.nvmlDeviceGetComputeMode(handle) != mode:
+                    n.nvmlDeviceSetComputeMode(handle, mode)
+            except n.NVMLError as err:
+                raise backend_error(n, err, doing, where) from err
+
+        await self._call(work)
+
     async def destroy_instance(self, gpu: GpuUuid, gi_id: int) -> None:
         """Destroy the GPU instance `gi_id`: its compute instances first, then itself."""
         n = self._nvml

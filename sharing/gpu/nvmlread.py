@@ -11,6 +11,7 @@ whose reads fail (lost, fallen off the bus) is reported as unreadable and the ot
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from sharing.errors import BackendError
@@ -31,6 +32,15 @@ from sharing.model import (
 )
 
 MigDevices = dict[tuple[int, int], tuple[MigUuid, bool, int | None]]
+
+# nvml.h nvmlBrandType_t and NVML_DEVICE_ARCH_* as go-nvlib names them (pkg/nvlib/device/device.go,
+# GetBrandAsString, GetArchitectureAsString): the strings NVIDIA's DRA driver publishes.
+BRANDS = {0: "Unknown", 1: "Quadro", 2: "Tesla", 3: "NVS", 4: "Grid", 5: "GeForce", 6: "Titan",
+          7: "NvidiaVApps", 8: "NvidiaVPC", 9: "NvidiaVCS", 10: "NvidiaVWS", 11: "NvidiaCloudGaming",
+          12: "QuadroRTX", 13: "NvidiaRTX", 14: "Nvidia", 15: "GeForceRTX", 16: "TitanRTX"}  # fmt: skip
+ARCHITECTURES = {2: "Kepler", 3: "Maxwell", 4: "Pascal", 5: "Volta", 6: "Turing", 7: "Ampere",
+                 8: "Ada Lovelace", 9: "Hopper", 10: "Blackwell", 13: "Rubin",
+                 0xFFFFFFFF: "Unknown"}  # fmt: skip
 
 
 class NoMigDeviceError(BackendError):
@@ -207,6 +217,8 @@ class NvmlReader:
             compute_capability=_capability(n.nvmlDeviceGetCudaComputeCapability(handle)),
             minor=n.nvmlDeviceGetMinorNumber(handle),
             pci_bus_id=bus_id(pci.busId),
+            brand=self.named(n.nvmlDeviceGetBrand, handle, BRANDS),
+            architecture=self.named(n.nvmlDeviceGetArchitecture, handle, ARCHITECTURES),
         )
         vgpu = self.virtual(handle)
         try:
@@ -253,6 +265,17 @@ class NvmlReader:
         except n.NVMLError:
             return False
         return mode == n.NVML_GPU_VIRTUALIZATION_MODE_VGPU
+
+    def named(self, read: Callable[[Handle], int], handle: Handle, names: Mapping[int, str]) -> str | None:
+        """An NVML enum as go-nvlib names it; None when this driver cannot say (NOT_SUPPORTED, an older
+        library without the function) or says something go-nvlib has no name for."""
+        n = self._nvml
+        try:
+            return names.get(read(handle))
+        except n.NVMLError as err:
+            if code(err) in (n.NVML_ERROR_NOT_SUPPORTED, n.NVML_ERROR_FUNCTION_NOT_FOUND):
+                return None
+            raise
 
     def has_processes(self, handle: Handle) -> bool:
         n = self._nvml

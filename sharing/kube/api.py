@@ -58,6 +58,59 @@ class ConfigMapObject:
 
 
 @dataclass(frozen=True, slots=True)
+class AllocatedDevice:
+    """One entry of a ResourceClaim's `status.allocation.devices.results` (resource.k8s.io/v1)."""
+
+    request: str
+    """The claim's request it serves; `<request>/<subrequest>` for a prioritized list."""
+    driver: str
+    pool: str
+    device: str
+    admin_access: bool = False
+    share_id: str | None = None
+    """Set when the device is shared through consumable capacity (allowMultipleAllocations)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AllocatedConfig:
+    """One opaque entry of `status.allocation.devices.config`: parameters for one driver.
+
+    `parameters` is the JSON object the claim or its DeviceClass carries, as the API server stored it.
+    """
+
+    source: str
+    """FromClass or FromClaim."""
+    requests: tuple[str, ...]
+    """The requests it applies to; empty: all of them."""
+    driver: str
+    parameters: Mapping[str, object] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class PodReference:
+    """A pod a ResourceClaim is reserved for (`status.reservedFor`)."""
+
+    name: str
+    uid: str
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceClaimObject:
+    """What the DRA front-end reads of a ResourceClaim: who it is, and what the scheduler allocated.
+
+    `allocated` is False when the claim has no `status.allocation` (then results and config are empty).
+    """
+
+    namespace: str
+    name: str
+    uid: str
+    allocated: bool = False
+    results: tuple[AllocatedDevice, ...] = ()
+    config: tuple[AllocatedConfig, ...] = ()
+    reserved_for: tuple[PodReference, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class Version:
     """A device attribute of type version (semver 2.0.0, as resource.k8s.io/v1 `DeviceAttribute.version`)."""
 
@@ -132,59 +185,6 @@ class ResourceSliceObject:
 
 
 @dataclass(frozen=True, slots=True)
-class AllocatedDevice:
-    """One entry of a ResourceClaim's `status.allocation.devices.results` (resource.k8s.io/v1)."""
-
-    request: str
-    """The claim's request it serves; `<request>/<subrequest>` for a prioritized list."""
-    driver: str
-    pool: str
-    device: str
-    admin_access: bool = False
-    share_id: str | None = None
-    """Set when the device is shared through consumable capacity (allowMultipleAllocations)."""
-
-
-@dataclass(frozen=True, slots=True)
-class AllocatedConfig:
-    """One opaque entry of `status.allocation.devices.config`: parameters for one driver.
-
-    `parameters` is the JSON object the claim or its DeviceClass carries, as the API server stored it.
-    """
-
-    source: str
-    """FromClass or FromClaim."""
-    requests: tuple[str, ...]
-    """The requests it applies to; empty: all of them."""
-    driver: str
-    parameters: Mapping[str, object] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class PodReference:
-    """A pod a ResourceClaim is reserved for (`status.reservedFor`)."""
-
-    name: str
-    uid: str
-
-
-@dataclass(frozen=True, slots=True)
-class ResourceClaimObject:
-    """What the DRA front-end reads of a ResourceClaim: who it is, and what the scheduler allocated.
-
-    `allocated` is False when the claim has no `status.allocation` (then results and config are empty).
-    """
-
-    namespace: str
-    name: str
-    uid: str
-    allocated: bool = False
-    results: tuple[AllocatedDevice, ...] = ()
-    config: tuple[AllocatedConfig, ...] = ()
-    reserved_for: tuple[PodReference, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
 class WatchEvent:
     """One change seen by a watch: ADDED, MODIFIED or DELETED with the object after it, or BOOKMARK.
 
@@ -230,6 +230,10 @@ class KubeClient(Protocol):
         """The ResourceClaims that have devices of this driver's pool allocated."""
         ...
 
+    def get_resource_claim(self, namespace: str, name: str) -> ResourceClaimObject:
+        """Read a ResourceClaim (resource.k8s.io/v1); NotFoundError when there is none."""
+        ...
+
     def list_resource_slices(self, driver: str, node: str) -> tuple[ResourceSliceObject, ...]:
         """The ResourceSlices of `driver` on `node` (field selectors spec.driver and spec.nodeName)."""
         ...
@@ -252,8 +256,4 @@ class KubeClient(Protocol):
         self, driver: str, node: str, resource_version: str, timeout_s: int
     ) -> Iterator[WatchEvent]:
         """Changes of the ResourceSlices of `driver` on `node` after `resource_version` (or from now)."""
-        ...
-
-    def get_resource_claim(self, namespace: str, name: str) -> ResourceClaimObject:
-        """Read a ResourceClaim (resource.k8s.io/v1); NotFoundError when there is none."""
         ...

@@ -164,6 +164,17 @@ class ApiClient:
         claims = (_claim_allocation(item, driver, pool) for item in answer.get("items") or ())
         return tuple(c for c in claims if c is not None)
 
+    def get_resource_claim(self, namespace: str, name: str) -> ResourceClaimObject:
+        """Read a ResourceClaim (resource.k8s.io/v1, served by default since 1.34); NotFoundError when
+        there is none, KubeError when what comes back is not a claim."""
+        what = f"read resourceclaim {namespace}/{name}"
+        path = f"/apis/resource.k8s.io/v1/namespaces/{quote(namespace)}/resourceclaims/{quote(name)}"
+        obj = self._json(what, "GET", path)
+        try:
+            return _resource_claim(obj)
+        except (TypeError, ValueError, AttributeError, KeyError) as err:
+            raise KubeError(f"{what}: not a ResourceClaim as resource.k8s.io/v1 writes it ({err})") from err
+
     def list_resource_slices(self, driver: str, node: str) -> tuple[ResourceSliceObject, ...]:
         """The ResourceSlices of `driver` on `node`."""
         selector = f"spec.driver={driver},spec.nodeName={node}"
@@ -203,17 +214,6 @@ class ApiClient:
         """Changes of the ResourceSlices of `driver` on `node`."""
         selector = f"spec.driver={driver},spec.nodeName={node}"
         return self._watch(SLICES, resource_slice, selector, resource_version, timeout_s)
-
-    def get_resource_claim(self, namespace: str, name: str) -> ResourceClaimObject:
-        """Read a ResourceClaim (resource.k8s.io/v1, served by default since 1.34); NotFoundError when
-        there is none, KubeError when what comes back is not a claim."""
-        what = f"read resourceclaim {namespace}/{name}"
-        path = f"/apis/resource.k8s.io/v1/namespaces/{quote(namespace)}/resourceclaims/{quote(name)}"
-        obj = self._json(what, "GET", path)
-        try:
-            return _resource_claim(obj)
-        except (TypeError, ValueError, AttributeError, KeyError) as err:
-            raise KubeError(f"{what}: not a ResourceClaim as resource.k8s.io/v1 writes it ({err})") from err
 
     def _call(
         self,
@@ -408,6 +408,56 @@ def _configmap(obj: Mapping[str, Any]) -> ConfigMapObject:
     )
 
 
+def _resource_claim(obj: Mapping[str, Any]) -> ResourceClaimObject:
+    """The claim's identity, allocation (results and opaque config) and the pods it is reserved for
+    (field names: https://github.com/kubernetes/api/blob/v0.36.0/resource/v1/types.go)."""
+    meta, status = obj.get("metadata") or {}, obj.get("status") or {}
+    allocation = status.get("allocation")
+    devices = (allocation or {}).get("devices") or {}
+    results = tuple(
+        AllocatedDevice(
+            request=_text(r, "request"),
+            driver=_text(r, "driver"),
+            pool=_text(r, "pool"),
+            device=_text(r, "device"),
+            admin_access=bool(r.get("adminAccess")),
+            share_id=r.get("shareID") or None,
+        )
+        for r in devices.get("results") or ()
+    )
+    config = tuple(
+        AllocatedConfig(
+            source=str(c.get("source", "")),
+            requests=tuple(str(x) for x in c.get("requests") or ()),
+            driver=_text(c["opaque"], "driver"),
+            parameters=dict(c["opaque"].get("parameters") or {}),
+        )
+        for c in devices.get("config") or ()
+        if c.get("opaque")
+    )
+    reserved = tuple(
+        PodReference(str(r.get("name", "")), str(r.get("uid", "")))
+        for r in status.get("reservedFor") or ()
+        if r.get("resource") == "pods" and not r.get("apiGroup")
+    )
+    return ResourceClaimObject(
+        namespace=meta.get("namespace", ""),
+        name=meta.get("name", ""),
+        uid=meta.get("uid", ""),
+        allocated=allocation is not None,
+        results=results,
+        config=config,
+        reserved_for=reserved,
+    )
+
+
+def _text(obj: Mapping[str, Any], key: str) -> str:
+    value = obj[key]
+    if not isinstance(value, str):
+        raise TypeError(f"{key} is not a string")
+    return value
+
+
 def slice_body(spec: SliceSpec, owner: NodeObject) -> dict[str, Any]:
     """The JSON of a ResourceSlice (resource.k8s.io/v1) with `spec`, controlled by the Node `owner`."""
     return {
@@ -520,53 +570,3 @@ def _capacity(obj: Mapping[str, Any]) -> Capacity:
             str(policy.get("default", "")), str(valid.get("min", "")), valid.get("max"), valid.get("step")
         ),
     )
-
-
-def _resource_claim(obj: Mapping[str, Any]) -> ResourceClaimObject:
-    """The claim's identity, allocation (results and opaque config) and the pods it is reserved for
-    (field names: https://github.com/kubernetes/api/blob/v0.36.0/resource/v1/types.go)."""
-    meta, status = obj.get("metadata") or {}, obj.get("status") or {}
-    allocation = status.get("allocation")
-    devices = (allocation or {}).get("devices") or {}
-    results = tuple(
-        AllocatedDevice(
-            request=_text(r, "request"),
-            driver=_text(r, "driver"),
-            pool=_text(r, "pool"),
-            device=_text(r, "device"),
-            admin_access=bool(r.get("adminAccess")),
-            share_id=r.get("shareID") or None,
-        )
-        for r in devices.get("results") or ()
-    )
-    config = tuple(
-        AllocatedConfig(
-            source=str(c.get("source", "")),
-            requests=tuple(str(x) for x in c.get("requests") or ()),
-            driver=_text(c["opaque"], "driver"),
-            parameters=dict(c["opaque"].get("parameters") or {}),
-        )
-        for c in devices.get("config") or ()
-        if c.get("opaque")
-    )
-    reserved = tuple(
-        PodReference(str(r.get("name", "")), str(r.get("uid", "")))
-        for r in status.get("reservedFor") or ()
-        if r.get("resource") == "pods" and not r.get("apiGroup")
-    )
-    return ResourceClaimObject(
-        namespace=meta.get("namespace", ""),
-        name=meta.get("name", ""),
-        uid=meta.get("uid", ""),
-        allocated=allocation is not None,
-        results=results,
-        config=config,
-        reserved_for=reserved,
-    )
-
-
-def _text(obj: Mapping[str, Any], key: str) -> str:
-    value = obj[key]
-    if not isinstance(value, str):
-        raise TypeError(f"{key} is not a string")
-    return value

@@ -155,6 +155,11 @@ class SlicePublisher:
                 except KubeError as err:
                     failures += 1
                     log.warning("resourceslices_not_synced", error=bounded(str(err)))
+                except Exception as err:  # a bug must not end publishing silently: say it, try again
+                    failures += 1
+                    log.error(
+                        "resourceslices_sync_crashed", error=f"{type(err).__name__}: {bounded(str(err))}"
+                    )
         finally:
             self._stopped.set()
 
@@ -174,6 +179,7 @@ class SlicePublisher:
                 return None
             results: list[ResourceSliceObject] = []
             problems: list[str] = []
+            self._written = set()  # only this round's writes: the watch has seen the older ones
             for old, spec in plan.updates:
                 results.append(
                     self._written_as(

@@ -16,7 +16,7 @@ import enum
 import re
 from collections.abc import Mapping
 
-from sharing.config import MigStrategy, SharingConfig
+from sharing.config import MigStrategy, Sharing, SharingConfig, identity
 from sharing.devices import Inventory
 from sharing.labels.gfd import (
     ENGINES,
@@ -129,16 +129,33 @@ def node_labels(
     strategy = config.mig_strategy if config is not None else MigStrategy.MIXED
     if strategy is MigStrategy.NONE and any(n.startswith(PREFIX + "mig-") for n in inventory.names()):
         strategy = MigStrategy.MIXED
-    labels.update(node_wide_labels(node))
+    mps = _mps_gpus(node, config, inventory, catalog)
+    labels.update(node_wide_labels(node, bool(mps)))
     labels.update(driver_labels(node.driver))
     if strategy is not MigStrategy.NONE:
         labels[PREFIX + "mig.strategy"] = strategy.value
-    labels.update(full_gpu_labels(node, inventory))
+    labels.update(full_gpu_labels(node, inventory, mps))
     if strategy is MigStrategy.SINGLE:
         labels.update(single_labels(node, inventory, catalog))
     elif strategy is MigStrategy.MIXED:
         labels.update(mixed_labels(node, inventory, catalog))
     return labels
+
+
+def _mps_gpus(
+    node: NodeState, config: SharingConfig | None, inventory: Inventory, catalog: Catalog
+) -> frozenset[str]:
+    """UUIDs of the GPUs whose advertised replicas the config shares with MPS (MIG off on them)."""
+    if config is None:
+        return frozenset()
+    replicated = {d.gpu_uuid for _, devices in inventory.resources for d in devices if d.replica is not None}
+    found = set()
+    for gpu in node.gpus:
+        rule = config.rule_matching(identity(gpu, catalog))
+        mps = rule is not None and rule.sharing is Sharing.MPS
+        if mps and not gpu.mig_enabled and gpu.uuid in replicated:
+            found.add(gpu.uuid)
+    return frozenset(found)
 
 
 def refused(labels: Mapping[str, str]) -> dict[str, str]:

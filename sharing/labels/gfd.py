@@ -64,14 +64,18 @@ def family(major: int, minor: int) -> str:
     return names.get(major, "undefined")
 
 
-def node_wide_labels(node: NodeState) -> dict[str, str]:
-    """present, mig.capable, mps.capable, gpu.mode, gpu.machine and (inside a vGPU guest) vgpu.present."""
+def node_wide_labels(node: NodeState, mps: bool = False) -> dict[str, str]:
+    """present, mig.capable, mps.capable, gpu.mode, gpu.machine and (inside a vGPU guest) vgpu.present.
+
+    `mps`: some GPU is shared with MPS. GFD says `mps.capable=true` only then (internal/lm/nvml.go),
+    and fails outright when a GPU has MIG on; here that GPU is simply not one of the MPS ones.
+    """
     first_class = node.gpus[0].pci_class
     mode = {0x030000: "graphics", 0x030200: "compute"}.get(first_class or 0, "unknown")
     labels = {
         PREFIX + "gpu.present": "true",
         PREFIX + "mig.capable": _bool(any(g.mig_capable for g in node.gpus)),
-        PREFIX + "mps.capable": "false",  # the agent does not run MPS
+        PREFIX + "mps.capable": _bool(mps),
         PREFIX + "gpu.mode": mode,
         PREFIX + "gpu.machine": label_value(node.machine or "") or "unknown",
     }
@@ -107,8 +111,14 @@ def _advertised(inventory: Inventory) -> list[tuple[str, Device]]:
     return [(name, d) for name, devices in inventory.resources for d in devices]
 
 
-def full_gpu_labels(node: NodeState, inventory: Inventory) -> dict[str, str]:
-    """`gpu.*` for one model: GPUs with MIG off win over MIG-enabled ones (which count, unshared)."""
+def full_gpu_labels(
+    node: NodeState, inventory: Inventory, mps: frozenset[str] = frozenset()
+) -> dict[str, str]:
+    """`gpu.*` for one model: GPUs with MIG off win over MIG-enabled ones (which count, unshared).
+
+    `mps`: UUIDs of the GPUs shared with MPS; their replicas make `sharing-strategy=mps`, as GFD writes
+    it (internal/lm/resource.go), the product `-SHARED` as under time-slicing.
+    """
     off = [g for g in node.gpus if not g.mig_enabled]
     pool = off or list(node.gpus)
     counts = Counter(g.product for g in pool)
@@ -126,10 +136,12 @@ def full_gpu_labels(node: NodeState, inventory: Inventory) -> dict[str, str]:
         replicas = max(Counter(d.uuid for _, d in advertised).values(), default=1)
         renamed = any(name != GPU_RESOURCE for name, d in advertised if d.replica is not None)
         shared = replicas > 1
+        by_mps = any(d.gpu_uuid in mps for _, d in advertised if d.replica is not None)
+        how = "mps" if by_mps else "time-slicing"
         labels |= {
             "product": product_value(model, shared=shared and not renamed),
             "replicas": str(replicas),
-            "sharing-strategy": "time-slicing" if shared else "none",
+            "sharing-strategy": how if shared else "none",
         }
     if first.memory_mib:
         labels["memory"] = str(first.memory_mib)

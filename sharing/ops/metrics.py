@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from sharing.labels import ConfigState
@@ -96,7 +96,7 @@ class _State(Collector):
         self.status: Mapping[str, Any] = {}
         self.plugins: tuple[tuple[str, bool], ...] = ()
 
-    def collect(self) -> Iterable[GaugeMetricFamily]:
+    def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
         status = self.status
         gpus = status.get("gpus", [])
         slices = [s for g in gpus for s in g["slices"]]
@@ -137,6 +137,28 @@ class _State(Collector):
             ["selected", "in_effect"],
             [([config.get("selected") or "", ",".join(config.get("inEffect", []))], 1)] if status else [],
         )  # fmt: skip
+        daemons = [(g, g["mps"]) for g in gpus if g.get("mps")]
+        labels = ["gpu", "uuid"]
+        yield _gauge(
+            "mps_daemon_healthy", "1 when the GPU's MPS control daemon answers with the wanted limits.",
+            labels, (([str(g["index"]), g["uuid"]], int(d["healthy"])) for g, d in daemons),
+        )  # fmt: skip
+        yield _gauge(
+            "mps_active_thread_percentage", "Each MPS client's default active thread percentage.",
+            labels, (([str(g["index"]), g["uuid"]], d["activeThreadPercentage"]) for g, d in daemons),
+        )  # fmt: skip
+        yield _gauge(
+            "mps_pinned_memory_limit_bytes",
+            "Each MPS client's default pinned device memory.",
+            labels, (([str(g["index"]), g["uuid"]], d["pinnedMemoryMiB"] * 2**20) for g, d in daemons),
+        )  # fmt: skip
+        restarts = CounterMetricFamily(
+            PREFIX + "mps_daemon_restarts", "MPS control daemons started again after they stopped answering.",
+            labels=labels,
+        )  # fmt: skip
+        for g, d in daemons:
+            restarts.add_metric([str(g["index"]), g["uuid"]], d["restarts"])
+        yield restarts
         yield _gauge(
             "plugin_registered", "1 when the resource's device plugin is registered with the kubelet.",
             ["resource"], (([r], int(ok)) for r, ok in self.plugins),

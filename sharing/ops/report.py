@@ -25,7 +25,7 @@ from sharing.deviceplugin import Fleet
 from sharing.devices import with_health
 from sharing.ops.http import Answer, Handler, Request
 from sharing.ops.metrics import PREFIX, Metrics
-from sharing.ops.status import ConfigStatus, status_document
+from sharing.ops.status import ConfigStatus, mps_daemon, status_document
 
 if TYPE_CHECKING:  # the rollout imports the metrics of this package
     from sharing.rollout import Rollout
@@ -83,16 +83,29 @@ class Reporter:
             return self._cached[1]
         holders = await self.rollout.holders(deciding=False)
         health = self.fleet.health
+        daemons = self.rollout.mps.status() if self.rollout.mps is not None else ()
         document = status_document(
             self.node_name,
             self.rollout.node,
-            with_health(self.rollout.advertised, health),
+            with_health(self.rollout.offered(), health),
             None if holders.unknown else holders.pods,
             self.config(),
             holders_error=holders.unknown,
             unhealthy=frozenset(health.unhealthy_gpus),
             claims=holders.claims,
             frontend=self.rollout.frontend.value,
+            mps={
+                d.gpu: mps_daemon(
+                    d.pipe_directory,
+                    (d.wanted.active_thread_percentage, d.wanted.pinned_memory_mib),
+                    None
+                    if d.enforced is None
+                    else (d.enforced.active_thread_percentage, d.enforced.pinned_memory_mib),
+                    d.restarts,
+                    d.error,
+                )
+                for d in daemons
+            },
         )
         self.metrics.snapshot(document, ((p.resource, p.registered) for p in self.fleet.status()))
         self._cached = (loop.time(), document)

@@ -15,7 +15,7 @@ from typing import Any
 
 from sharing.devices import REPLICA_SEPARATOR, Device, Inventory
 from sharing.dra.holds import ClaimHold
-from sharing.model import Gpu, Holding, NodeState
+from sharing.model import Gpu, GpuUuid, Holding, NodeState
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,11 +44,13 @@ def status_document(
     unhealthy: frozenset[str] = frozenset(),
     claims: Sequence[ClaimHold] = (),
     frontend: str = "deviceplugin",
+    mps: Mapping[GpuUuid, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The status of a node; `holders` None means they could not be read (`holders_error` says why).
 
     `unhealthy` names the GPUs a health event (XID) took down and that have not recovered; `claims`
-    are the ResourceClaims holding devices (DRA front-end), each shown beside its devices.
+    are the ResourceClaims holding devices (DRA front-end), each shown beside its devices; `mps`, per
+    GPU UUID, its MPS control daemon (`mps_daemon`), for the GPUs shared with MPS.
     """
     owners = _owners(holders or ())
     profiles = {ci.uuid: gi.profile for g in node.gpus for gi, ci in g.mig_devices}
@@ -75,10 +77,35 @@ def status_document(
         "lastChange": dict(config.last_change),
         "holders": {"known": holders is not None, "error": holders_error},
         "gpus": [
-            _gpu(g, slices.get(g.uuid, []), config.in_effect.get(g.uuid), g.uuid not in unhealthy)
+            {
+                **_gpu(g, slices.get(g.uuid, []), config.in_effect.get(g.uuid), g.uuid not in unhealthy),
+                "mps": dict((mps or {})[g.uuid]) if g.uuid in (mps or {}) else None,
+            }
             for g in node.gpus
         ],
         "unreadable": [{"index": u.index, "uuid": u.uuid, "error": u.error} for u in node.unreadable],
+    }
+
+
+def mps_daemon(
+    pipe_directory: str,
+    wanted: tuple[int, int],
+    enforced: tuple[int, int] | None,
+    restarts: int,
+    error: str = "",
+) -> dict[str, Any]:
+    """One GPU's MPS control daemon: its pipes, the limits wanted and those it answers with
+    (active thread percentage, pinned memory MiB), whether they agree, restarts and the last error."""
+    return {
+        "pipeDirectory": pipe_directory,
+        "activeThreadPercentage": wanted[0],
+        "pinnedMemoryMiB": wanted[1],
+        "enforced": None
+        if enforced is None
+        else {"activeThreadPercentage": enforced[0], "pinnedMemoryMiB": enforced[1]},
+        "healthy": enforced == wanted,
+        "restarts": restarts,
+        "error": error,
     }
 
 

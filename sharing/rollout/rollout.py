@@ -36,10 +36,22 @@ import structlog
 
 from sharing.config import Frontend, SharingConfig
 from sharing.deviceplugin import Fleet
-from sharing.devices import ENVVAR_BY_UUID, Health, Injection, Inventory, build_inventory, reformed, withdraw
+from sharing.devices import (
+    ENVVAR_BY_UUID,
+    Health,
+    Injection,
+    Inventory,
+    MpsSettings,
+    build_inventory,
+    mps_layout,
+    mps_settings,
+    reformed,
+    withdraw,
+)
 from sharing.dra.holds import claim_holds
 from sharing.errors import PluginError, SharingError
 from sharing.gpu import GpuBackend, build_spec, write_spec
+from sharing.gpu.mps import MpsDaemons, Readiness
 from sharing.kubelet import recorded_allocations
 from sharing.labels import ConfigState
 from sharing.mig import Catalog, Outcome
@@ -94,8 +106,15 @@ class Rollout:
         injection: Injection = ENVVAR_BY_UUID,
         cdi_spec_dir: Path | None = None,
         metrics: Metrics | None = None,
+        mps: MpsDaemons | None = None,
     ) -> None:
         self.metrics = metrics
+        self.mps = mps
+        """The MPS control daemons (None: MPS is not offered on this node)."""
+        self.mps_blocked: frozenset[GpuUuid] = frozenset()
+        """GPUs whose MPS change waits for the processes on them to end (at the last rollout)."""
+        self._mps_wanted: dict[GpuUuid, MpsSettings] = {}
+        """What each GPU's daemon must enforce for the devices advertised (their config in effect)."""
         self.backend = backend
         self.injection = injection
         self.cdi_spec_dir = cdi_spec_dir
@@ -217,13 +236,61 @@ class Rollout:
             if plan.runnable:
                 self._count(report, time.monotonic() - started)
         after = report.after or observed
+        report, mps_failed = await self._enforce_mps(config, report, after)
         for gpu in report.gpus:
             if gpu.outcome in (Outcome.APPLIED, Outcome.UNCHANGED):
                 self.effective[gpu.uuid] = config
             if gpu.steps and after.gpu(gpu.uuid) is None:
                 # Changed, then unreadable: what it had before is no longer known to exist.
                 self._seen.pop(gpu.uuid, None)
-        return verdict(config, report, holders, after), after
+        result = verdict(config, report, holders, after)
+        if mps_failed and result.retry is Retry.NONE:
+            result = replace(result, retry=Retry.BACKOFF)  # a daemon that did not start may next time
+        return result, after
+
+    async def _enforce_mps(
+        self, config: SharingConfig, report: ApplyReport, after: NodeState
+    ) -> tuple[ApplyReport, bool]:
+        """Start, restart or stop the MPS daemons for what each GPU now has; the report with the GPUs
+        whose daemon waits (BLOCKED) or failed (FAILED), and whether one failed.
+
+        A GPU whose hardware change did not happen keeps the daemon of the config still in effect on it.
+        """
+        if self.mps is None:
+            return report, False
+        done = {g.uuid for g in report.gpus if g.outcome in (Outcome.APPLIED, Outcome.UNCHANGED)}
+        wanted: dict[GpuUuid, MpsSettings] = {}
+        for gpu in after.gpus:
+            cfg = config if gpu.uuid in done else self.effective.get(gpu.uuid)
+            settings = mps_settings(cfg, gpu, self.catalog)
+            if settings is not None:
+                wanted[gpu.uuid] = settings
+        results = await self.mps.enforce(wanted, after)
+        blocked: set[GpuUuid] = set()
+        failed = False
+        gpus = []
+        for g in report.gpus:
+            result = results.get(g.uuid)
+            if g.uuid in done and result is not None and result.outcome in (Outcome.BLOCKED, Outcome.FAILED):
+                failed |= result.outcome is Outcome.FAILED
+                if result.outcome is Outcome.BLOCKED:
+                    blocked.add(g.uuid)
+                blockers = (g.uuid,) if result.outcome is Outcome.BLOCKED else ()
+                gpus.append(replace(g, outcome=result.outcome, reason=result.reason, blockers=blockers))
+            else:
+                gpus.append(g)
+        self.mps_blocked = frozenset(blocked)
+        return replace(report, gpus=tuple(gpus)), failed
+
+    def offered(self) -> Inventory:
+        """What the plugins offer: the advertised devices less MPS replicas whose daemon does not
+        enforce their limits yet, unhealthy where it stopped answering (health events aside)."""
+        return self._mps_ready(self.advertised)
+
+    async def republish(self) -> None:
+        """Advertise the same devices again with what the MPS daemons answer now (a daemon gone: its
+        replicas unhealthy)."""
+        await self._publish(self.advertised)
 
     async def advertise(self, observed: NodeState, config: SharingConfig | None) -> Inventory:
         """Tell the fleet what the hardware has, each GPU under the config in effect on it.
@@ -247,6 +314,7 @@ class Rollout:
         for warning in inventory.warnings:
             log.warning("inventory_warning", warning=bounded(warning))
         self.node = replace(observed, gpus=gpus)
+        self._mps_wanted = mps_layout(self.node, config, self.catalog, per_gpu=self.effective)
         changed = reformed(self.advertised, inventory)
         unconfirmed = ""
         if changed:
@@ -279,9 +347,26 @@ class Rollout:
             return frozenset(d.uuid for _, devices in inventory.resources for d in devices)
         return Holders(recorded).reoffered(inventory)
 
+    def _mps_ready(self, inventory: Inventory) -> Inventory:
+        """MPS replicas only where their GPU's daemon enforces their limits: unhealthy where the daemon
+        started for them no longer answers, absent where none enforces them yet (fail closed)."""
+        if self.mps is None:
+            return inventory
+        state = {u: self.mps.readiness(u, s) for u, s in self._mps_wanted.items()}
+        gpus = {d.gpu_uuid for _, devices in inventory.resources for d in devices if d.mps}
+        pending = {u for u in gpus if state.get(u, Readiness.PENDING) is Readiness.PENDING}
+        down = frozenset(u for u in gpus if state.get(u) is Readiness.DOWN)
+        resources = tuple(
+            (name, kept)
+            for name, devices in inventory.resources
+            if (kept := tuple(d for d in devices if not (d.mps and d.gpu_uuid in pending)))
+        )
+        return _unhealthy(replace(inventory, resources=resources), down)
+
     async def _publish(self, inventory: Inventory) -> None:
         """The CDI spec first (every name Allocate can hand out resolves), then the plugins; on the DRA
         front-end the node's ResourceSlices (the DRA plugin writes a CDI spec per claim itself)."""
+        inventory = self._mps_ready(inventory)
         if self.frontend is Frontend.DRA:
             if self.dra is None:
                 return
@@ -291,7 +376,13 @@ class Rollout:
             return
         if self.cdi_spec_dir is not None:
             spec = (
-                build_spec(inventory, self.node, self.backend.device_files, self.injection.ids)
+                build_spec(
+                    inventory,
+                    self.node,
+                    self.backend.device_files,
+                    self.injection.ids,
+                    mps_root=self.injection.mps_root,
+                )
                 if self.injection.cdi
                 else None
             )

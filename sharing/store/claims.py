@@ -45,7 +45,7 @@ class PreparedDevice:
     requests: tuple[str, ...]
     pool: str
     device: str
-    """The DRA device name in the pool (`gpu-0`, `gpu-0-mig-1`, `...-replica-<n>`)."""
+    """The DRA device name in the pool (`gpu-0`, `gpu-0-mig-1`)."""
     uuid: str
     """The UUID a container gets (MIG UUID for a MIG device), what the rollout counts as held."""
     gpu_uuid: str
@@ -96,9 +96,7 @@ class ClaimCheckpoint:
             return {}
         try:
             return _parse(raw)
-        except KeyError as err:
-            raise self._corrupt(f"missing {bounded(str(err), 60)}") from None
-        except (ValueError, TypeError, AttributeError) as err:
+        except (ValueError, TypeError) as err:
             raise self._corrupt(bounded(str(err) or type(err).__name__, 200)) from None
 
     def save(self, claims: Mapping[str, PreparedClaim]) -> None:
@@ -162,16 +160,16 @@ def _parse(raw: bytes) -> dict[str, PreparedClaim]:
     if value.get("version") != VERSION:
         raise ValueError(f"version {bounded(repr(value.get('version')), 20)}, expected {VERSION}")
     claims = {}
-    for uid, raw_entry in _dict(value["claims"], "claims").items():
+    for uid, raw_entry in _dict(_get(value, "claims", "the file"), "claims").items():
         where = f"claims.{bounded(uid, 60)}"
         entry = _dict(raw_entry, where)
         devices = tuple(
             _device(_dict(d, f"{where}.devices[{i}]"), f"{where}.devices[{i}]")
-            for i, d in enumerate(_list(entry["devices"], f"{where}.devices"))
+            for i, d in enumerate(_list(_get(entry, "devices", where), f"{where}.devices"))
         )
         pods = tuple(
             PreparedPod(_str(p, "name", where), _str(p, "uid", where))
-            for p in (_dict(x, f"{where}.pods") for x in _list(entry["pods"], f"{where}.pods"))
+            for p in (_dict(x, f"{where}.pods") for x in _list(_get(entry, "pods", where), f"{where}.pods"))
         )
         namespace, name = _str(entry, "namespace", where), _str(entry, "name", where)
         claims[uid] = PreparedClaim(namespace, name, uid, devices, pods)
@@ -179,19 +177,19 @@ def _parse(raw: bytes) -> dict[str, PreparedClaim]:
 
 
 def _device(d: dict[str, Any], where: str) -> PreparedDevice:
-    share = d["shareID"]
+    share = _get(d, "shareID", where)
     if share is not None and not isinstance(share, str):
         raise TypeError(f"{where}.shareID is not a string")
-    admin = d["adminAccess"]
+    admin = _get(d, "adminAccess", where)
     if not isinstance(admin, bool):
         raise TypeError(f"{where}.adminAccess is not a boolean")
     return PreparedDevice(
-        requests=_strs(d["requests"], f"{where}.requests"),
+        requests=_strs(_get(d, "requests", where), f"{where}.requests"),
         pool=_str(d, "pool", where),
         device=_str(d, "device", where),
         uuid=_str(d, "uuid", where),
         gpu_uuid=_str(d, "gpuUUID", where),
-        cdi_ids=_strs(d["cdiDeviceIDs"], f"{where}.cdiDeviceIDs"),
+        cdi_ids=_strs(_get(d, "cdiDeviceIDs", where), f"{where}.cdiDeviceIDs"),
         share_id=share,
         admin_access=admin,
     )
@@ -209,8 +207,14 @@ def _list(value: Any, where: str) -> list[Any]:
     return value
 
 
+def _get(obj: dict[str, Any], key: str, where: str) -> Any:
+    if key not in obj:
+        raise ValueError(f"{where}: {key} is missing")
+    return obj[key]
+
+
 def _str(obj: dict[str, Any], key: str, where: str) -> str:
-    value = obj[key]
+    value = _get(obj, key, where)
     if not isinstance(value, str):
         raise TypeError(f"{where}.{key} is not a string")
     return value

@@ -100,6 +100,28 @@ def test_invalid_yaml_fails_with_the_path_and_recovers_when_fixed(gpu_node: GpuN
     gpu_node.wait_labels(lambda labels: labels.get("nvidia.com/mig.config.state") == "success")
 
 
+def test_mps_on_gpus_left_with_mig_on_is_refused_for_this_node_and_the_last_good_state_kept(
+    gpu_node: GpuNode,
+) -> None:
+    """Valid on paper, impossible on this node (MPS shares whole GPUs): refused before anything changes."""
+    gpu_node.label(DEMO)
+    before = gpu_node.kubelet.wait_resources(mig_and_shared, timeout=60)["resources"]
+    gpu_node.wait_labels(lambda labels: labels.get("nvidia.com/mig.config.state") == "success")
+    name = gpu_node.put_config(
+        "version: v1\ngpus:\n  - devices: {product: A100-SXM4-40GB}\n    mig: unchanged\n"
+        "    mps: {replicas: 2}\n"
+    )
+    gpu_node.label(name)
+    labels = gpu_node.wait_labels(lambda labels: labels.get("nvidia.com/mig.config.state") == "failed")
+    event = gpu_node.wait_event("ConfigRejected")
+    assert (
+        f"{name}: gpus[0].mps: sharing using MPS is not supported for MIG devices: GPU 0 (A100-SXM4-40GB) "
+        "has MIG enabled"
+    ) in event["message"]
+    assert before == gpu_node.kubelet.resources()["resources"]
+    assert ("false", "4") == (labels["nvidia.com/mps.capable"], labels["nvidia.com/mig-1g.5gb.count"])
+
+
 def test_a_hostile_key_beside_the_selected_config_is_named_and_the_agent_keeps_serving(
     gpu_node: GpuNode,
 ) -> None:

@@ -219,6 +219,12 @@ async def test_identity_versions_and_architecture_are_observed(backend: NvmlBack
     assert (a100.pci_device_id, a100.compute_capability, a100.pci_class) == (0x20B010DE, (8, 0), 0x030200)
     assert (h100.pci_device_id, h100.compute_capability) == (0x233010DE, (9, 0))
     assert (t4.compute_capability, t4.profiles, t4.mig_capable) == ((7, 5), None, False)
+    # What NVIDIA's DRA driver publishes as brand, architecture and resource.kubernetes.io/pciBusID.
+    assert [(g.brand, g.architecture, g.pci_bus_id) for g in node.gpus] == [
+        ("Nvidia", "Ampere", "0000:10:00.0"),
+        ("Nvidia", "Hopper", "0000:11:00.0"),
+        ("Nvidia", "Turing", "0000:12:00.0"),
+    ]
     assert node.driver == DriverInfo("580.65.06", 13000)  # the r580 personality's
     assert not node.virtual
 

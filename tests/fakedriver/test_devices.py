@@ -77,6 +77,12 @@ def test_identity_of_each_gpu(nvml_for: Callable[[State], Nvml], machine: State)
     assert pci["busId"] == "00000000:11:00.0"
     assert n.call("nvmlDeviceGetCudaComputeCapability", handles[0]) == [8, 0]
     assert n.call("nvmlDeviceGetMinorNumber", handles[2]) == 2
+    assert n.call("nvmlDeviceGetBrand", handles[0]) == pynvml.NVML_BRAND_NVIDIA
+    assert [n.call("nvmlDeviceGetArchitecture", h) for h in handles] == [
+        pynvml.NVML_DEVICE_ARCH_AMPERE,
+        pynvml.NVML_DEVICE_ARCH_AMPERE,
+        pynvml.NVML_DEVICE_ARCH_TURING,
+    ]
     assert n.call("nvmlDeviceGetVirtualizationMode", handles[0]) == pynvml.NVML_GPU_VIRTUALIZATION_MODE_NONE
     ext = {"struct": "nvmlPciInfoExt_v1_t", "fields": {"version": pynvml.nvmlPciInfoExt_v1}}
     n.call("nvmlDeviceGetPciInfoExt", handles[0], ext)

@@ -140,3 +140,24 @@ def test_the_real_pynvml_has_every_name_the_backend_uses() -> None:
 
     missing = [name for name in _members(nvmlapi.Nvml) if not hasattr(pynvml, name)]
     assert [] == missing
+
+
+async def test_the_mps_client_limit_comes_from_the_compute_capability_nvml_reports(
+    state: Path, nvml: Any
+) -> None:
+    """A V100 (7.0) serves 16 MPS clients, a T4 (7.5) 48 (NVIDIA's mps-control-daemon device.go)."""
+    simstate.init_state(state, [simstate.resolve_product(CATALOG, p) for p in ("V100-SXM2-16GB", "T4")])
+    backend = NvmlBackend(nvml, CATALOG)
+    try:
+        node = await backend.observe()
+    finally:
+        await backend.close()
+    assert [(7, 0), (7, 5)] == [g.compute_capability for g in node.gpus]
+    text = (
+        "version: v1\ngpus:\n- {devices: [0], mps: {replicas: %d}}\n- {devices: [1], mps: {replicas: 48}}\n"
+    )
+    assert [] == [str(p) for p in parse_file("mps", text % 16, gpus=node.gpus).errors]
+    assert [
+        "gpus[0].mps.replicas: maximum allowed replicas exceeded: 17 > 16: GPU 0 (V100-SXM2-16GB), compute "
+        "capability 7.0, serves at most 16 MPS clients (48 from 7.5, 16 before)"
+    ] == [f"{p.path}: {p.message}" for p in parse_file("mps", text % 17, gpus=node.gpus).errors]

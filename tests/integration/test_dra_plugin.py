@@ -1,10 +1,13 @@
 """The DRA kubelet plugin over its real unix sockets, with claims in a real kube-apiserver.
 
-A gRPC client plays the kubelet: it dials the registration socket the plugin watcher would find,
-calls GetInfo and NotifyRegistrationStatus, dials the endpoint GetInfo names and calls
-NodePrepareResources / NodeUnprepareResources / NodeWatchResources there. Claims are created in the
+The kubelet is played twice over. `dra-kubelet` (hack/go/k8s/dra-kubelet) is the kubelet's own
+plugin watcher and DRA plugin manager (k8s.io/kubernetes v1.36.3): it finds the registration
+socket, validates what GetInfo says and calls prepare, unprepare and the health stream through
+the kubelet's client, as a kubelet does. For the finer cases a gRPC client in the test dials the
+same sockets and calls GetInfo, NotifyRegistrationStatus, NodePrepareResources,
+NodeUnprepareResources and NodeWatchResources itself. Claims are created in the
 API server and allocated the way the scheduler allocates them: `status.allocation` written through
-the status subresource. The plugin reads them with the agent's own ServiceAccount and RBAC (deploy/).
+the status subresource. The plugin reads them through the agent's own client (`sharing.kube.ApiClient`).
 """
 
 from __future__ import annotations
@@ -34,10 +37,10 @@ from sharing.kubelet.api import drahealth_v1alpha1_pb2_grpc as health_grpc
 from sharing.kubelet.api import pluginregistration_v1_pb2 as reg
 from sharing.kubelet.api import pluginregistration_v1_pb2_grpc as reg_grpc
 from sharing.model import ComputeInstance, Gpu, GpuInstance, GpuUuid, HealthEvent, MigUuid, NodeState
+from sharing.ops.metrics import Metrics
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[2]
 A100 = "NVIDIA A100-SXM4-40GB"
 GPU0, GPU1 = (
     GpuUuid("GPU-00000000-0000-0000-0000-000000000000"),
@@ -60,7 +63,6 @@ CONFIG = SharingConfig(
     rules=(Rule(devices=Selector(all=True), replicas=Replicas(default=1, per_device_kind=(("gpu", 2),))),),
 )
 CDI_KIND = "k8s.gpu.nvidia.com/claim"
-AGENT_NAMESPACE = "gpu-sharing"
 
 
 @dataclass
@@ -68,17 +70,6 @@ class Node:
     """What the plugin serves: the inventory it is handed, changed by the test."""
 
     inventory: Inventory
-
-
-@pytest.fixture(scope="module")
-def agent_kubeconfig(control_plane: lab.ControlPlane) -> Path:
-    """The agent's ServiceAccount with the chart's RBAC (deploy/), as its DaemonSet pod has it."""
-    for manifest in ("00-namespace.yaml", "10-rbac.yaml"):
-        control_plane.kubectl("apply", "-f", str(REPO / "deploy" / manifest), check=True)
-    token = control_plane.kubectl(
-        "create", "token", "gpu-sharing", "-n", AGENT_NAMESPACE, "--duration=1h", check=True
-    ).stdout.strip()
-    return control_plane.token_kubeconfig(token, "dra-agent")
 
 
 @pytest.fixture
@@ -113,7 +104,7 @@ class Setup:
     kube: ApiClient
     node: Node
 
-    def plugin(self) -> DraPlugin:
+    def plugin(self, metrics: Metrics | None = None) -> DraPlugin:
         return DraPlugin(
             node_name=self.node_name,
             claims=self.kube,
@@ -123,12 +114,13 @@ class Setup:
             cdi_dir=self.cdi,
             paths=self.paths,
             health_resend_s=0.5,
+            recorder=metrics,
         )
 
 
 @pytest.fixture
-def setup(tmp_path: Path, agent_kubeconfig: Path, driver_root: Path) -> Iterator[Setup]:
-    kube = ApiClient(str(agent_kubeconfig))
+def setup(tmp_path: Path, control_plane: lab.ControlPlane, driver_root: Path) -> Iterator[Setup]:
+    kube = ApiClient(str(control_plane.kubeconfig))
     yield Setup(
         node_name=f"node-{uuid.uuid4().hex[:6]}",
         paths=DraPaths(plugins_dir=tmp_path / "plugins", registry_dir=tmp_path / "plugins_registry"),
@@ -170,7 +162,13 @@ class Kubelet:
             uid: {
                 "error": r.error,
                 "devices": [
-                    (list(d.request_names), d.pool_name, d.device_name, list(d.cdi_device_ids))
+                    (
+                        list(d.request_names),
+                        d.pool_name,
+                        d.device_name,
+                        list(d.cdi_device_ids),
+                        d.share_id if d.HasField("share_id") else None,
+                    )
                     for d in r.devices
                 ],
             }
@@ -204,15 +202,28 @@ def make_claim(
     *,
     requests: tuple[str, ...] = ("gpu",),
     config: list[dict[str, Any]] | None = None,
+    pods: tuple[tuple[str, str], ...] = (),
+    subrequests: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """A claim, then its allocation written as the scheduler writes it (status subresource)."""
+    """A claim, then its allocation (and the pods it is reserved for, (name, uid)) written as the
+    scheduler writes them (status subresource)."""
     claim = {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
         "metadata": {"name": name, "namespace": namespace},
         "spec": {
             "devices": {
-                "requests": [{"name": r, "exactly": {"deviceClassName": "gpu.nvidia.com"}} for r in requests]
+                "requests": [
+                    {
+                        "name": r,
+                        "firstAvailable": [
+                            {"name": n, "deviceClassName": "mig.nvidia.com"} for n in subrequests
+                        ],
+                    }
+                    if subrequests
+                    else {"name": r, "exactly": {"deviceClassName": "gpu.nvidia.com"}}
+                    for r in requests
+                ]
             }
         },
     }
@@ -221,7 +232,8 @@ def make_claim(
         "status": {
             "allocation": {
                 "devices": {"results": results, **({"config": config} if config else {})},
-            }
+            },
+            **({"reservedFor": [{"resource": "pods", "name": n, "uid": u} for n, u in pods]} if pods else {}),
         }
     }
     return kubectl_json(
@@ -247,6 +259,63 @@ def specs(setup: Setup) -> list[str]:
     return sorted(p.name for p in setup.cdi.glob("*.json")) if setup.cdi.exists() else []
 
 
+# ---- the kubelet's own code ----------------------------------------------------------------
+
+
+async def dra_kubelet(cp: lab.ControlPlane, setup: Setup, *args: str) -> dict[str, Any]:
+    """One run of the kubelet's plugin watcher and DRA client against the plugin (a fresh kubelet)."""
+    process = await asyncio.create_subprocess_exec(
+        str(lab.binaries().dra_kubelet), "--registry-dir", str(setup.paths.registry_dir),
+        "--kubeconfig", str(cp.kubeconfig), "--node", setup.node_name, "--driver", DRIVER, *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(process.communicate(), 60)
+    assert 0 == process.returncode, err.decode()[-2000:]
+    return dict(json.loads(out))
+
+
+def ref(claim: dict[str, Any]) -> str:
+    meta = claim["metadata"]
+    return f"{meta['namespace']}/{meta['name']}/{meta['uid']}"
+
+
+async def test_the_kubelets_own_plugin_manager_registers_prepares_and_unprepares(
+    control_plane: lab.ControlPlane, namespace: str, setup: Setup, plugin: DraPlugin
+) -> None:
+    node = setup.node_name
+    claim = make_claim(control_plane, namespace, "c", [result(node, "gpu-0-mig-0")])
+    uid = claim["metadata"]["uid"]
+
+    got = await dra_kubelet(control_plane, setup, "--prepare", ref(claim), "--health")
+
+    assert {
+        "registered": True,
+        "prepare": {
+            "claims": {
+                uid: {
+                    "devices": [
+                        {
+                            "request_names": ["gpu"],
+                            "pool_name": node,
+                            "device_name": "gpu-0-mig-0",
+                            "cdi_device_ids": [f"{CDI_KIND}={uid}-gpu-0-mig-0"],
+                        }
+                    ]
+                }
+            }
+        },
+    } == {k: v for k, v in got.items() if k != "health"}
+    assert {("gpu-0-mig-0", 1), ("gpu-1", 1)} == {
+        (d["device"]["device_name"], d["health"]) for d in got["health"]["devices"]
+    }
+    assert (True, "") == (plugin.registration.registered, plugin.registration.error)
+    # A second kubelet (a restart) unprepares what the first prepared.
+    assert {"registered": True, "unprepare": {"claims": {uid: {}}}} == await dra_kubelet(
+        control_plane, setup, "--unprepare", ref(claim)
+    )
+    assert ([], ()) == (specs(setup), plugin.prepared().claims)
+
+
 # ---- registration -------------------------------------------------------------------------
 
 
@@ -270,76 +339,99 @@ async def test_prepare_writes_a_cdi_spec_per_claim_and_unprepare_removes_it(
     control_plane: lab.ControlPlane, namespace: str, setup: Setup, plugin: DraPlugin
 ) -> None:
     node = setup.node_name
-    mig = make_claim(control_plane, namespace, "mig", [result(node, "gpu-0-mig-0")])
-    shared = make_claim(
-        control_plane, namespace, "shared",
-        [result(node, "gpu-1-replica-0", "a"), result(node, "gpu-1-replica-1", "b")], requests=("a", "b"),
-    )  # fmt: skip
-    mig_uid, shared_uid = mig["metadata"]["uid"], shared["metadata"]["uid"]
+    share_a, share_b = str(uuid.uuid4()), str(uuid.uuid4())
+    # A prioritized list: the scheduler took the second choice, result request `gpu/medium`.
+    mig = make_claim(
+        control_plane,
+        namespace,
+        "mig",
+        [result(node, "gpu-0-mig-0", "gpu/medium")],
+        subrequests=("small", "medium"),
+    )
+    # GPU 1 is time-sliced: one device in the pool, allocated to two claims at once (a share each).
+    shared_a = make_claim(
+        control_plane, namespace, "shared-a", [{**result(node, "gpu-1"), "shareID": share_a}]
+    )
+    shared_b = make_claim(
+        control_plane, namespace, "shared-b", [{**result(node, "gpu-1"), "shareID": share_b}]
+    )
+    mig_uid, a_uid, b_uid = (c["metadata"]["uid"] for c in (mig, shared_a, shared_b))
     kubelet = Kubelet(setup.paths)
 
-    answer = await kubelet.prepare(mig, shared)
+    answer = await kubelet.prepare(mig, shared_a, shared_b)
 
     assert {
         mig_uid: {
             "error": "",
-            "devices": [(["gpu"], node, "gpu-0-mig-0", [f"{CDI_KIND}={mig_uid}-gpu-0-mig-0"])],
+            "devices": [(["gpu"], node, "gpu-0-mig-0", [f"{CDI_KIND}={mig_uid}-gpu-0-mig-0"], None)],
         },
-        shared_uid: {
-            "error": "",
-            "devices": [
-                (["a"], node, "gpu-1-replica-0", [f"{CDI_KIND}={shared_uid}-gpu-1-replica-0"]),
-                (["b"], node, "gpu-1-replica-1", [f"{CDI_KIND}={shared_uid}-gpu-1-replica-1"]),
-            ],
-        },
+        a_uid: {"error": "", "devices": [(["gpu"], node, "gpu-1", [f"{CDI_KIND}={a_uid}-gpu-1"], share_a)]},
+        b_uid: {"error": "", "devices": [(["gpu"], node, "gpu-1", [f"{CDI_KIND}={b_uid}-gpu-1"], share_b)]},
     } == answer
     spec = spec_of(setup, mig_uid)
-    assert (
-        CDI_KIND,
-        {
-            f"{mig_uid}-gpu-0-mig-0": [
-                f"GPU_SHARING_DEVICE_{mig_uid.upper().replace('-', '_')}_GPU_0_MIG_0={MIG_A}"
-            ]
-        },
-    ) == (
-        spec["kind"],
-        devices_in(spec),
-    )
+    env = f"GPU_SHARING_DEVICE_{mig_uid.upper().replace('-', '_')}_GPU_0_MIG_0={MIG_A}"
+    assert (CDI_KIND, {f"{mig_uid}-gpu-0-mig-0": [env]}) == (spec["kind"], devices_in(spec))
     assert ["/dev/nvidia0"] == [n["path"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"]]
-    assert {f"{shared_uid}-gpu-1-replica-0", f"{shared_uid}-gpu-1-replica-1"} == set(
-        devices_in(spec_of(setup, shared_uid))
-    )
+    assert ["/dev/nvidia1"] == [
+        n["path"] for n in spec_of(setup, a_uid)["devices"][0]["containerEdits"]["deviceNodes"]
+    ]
     assert [
         (namespace, "mig", mig_uid, (str(MIG_A),)),
-        (namespace, "shared", shared_uid, (GPU1, GPU1)),
+        (namespace, "shared-a", a_uid, (GPU1,)),
+        (namespace, "shared-b", b_uid, (GPU1,)),
     ] == sorted(
         (c.namespace, c.name, c.uid, tuple(d.uuid for d in c.devices)) for c in plugin.prepared().claims
     )
+    assert ({MIG_A, GPU1}, "") == (plugin.prepared().held(), plugin.prepared().unknown)
 
-    assert {mig_uid: "", shared_uid: ""} == await kubelet.unprepare(mig, shared)
+    assert {mig_uid: "", a_uid: ""} == await kubelet.unprepare(mig, shared_a)
+    assert [f"k8s.gpu.nvidia.com-claim_{b_uid}.json"] == specs(setup)
+    assert {b_uid: ""} == await kubelet.unprepare(shared_b)
     assert [] == specs(setup)
     assert () == plugin.prepared().claims
 
 
-async def test_prepare_and_unprepare_are_idempotent(
-    control_plane: lab.ControlPlane, namespace: str, setup: Setup, plugin: DraPlugin
+async def test_prepare_and_unprepare_are_idempotent_and_counted(
+    control_plane: lab.ControlPlane, namespace: str, setup: Setup
 ) -> None:
-    claim = make_claim(control_plane, namespace, "c", [result(setup.node_name, "gpu-1-replica-0")])
-    uid = claim["metadata"]["uid"]
-    kubelet = Kubelet(setup.paths)
-    first = await kubelet.prepare(claim)
-    assert first == await kubelet.prepare(claim)
-    assert [f"k8s.gpu.nvidia.com-claim_{uid}.json"] == specs(setup)
-    assert 1 == len(plugin.prepared().claims)
-    assert {uid: ""} == await kubelet.unprepare(claim)
-    assert {uid: ""} == await kubelet.unprepare(claim)
-    assert ([], ()) == (specs(setup), plugin.prepared().claims)
+    metrics = Metrics("test")
+    plugin = setup.plugin(metrics)
+    await plugin.start()
+    try:
+        claim = make_claim(control_plane, namespace, "c", [result(setup.node_name, "gpu-1")])
+        uid = claim["metadata"]["uid"]
+        kubelet = Kubelet(setup.paths)
+        first = await kubelet.prepare(claim)
+        assert first == await kubelet.prepare(claim)
+        assert [f"k8s.gpu.nvidia.com-claim_{uid}.json"] == specs(setup)
+        assert 1 == len(plugin.prepared().claims)
+        assert (1.0, 2.0) == scraped(metrics)
+        assert {uid: ""} == await kubelet.unprepare(claim)
+        assert {uid: ""} == await kubelet.unprepare(claim)
+        assert ([], ()) == (specs(setup), plugin.prepared().claims)
+        assert (0.0, 2.0) == scraped(metrics)
+    finally:
+        await plugin.stop()
+
+
+def scraped(metrics: Metrics) -> tuple[float, float]:
+    """(prepared claims, prepares timed) as Prometheus scrapes them."""
+    lines = dict(
+        line.rsplit(" ", 1) for line in metrics.render().decode().splitlines() if not line.startswith("#")
+    )
+    return (
+        float(lines["gpu_sharing_dra_prepared_claims"]),
+        float(lines["gpu_sharing_dra_prepare_duration_seconds_count"]),
+    )
 
 
 async def test_a_restart_between_prepare_and_unprepare_loses_nothing(
     control_plane: lab.ControlPlane, namespace: str, setup: Setup, plugin: DraPlugin
 ) -> None:
-    claim = make_claim(control_plane, namespace, "c", [result(setup.node_name, "gpu-0-mig-0")])
+    pod_uid = str(uuid.uuid4())
+    claim = make_claim(
+        control_plane, namespace, "c", [result(setup.node_name, "gpu-0-mig-0")], pods=(("trainer", pod_uid),)
+    )
     uid = claim["metadata"]["uid"]
     before = await Kubelet(setup.paths).prepare(claim)
     await plugin.stop()
@@ -347,7 +439,16 @@ async def test_a_restart_between_prepare_and_unprepare_loses_nothing(
     again = setup.plugin()
     await again.start()
     try:
-        assert [(namespace, "c", uid)] == [(c.namespace, c.name, c.uid) for c in again.prepared().claims]
+        assert [(namespace, "c", uid, ("gpu-0-mig-0",), (("trainer", pod_uid),))] == [
+            (
+                c.namespace,
+                c.name,
+                c.uid,
+                tuple(d.device for d in c.devices),
+                tuple((p.name, p.uid) for p in c.pods),
+            )
+            for c in again.prepared().claims
+        ]
         assert before == await Kubelet(setup.paths).prepare(claim)  # the kubelet's retry after its restart
         # The claim and its pod are gone before the unprepare comes: the checkpoint is enough.
         control_plane.kubectl("delete", "resourceclaim", "c", "-n", namespace, "--wait=true", check=True)
@@ -361,11 +462,11 @@ async def test_bad_claims_fail_alone_with_a_clear_error(
     control_plane: lab.ControlPlane, namespace: str, setup: Setup, plugin: DraPlugin
 ) -> None:
     node = setup.node_name
-    good = make_claim(control_plane, namespace, "good", [result(node, "gpu-1-replica-0")])
+    good = make_claim(control_plane, namespace, "good", [result(node, "gpu-1")])
     missing_device = make_claim(control_plane, namespace, "gone", [result(node, "gpu-7")])
     other_pool = make_claim(control_plane, namespace, "elsewhere", [result("node-other", "gpu-0")])
     mps = make_claim(
-        control_plane, namespace, "mps", [result(node, "gpu-1-replica-1")],
+        control_plane, namespace, "mps", [result(node, "gpu-1")],
         config=[{"source": "FromClaim", "requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": {
             "apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": {"strategy": "MPS"},
         }}}],
@@ -379,8 +480,8 @@ async def test_bad_claims_fail_alone_with_a_clear_error(
     assert "" == errors[good["metadata"]["uid"]]
     assert (
         f"claim {namespace}/gone: status.allocation.devices.results[0]: device gpu-7 is not one this node "
-        "has now (it has gpu-0-mig-0, gpu-1, gpu-1-replica-0, gpu-1-replica-1); the claim was allocated "
-        "from an out-of-date ResourceSlice: delete the claim (or its pod) so that it is allocated again"
+        "has now (it has gpu-0-mig-0, gpu-1); the claim was allocated from an "
+        "out-of-date ResourceSlice: delete the claim (or its pod) so that it is allocated again"
     ) == errors[missing_device["metadata"]["uid"]]
     assert (
         f"claim {namespace}/elsewhere: status.allocation.devices.results[0]: device gpu-0 of pool node-other "
@@ -416,16 +517,12 @@ async def test_health_streams_every_device_and_follows_the_overlay(setup: Setup,
             assert {setup.node_name} == {d.device.pool_name for d in answer.devices}
             return {d.device.device_name: d.health for d in answer.devices}
 
-        healthy = {
-            "gpu-0-mig-0": health.HEALTHY,
-            "gpu-1-replica-0": health.HEALTHY,
-            "gpu-1-replica-1": health.HEALTHY,
-        }
+        healthy = {"gpu-0-mig-0": health.HEALTHY, "gpu-1": health.HEALTHY}
         assert healthy == await next_list()
         xid = HealthState().apply(HealthEvent(GPU1, healthy=False, xid=79))
         setup.node.inventory = build_inventory(NODE, CONFIG, xid)
         assert plugin.refresh()
-        unhealthy = {**healthy, "gpu-1-replica-0": health.UNHEALTHY, "gpu-1-replica-1": health.UNHEALTHY}
+        unhealthy = {**healthy, "gpu-1": health.UNHEALTHY}
         assert unhealthy == await next_list()
         assert unhealthy == await next_list()  # sent again before the kubelet's timeout makes it Unknown
         stream.cancel()

@@ -116,12 +116,13 @@ def a100(index: int, *profiles: str) -> Gpu:
 
 
 def wanted_pool(name: str, gpus: int, *, sick: int | None = None) -> tuple[SliceSpec, ...]:
-    """GPU 0 in MIG mode, GPU 1 time-sliced 4 ways, the rest whole; GPU `sick` with an XID."""
+    """GPU 0 in MIG mode, its MIG devices and GPU 1 time-sliced 4 ways, the rest whole; GPU `sick` with
+    an XID."""
     node = NodeState(
         (a100(0, "3g.20gb", "2g.10gb", "1g.5gb", "1g.5gb"), *(a100(i) for i in range(1, gpus))),
         driver=DRIVER_INFO,
     )
-    shared = Rule(Selector(indices=(1,)), replicas=Replicas(default=4))
+    shared = Rule(Selector(indices=(0, 1)), replicas=Replicas(default=4))
     config = SharingConfig(name="t", mig_strategy=MigStrategy.MIXED, rules=(shared,))
     health = None if sick is None else HealthState().apply(HealthEvent(GpuUuid(f"GPU-{sick}"), False, xid=48))
     inventory = build_inventory(node, config, health, CATALOG)
@@ -263,11 +264,13 @@ def test_fields_the_api_server_drops_are_said_once_and_not_rewritten(gates_off: 
         with structlog.testing.capture_logs() as logs:
             first = publisher.sync()
         assert first is not None
-        assert publisher.problems == tuple(
-            f"{s['metadata']['name']}: {what}"
-            for s in stored(gates_off, name)
-            for what in ("allowMultipleAllocations of gpu-1", "requestPolicy of gpu-1", "taints of gpu-2")
-        )
+        (slice_,) = stored(gates_off, name)
+        shared = ["gpu-0-mig-0", "gpu-0-mig-1", "gpu-0-mig-2", "gpu-0-mig-3", "gpu-1"]
+        expected = [
+            f"{what} of {d}" for d in shared for what in ("allowMultipleAllocations", "requestPolicy")
+        ]
+        expected.append("taints of gpu-2")
+        assert publisher.problems == tuple(f"{slice_['metadata']['name']}: {e}" for e in expected)
         said = [e for e in logs if e["event"] == "resourceslice_fields_dropped"]
         assert [(e["log_level"], e["feature_gates"]) for e in said] == [
             ("warning", "DRAConsumableCapacity,DRADeviceTaints")
@@ -286,3 +289,27 @@ def test_the_chart_ships_a_device_class_per_catalog_mig_profile(chart: lab.Contr
         f"{mig_resource(p).removeprefix('nvidia.com/')}.nvidia.com": mig_resource(p) for p in profiles
     }
     assert ours == expected
+
+
+def test_a_token_without_a_node_claim_may_change_no_slice(chart: lab.ControlPlane, node: Node) -> None:
+    made = chart.kubectl("create", "token", NAME, "-n", NAMESPACE)  # not bound to a pod: no node claim
+    assert made.returncode == 0, made.stderr
+    loose = ApiClient(str(chart.token_kubeconfig(made.stdout.strip(), f"loose-{node.name}")))
+    try:
+        mine = wanted_pool(node.name, 1)[0]
+        owner = loose.get_node(node.name)
+
+        def attempt() -> str:
+            try:
+                made = loose.create_resource_slice(mine, owner)
+            except KubeError as err:
+                return str(err)
+            chart.kubectl("delete", "resourceslice", made.name)
+            return ""
+
+        refusal = poll("the policy to refuse", attempt, bool, timeout=30)
+        assert (
+            "the gpu-sharing agent's token carries no node claim; it may change no ResourceSlice" in refusal
+        )
+    finally:
+        loose.close()

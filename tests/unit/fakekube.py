@@ -14,7 +14,7 @@ from dataclasses import replace
 
 from sharing.errors import KubeError
 from sharing.kube import ConfigMapObject, NodeObject, NotFoundError, WatchEvent
-from sharing.kube.api import ResourceClaimObject
+from sharing.kube.api import ConflictError, ResourceClaimObject, ResourceSliceObject, SliceSpec
 from sharing.model import BoundPod, ClaimAllocation
 
 # The API server's rules for metadata (k8s.io/apimachinery pkg/util/validation/validation.go:
@@ -54,9 +54,13 @@ class FakeKube:
         self.bound: tuple[BoundPod, ...] = ()
         """The pods bound to the node (none: the tests' pods exist only in the fake kubelet)."""
         self.claims: dict[tuple[str, str], ResourceClaimObject] = {}
-        """ResourceClaims by (namespace, name)."""
         self.pool_claims: tuple[ClaimAllocation, ...] = ()
         """What list_pool_claims answers: the claims allocated devices of our pool."""
+        """ResourceClaims by (namespace, name)."""
+        self.slices: dict[str, ResourceSliceObject] = {}
+        """ResourceSlices by name."""
+        self.slice_writes: list[tuple[str, str, int]] = []
+        """(create | update | delete, slice name, pool generation) in the order they came."""
         self._version = 1
         self._lock = threading.Lock()
         self._queues: dict[tuple[str, ...], queue.Queue[WatchEvent | None]] = {}
@@ -75,6 +79,13 @@ class FakeKube:
             cm = ConfigMapObject(namespace, name, self._next(), dict(data))
             self.configmaps[(namespace, name)] = cm
             self._push(("cm", namespace, name), WatchEvent("MODIFIED", cm, cm.resource_version))
+
+    def wipe_slices(self, node: str) -> None:
+        """Delete the node's ResourceSlices, as the kubelet does when it starts."""
+        with self._lock:
+            for name in [n for n, s in self.slices.items() if s.spec.node == node]:
+                gone = self.slices.pop(name)
+                self._push(("slices",), WatchEvent("DELETED", gone, self._next()))
 
     def close(self) -> None:
         for q in list(self._queues.values()):
@@ -147,6 +158,50 @@ class FakeKube:
         if claim is None:
             raise NotFoundError(f"read resourceclaim {namespace}/{name}: HTTP 404 Not Found")
         return claim
+
+    def list_resource_slices(self, driver: str, node: str) -> tuple[ResourceSliceObject, ...]:
+        self.requests += 1
+        with self._lock:
+            return tuple(s for s in self.slices.values() if (s.spec.driver, s.spec.node) == (driver, node))
+
+    def create_resource_slice(self, spec: SliceSpec, owner: NodeObject) -> ResourceSliceObject:
+        self.requests += 1
+        with self._lock:
+            made = ResourceSliceObject(
+                f"{spec.driver}-{spec.node}-{self._next()}", self._next(), spec, (owner.uid,)
+            )
+            self.slices[made.name] = made
+            self.slice_writes.append(("create", made.name, spec.generation))
+            self._push(("slices",), WatchEvent("ADDED", made, made.resource_version))
+            return made
+
+    def update_resource_slice(
+        self, name: str, resource_version: str, spec: SliceSpec, owner: NodeObject
+    ) -> ResourceSliceObject:
+        self.requests += 1
+        with self._lock:
+            old = self.slices.get(name)
+            if old is None or old.resource_version != resource_version:
+                raise ConflictError(f"update resourceslice {name}: HTTP 409 Conflict")
+            made = ResourceSliceObject(name, self._next(), spec, (owner.uid,))
+            self.slices[name] = made
+            self.slice_writes.append(("update", name, spec.generation))
+            self._push(("slices",), WatchEvent("MODIFIED", made, made.resource_version))
+            return made
+
+    def delete_resource_slice(self, name: str) -> None:
+        self.requests += 1
+        with self._lock:
+            gone = self.slices.pop(name, None)
+            if gone is not None:
+                self.slice_writes.append(("delete", name, gone.spec.generation))
+                self._push(("slices",), WatchEvent("DELETED", gone, self._next()))
+
+    def watch_resource_slices(
+        self, driver: str, node: str, resource_version: str, timeout_s: int
+    ) -> Iterator[WatchEvent]:
+        self.requests += 1
+        return self._stream(("slices",))
 
     # --- plumbing -----------------------------------------------------------------------------
 

@@ -93,7 +93,10 @@ def test_picture_shows_the_slices_and_steps() -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--gpu", "Tesla T4", "--want", "1g.5gb=1"], "T4 has no MIG: it can only be time-sliced"),
+        (
+            ["--gpu", "Tesla T4", "--want", "1g.5gb=1"],
+            "T4 has no MIG: it can only be time-sliced or shared with MPS",
+        ),
         (["--gpu", "Z100", "--want", "1g.5gb=1"], "unknown GPU 'Z100': give a catalog name, an NVML name"),
         (
             ["--gpu", "A100-SXM4-40GB", "--want", "1g.10gbx=1"],

@@ -56,7 +56,7 @@ def test_an_invalid_config_exits_1_with_one_line_per_error(tmp_path: Path) -> No
     result = validate(str(path))
     assert result.returncode == 1
     assert result.stdout.splitlines() == [
-        "a100-mixed: gpus[0].bogus: unknown key; expected one of devices, mig, replicas, rename",
+        "a100-mixed: gpus[0].bogus: unknown key; expected one of devices, mig, replicas, rename, mps",
         "a100-mixed: gpus[0].mig.3g.20gb: 3 instances exceed the maximum of 2 on A100-SXM4-40GB",
     ]
     out = json.loads(validate(str(path), "--json").stdout)
@@ -198,3 +198,50 @@ def test_the_summary_names_each_gpu_once(tmp_path: Path) -> None:
     ) == result.stdout
     three = validate(str(PRESETS), *["--gpu", "A100-SXM4-40GB"] * 3)
     assert "all-replicas-4: [none] A100-SXM4-40GB: MIG off, 4 replicas each" in three.stdout.splitlines()
+
+
+FIXTURES_DP = ROOT / "tests" / "unit" / "fixtures" / "nvidia" / "device-plugin"
+
+
+@pytest.mark.parametrize(
+    ("text", "gpus", "code", "stdout"),
+    [
+        pytest.param(
+            (FIXTURES_DP / "32-mps-readme-example.yaml").read_text(), [], 0,
+            ["mps: [none] all GPUs: MIG as is, MPS: 10 replicas each with 10% of the threads and 1/10 of "
+             "the memory"],
+            id="nvidia-readme",
+        ),
+        pytest.param(
+            "version: v1\ngpus:\n- devices: [0]\n  mps: {replicas: 4, activeThreadPercentage: 30, "
+            "pinnedMemoryLimit: 4Gi}\n", ["T4"], 0,
+            ["mps: [none] T4: MIG off, MPS: 4 replicas each with 30% of the threads and 4096 MiB"],
+            id="native-with-limits",
+        ),
+        pytest.param(
+            "version: v1\ngpus: [{devices: all, mps: {replicas: 49}}]\n", ["T4"], 1,
+            ["mps: gpus[0].mps.replicas: maximum allowed replicas exceeded: 49 > 48: GPU 0 (T4), compute "
+             "capability 7.5, serves at most 48 MPS clients (48 from 7.5, 16 before)"],
+            id="above-the-cap-of-the-gpu-given",
+        ),
+        pytest.param(
+            "version: v1\ngpus: [{devices: all, mps: {replicas: 17}}]\n", ["V100-SXM2-16GB", "T4"], 1,
+            ["mps: gpus[0].mps.replicas: maximum allowed replicas exceeded: 17 > 16: GPU 0 (V100-SXM2-16GB), "
+             "compute capability 7.0, serves at most 16 MPS clients (48 from 7.5, 16 before)"],
+            id="a-v100-takes-16",
+        ),
+        pytest.param(
+            "version: v1\ngpus: [{devices: all, mps: {replicas: 16}}]\n", ["V100-SXM2-16GB"], 0,
+            ["mps: [none] V100-SXM2-16GB: MIG off, MPS: 16 replicas each with 6% of the threads and 1/16 of "
+             "the memory"],
+            id="a-v100-at-16",
+        ),
+    ],
+)  # fmt: skip
+def test_mps_configs_say_mps(
+    tmp_path: Path, text: str, gpus: list[str], code: int, stdout: list[str]
+) -> None:
+    path = tmp_path / "mps.yaml"
+    path.write_text(text)
+    result = validate(str(path), *[a for g in gpus for a in ("--gpu", g)])
+    assert (code, stdout) == (result.returncode, result.stdout.splitlines()), result.stderr

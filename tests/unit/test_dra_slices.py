@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -43,6 +44,7 @@ def whole(index: int, product: str = "NVIDIA A100-SXM4-40GB", memory_mib: int = 
         compute_capability=(8, 0),
         minor=index,
         pci_bus_id=f"0000:{index + 0x10:02x}:00.0",
+        brand="Nvidia",
     )
 
 
@@ -95,6 +97,7 @@ def test_a_whole_a100_is_published_with_nvidias_attributes_and_types() -> None:
         name="gpu-0",
         attributes=(
             ("architecture", "Ampere"),
+            ("brand", "Nvidia"),
             ("cudaComputeCapability", Version("8.0.0")),
             ("cudaDriverVersion", Version("12.4.0")),
             ("driverVersion", Version("550.107.2")),
@@ -282,3 +285,42 @@ def test_driver_versions_as_semver(text: str, expected: str | None) -> None:
 )
 def test_pci_bus_ids_as_go_nvlib_writes_them(raw: bytes, expected: str | None) -> None:
     assert bus_id(raw) == expected
+
+
+def test_a_time_sliced_mig_device_shares_and_its_engines_cost_nothing_by_default() -> None:
+    a100 = CATALOG.product("A100-SXM4-40GB")
+    node = NodeState((mig(0, a100, "1g.5gb"),), driver=DRIVER_INFO)
+    device = devices(node, config(2))["gpu-0-mig-0"]
+    assert device.allow_multiple_allocations
+    assert dict(device.capacity) == {
+        "copyEngines": Capacity("1", RequestPolicy("0", "0", "1")),
+        "decoders": Capacity("0", RequestPolicy("0", "0", "0")),
+        "encoders": Capacity("0", RequestPolicy("0", "0", "0")),
+        "jpegEngines": Capacity("0", RequestPolicy("0", "0", "0")),
+        "memory": Capacity("4864Mi", RequestPolicy("0", "0", "4864Mi")),
+        "multiprocessors": Capacity("14", RequestPolicy("0", "0", "14")),
+        "ofaEngines": Capacity("0", RequestPolicy("0", "0", "0")),
+        "shares": Capacity("2", RequestPolicy("1", "1", "2", "1")),
+    }
+
+
+@pytest.mark.parametrize("product", MIG_PRODUCTS, ids=lambda p: p.name)
+def test_every_device_fits_the_api_servers_limits(product: Product) -> None:
+    """At most 32 attributes and capacities together, names of at most 32 characters after the
+    domain, strings of at most 64 (k8s.io/api resource/v1 types.go), even shared with every capacity."""
+    node = NodeState(
+        tuple(mig(i, product, p.name) for i, p in enumerate(product.profiles)), driver=DRIVER_INFO
+    )
+    for device in devices(node, config(8)).values():
+        assert DNS_LABEL.match(device.name)
+        assert len(device.attributes) + len(device.capacity) <= 32
+        names = [n for n, _ in (*device.attributes, *device.capacity)]
+        assert all(len(n.rpartition("/")[2]) <= 32 for n in names)
+        assert all(len(v) <= 64 for _, v in device.attributes if isinstance(v, str))
+
+
+def test_the_numa_node_is_published_where_known() -> None:
+    node = NodeState((dataclasses.replace(whole(0), numa_node=1), whole(1)), driver=DRIVER_INFO)
+    found = devices(node)
+    assert dict(found["gpu-0"].attributes)["resource.kubernetes.io/numaNode"] == 1
+    assert "resource.kubernetes.io/numaNode" not in dict(found["gpu-1"].attributes)

@@ -7,7 +7,8 @@ import dataclasses
 import pytest
 import structlog
 
-from sharing.config.spec import MigMode, MigStrategy, Replicas, Rule, Selector, SharingConfig
+from sharing.config import parse_config
+from sharing.config.spec import MigMode, MigStrategy, Replicas, Rule, Selector, Sharing, SharingConfig
 from sharing.devices.inventory import build_inventory
 from sharing.kube import Watched
 from sharing.kube.publish import NodePublisher
@@ -229,6 +230,56 @@ def test_renamed_shared_resources_keep_gpu_labels_without_suffix() -> None:
     assert "8" == labels["nvidia.com/gpu.replicas"]
     assert "1" == labels["nvidia.com/gpu.count"]
     assert "time-slicing" == labels["nvidia.com/gpu.sharing-strategy"]
+
+
+MPS_LABELS = ("mps.capable", "gpu.product", "gpu.replicas", "gpu.sharing-strategy", "gpu.count")
+
+
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        pytest.param(
+            "version: v1\nsharing: {mps: {resources: [{name: nvidia.com/gpu, replicas: 10}]}}",
+            ("true", "NVIDIA-H100-80GB-HBM3-SHARED", "10", "mps", "2"),
+            id="nvidia-readme-mps",
+        ),
+        pytest.param(
+            "version: v1\nsharing: {mps: {renameByDefault: true, resources: [{name: gpu, replicas: 10}]}}",
+            ("true", "NVIDIA-H100-80GB-HBM3", "10", "mps", "2"),
+            id="renamed-no-suffix",
+        ),
+        pytest.param(
+            "version: v1\ngpus: [{devices: all, mps: {replicas: 4}}]",
+            ("true", "NVIDIA-H100-80GB-HBM3-SHARED", "4", "mps", "2"),
+            id="native-mps",
+        ),
+        pytest.param(
+            "version: v1\nsharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 10}]}}",
+            ("false", "NVIDIA-H100-80GB-HBM3-SHARED", "10", "time-slicing", "2"),
+            id="time-slicing",
+        ),
+        pytest.param(
+            "version: v1\ngpus: [{devices: all, mig: unchanged}]",
+            ("false", "NVIDIA-H100-80GB-HBM3", "1", "none", "2"),
+            id="unshared",
+        ),
+    ],
+)
+def test_mps_labels_as_gfd_writes_them(config: str, expected: tuple[str, ...]) -> None:
+    """GFD under MPS (k8s-device-plugin internal/lm/nvml.go, resource.go): mps.capable, strategy mps."""
+    (parsed,) = parse_config("c", config)
+    labels = labels_for(NodeState((h100(0), h100(1))), parsed)
+    assert expected == tuple(labels[f"nvidia.com/{k}"] for k in MPS_LABELS)
+
+
+def test_a_gpu_left_with_mig_on_is_not_labelled_as_shared_with_mps() -> None:
+    """`mig: unchanged` MPS on a GPU with MIG on is refused at parse time; labels do not claim MPS."""
+    config = SharingConfig(
+        "c", rules=(Rule(Selector(all=True), MigMode.UNCHANGED, replicas=Replicas(1, (("gpu", 4),)),
+                         sharing=Sharing.MPS),),
+    )  # fmt: skip
+    labels = labels_for(NodeState((a100(0, ("7g.40gb", 0, 8)),)), config)
+    assert ("false", "none") == (labels["nvidia.com/mps.capable"], labels["nvidia.com/gpu.sharing-strategy"])
 
 
 def test_single_strategy_labels_the_mig_device_as_the_gpu() -> None:

@@ -32,6 +32,22 @@ def test_flag_beats_environment_beats_default() -> None:
     )
 
 
+def test_the_kubelet_plugin_dirs_of_the_dra_front_end() -> None:
+    default = parse(["--node-name", "n"], {})
+    assert (Path("/var/lib/kubelet/plugins"), Path("/var/lib/kubelet/plugins_registry")) == (
+        default.kubelet_plugins_dir,
+        default.kubelet_registry_dir,
+    )
+    got = parse(
+        ["--node-name", "n", "--kubelet-registry-dir", "/flag/registry"],
+        {"SHARING_KUBELET_PLUGINS_DIR": "/env/plugins", "SHARING_KUBELET_REGISTRY_DIR": "/env/registry"},
+    )
+    assert (Path("/env/plugins"), Path("/flag/registry")) == (
+        got.kubelet_plugins_dir,
+        got.kubelet_registry_dir,
+    )
+
+
 def test_kubeconfig_falls_back_to_KUBECONFIG() -> None:
     assert "/k" == parse(["--node-name", "n"], {"KUBECONFIG": "/k"}).kubeconfig
     assert parse(["--node-name", "n"], {}).kubeconfig is None

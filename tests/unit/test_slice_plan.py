@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 
 import pytest
 
 from sharing.kube.api import Capacity, DeviceTaint, RequestPolicy, ResourceSliceObject, SliceDevice, SliceSpec
-from sharing.kube.resourceslices import PoolPlan, dropped, plan_pool
+from sharing.kube.resourceslices import PoolPlan, SlicePublisher, dropped, plan_pool
+from tests.polling import poll
+from tests.unit.fakekube import FakeKube
 
 A = (SliceDevice("gpu-0"), SliceDevice("gpu-1"))
 B = (SliceDevice("gpu-2"),)
@@ -91,3 +94,22 @@ def test_dropped_names_each_device_and_field() -> None:
         "allowMultipleAllocations of gpu-1",
         "requestPolicy of gpu-1",
     ]
+
+
+async def test_a_burst_of_wanted_pools_is_one_sync_of_the_newest() -> None:
+    kube = FakeKube("n", {})
+    publisher = SlicePublisher(kube, "n", "gpu.nvidia.com")
+    task = asyncio.create_task(publisher.run())
+    try:
+        for devices in (A, B, A + B):  # before the loop runs: only the last counts
+            publisher.want((spec(devices, count=1),))
+        await asyncio.to_thread(poll, "the pool", lambda: publisher.generation, lambda g: g > 0)
+        assert [(w[0], w[2]) for w in kube.slice_writes] == [("create", 1)]
+        assert [s.spec.devices for s in kube.slices.values()] == [A + B]
+        kube.wipe_slices("n")  # the kubelet starts: the pool comes back, one generation on
+        await asyncio.to_thread(poll, "the pool again", lambda: publisher.generation, lambda g: g == 2)
+        assert [s.spec.devices for s in kube.slices.values()] == [A + B]
+    finally:
+        task.cancel()
+        kube.close()
+        await asyncio.gather(task, return_exceptions=True)

@@ -234,6 +234,42 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device,
 	RETURN(NVML_SUCCESS);
 }
 
+/* nvml.h nvmlBrandType_t. Data-center GPUs report NVML_BRAND_NVIDIA (go-nvlib names it "Nvidia", as
+ * NVIDIA's DRA driver shows it for an A100: dra-driver-nvidia-gpu
+ * site/content/docs/reference/resourceslice-attributes.md); the state's "brand" overrides it. */
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetBrand(nvmlDevice_t device, nvmlBrandType_t *type)
+{
+	ENTER();
+	DEVICE_OR_RETURN(device);
+	if (!type)
+		RETURN(NVML_ERROR_INVALID_ARGUMENT);
+	*type = (nvmlBrandType_t)fake_int(gpu, "brand", NVML_BRAND_NVIDIA);
+	RETURN(NVML_SUCCESS);
+}
+
+/* nvml.h NVML_DEVICE_ARCH_*, from the compute capability (https://developer.nvidia.com/cuda-gpus):
+ * 7.0 Volta, 7.5 Turing, 8.0-8.7 Ampere, 8.9 Ada, 9.x Hopper, 10.x and 12.x Blackwell. */
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetArchitecture(nvmlDevice_t device, nvmlDeviceArchitecture_t *arch)
+{
+	ENTER();
+	DEVICE_OR_RETURN(device);
+	if (!arch)
+		RETURN(NVML_ERROR_INVALID_ARGUMENT);
+	json_t *cc = json_object_get(gpu, "computeCapability");
+	long long major = json_integer_value(json_array_get(cc, 0)), minor = json_integer_value(json_array_get(cc, 1));
+	nvmlDeviceArchitecture_t found = NVML_DEVICE_ARCH_UNKNOWN;
+	if (major == 7)
+		found = minor < 5 ? NVML_DEVICE_ARCH_VOLTA : NVML_DEVICE_ARCH_TURING;
+	else if (major == 8)
+		found = minor < 9 ? NVML_DEVICE_ARCH_AMPERE : NVML_DEVICE_ARCH_ADA;
+	else if (major == 9)
+		found = NVML_DEVICE_ARCH_HOPPER;
+	else if (major == 10 || major == 12)
+		found = NVML_DEVICE_ARCH_BLACKWELL;
+	*arch = found;
+	RETURN(NVML_SUCCESS);
+}
+
 /* The minor number of /dev/nvidia<minor> (nvmlDeviceGetMinorNumber doc). */
 FAKE_EXPORT nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minorNumber)
 {
@@ -288,6 +324,12 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t de
 	} else {
 		if (fake_bool(gpu, "busy"))
 			add_process(found, &n, 1000 + index, NA, NA);
+		/* An MPS server is a compute process of its GPU (nvidia-smi lists it, type "M+C"); its
+		 * clients are listed by nvmlDeviceGetMPSComputeRunningProcesses. */
+		unsigned int servers[MAX_MPS_PIDS], clients[MAX_MPS_PIDS], nservers = 0;
+		fake_mps_processes(fake_str(gpu, "uuid", ""), servers, &nservers, clients, MAX_MPS_PIDS);
+		for (unsigned int s = 0; s < nservers && n < sizeof found / sizeof *found; s++)
+			add_process(found, &n, servers[s], NA, NA);
 		size_t i, j;
 		json_t *g, *c;
 		json_array_foreach(json_object_get(gpu, "gpuInstances"), i, g)
@@ -305,6 +347,69 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t de
 		memcpy(infos, found, n * sizeof *found);
 	*infoCount = n;
 	RETURN(NVML_SUCCESS);
+}
+
+/* The clients of the GPU's MPS servers ("Get information about processes with a compute context
+ * running on a device as MPS clients"; same calling convention as the call above). */
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
+								    nvmlProcessInfo_t *infos)
+{
+	ENTER();
+	DEVICE_OR_RETURN(device);
+	if (!infoCount || (*infoCount && !infos))
+		RETURN(NVML_ERROR_INVALID_ARGUMENT);
+	nvmlProcessInfo_t found[MAX_MPS_PIDS];
+	unsigned int servers[MAX_MPS_PIDS], clients[MAX_MPS_PIDS], nservers = 0, n = 0;
+	int count = ci ? 0 : fake_mps_processes(fake_str(gpu, "uuid", ""), servers, &nservers, clients, MAX_MPS_PIDS);
+	for (int i = 0; i < count; i++)
+		add_process(found, &n, clients[i], NA, NA);
+	if (*infoCount < n) {
+		*infoCount = n;
+		RETURN(NVML_ERROR_INSUFFICIENT_SIZE);
+	}
+	if (n)
+		memcpy(infos, found, n * sizeof *found);
+	*infoCount = n;
+	RETURN(NVML_SUCCESS);
+}
+
+/* ---- compute mode ------------------------------------------------------------------------------ */
+
+/* "computeMode" in the state; "Under Linux it is not persistent across reboots and always resets to
+ * Default" (nvmlDeviceSetComputeMode), so absent means NVML_COMPUTEMODE_DEFAULT. */
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t device, nvmlComputeMode_t *mode)
+{
+	ENTER();
+	DEVICE_OR_RETURN(device);
+	if (!mode)
+		RETURN(NVML_ERROR_INVALID_ARGUMENT);
+	*mode = (nvmlComputeMode_t)fake_int(ci ? ci : gpu, "computeMode", NVML_COMPUTEMODE_DEFAULT);
+	RETURN(NVML_SUCCESS);
+}
+
+/* INVALID_ARGUMENT "if device is invalid or mode is invalid" (EXCLUSIVE_THREAD: "Support Removed");
+ * "If MIG is enabled on a GPU, device must be MIG device handle" (NOT_SUPPORTED otherwise). */
+FAKE_EXPORT nvmlReturn_t nvmlDeviceSetComputeMode(nvmlDevice_t device, nvmlComputeMode_t mode)
+{
+	ENTER();
+	if (mode != NVML_COMPUTEMODE_DEFAULT && mode != NVML_COMPUTEMODE_PROHIBITED &&
+	    mode != NVML_COMPUTEMODE_EXCLUSIVE_PROCESS)
+		RETURN(NVML_ERROR_INVALID_ARGUMENT);
+	struct fake_handle *h = fake_check(device);
+	if (!h || (h->kind != K_GPU && h->kind != K_MIG))
+		RETURN(NVML_ERROR_INVALID_ARGUMENT);
+	json_t *state = fake_mutate_begin(), *gpu = NULL, *gi = NULL, *ci = NULL;
+	if (!state)
+		RETURN(NVML_ERROR_UNKNOWN);
+	nvmlReturn_t rc = fake_device(device, state, &gpu, &gi, &ci);
+	if (rc == NVML_SUCCESS && !ci && fake_mig_enabled(gpu))
+		rc = NVML_ERROR_NOT_SUPPORTED;
+	json_t *target = ci ? ci : gpu;
+	int changed = rc == NVML_SUCCESS && fake_int(target, "computeMode", NVML_COMPUTEMODE_DEFAULT) != mode;
+	if (changed)
+		json_object_set_new(target, "computeMode", json_integer(mode));
+	fake_mutate_end(state, changed);
+	RETURN(rc);
 }
 
 /* ---- MIG mode ----------------------------------------------------------------------------------- */

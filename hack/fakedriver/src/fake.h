@@ -94,5 +94,11 @@ void fake_mig_uuid(json_t *state, char *out, size_t size);
 /* the files a driver brings */
 void fake_sync_files(json_t *state);
 const char *fake_root(void);
+const char *fake_state_path(void);
+
+/* MPS: the records of live control daemons (mps.c) */
+#define MAX_MPS_PIDS 64
+/* The MPS server and client PIDs of the live daemons serving GPU `uuid`; returns the client count. */
+int fake_mps_processes(const char *uuid, unsigned int *servers, unsigned int *nservers, unsigned int *clients, unsigned int max);
 
 #endif

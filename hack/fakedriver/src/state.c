@@ -45,6 +45,7 @@ int fake_initialised(void) { return init_count > 0; }
 void fake_count_init(int delta) { init_count += delta; }
 long long fake_first_event(void) { return first_event; }
 const char *fake_root(void) { return root_path; }
+const char *fake_state_path(void) { return state_path; }
 
 static int ends_with(const char *s, const char *suffix)
 {

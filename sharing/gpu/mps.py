@@ -1,0 +1,363 @@
+"""The MPS control daemons: one `nvidia-cuda-mps-control -d` per GPU the config shares with MPS.
+
+Per GPU, as NVIDIA documents the start of a daemon for one GPU (MPS guide, "Starting and Stopping
+MPS on Linux", https://docs.nvidia.com/deploy/mps/latest/: `export CUDA_VISIBLE_DEVICES=0;
+nvidia-smi -i 0 -c EXCLUSIVE_PROCESS; nvidia-cuda-mps-control -d`): the GPU goes to exclusive-process
+compute mode (through NVML, `nvmlDeviceSetComputeMode`), then the daemon starts with
+`CUDA_VISIBLE_DEVICES=<GPU UUID>` (UUIDs are what NVIDIA recommends: "Appendix: Environment
+Variables") and its own `CUDA_MPS_PIPE_DIRECTORY` and `CUDA_MPS_LOG_DIRECTORY` under
+`<mpsRoot>/<uuid>/{pipe,log}` (several daemons run side by side when each has its own pipe and log
+directories: the MPS guide, "Quick Start"). Its client defaults are piped into
+`nvidia-cuda-mps-control` on stdin: `set_default_active_thread_percentage N` and
+`set_default_device_pinned_mem_limit 0 <N>M` (device 0: the only one the daemon sees), and read
+back with the matching `get_` commands (man page nvidia-cuda-mps-control(1),
+https://manpages.ubuntu.com/manpages/noble/man1/nvidia-cuda-mps-control.1.html). A GPU is
+enforcing its layout only once the read-back limits are the wanted ones.
+
+The daemon is the state: what a daemon answers on its pipe is what it enforces, so an agent that
+restarts adopts the daemons it finds, and a daemon that dies is seen by the next look (`check`)
+and started again by the next `enforce`. `quit` ends the daemon and its servers, and so every
+client attached to them ("quit ... the MPS controller and any associated MPS servers": Quick
+Start), so a daemon whose GPU runs processes (NVML) is never stopped or restarted: the change waits.
+The shared memory the clients and servers use is `<mpsRoot>/shm` (NVIDIA's device plugin mounts it
+at /dev/shm in both, k8s-device-plugin v0.20.0 internal/plugin/mps.go).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import os
+import shutil
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+from sharing.devices import PIPE_ENV, MpsSettings, pipe_dir
+from sharing.errors import BackendError
+from sharing.mig import Outcome
+from sharing.model import GpuUuid, NodeState
+from sharing.text import bounded
+
+log = structlog.get_logger(__name__)
+
+CONTROL = Path("usr/bin/nvidia-cuda-mps-control")
+"""Where the driver installs it, under the driver root."""
+LOG_ENV = "CUDA_MPS_LOG_DIRECTORY"
+
+ComputeMode = Callable[[GpuUuid, bool], Awaitable[None]]
+"""Set a GPU's compute mode: exclusive-process (True) or default (False)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Enforced:
+    """What a daemon answered when asked for its defaults."""
+
+    active_thread_percentage: int
+    pinned_memory_mib: int
+
+    def matches(self, settings: MpsSettings) -> bool:
+        """True when these are the settings' limits."""
+        return (self.active_thread_percentage, self.pinned_memory_mib) == (
+            settings.active_thread_percentage,
+            settings.pinned_memory_mib,
+        )
+
+
+class Readiness(enum.Enum):
+    """Where a GPU's MPS layout stands: its devices are advertised, advertised unhealthy, or not at all."""
+
+    READY = "ready"
+    """The daemon answers with the layout's limits."""
+    DOWN = "down"
+    """It was started for these limits and no longer answers (its replicas are unhealthy)."""
+    PENDING = "pending"
+    """No daemon enforces them yet (the layout's devices are not advertised)."""
+
+
+@dataclass(frozen=True, slots=True)
+class MpsResult:
+    """What `enforce` did for one GPU: APPLIED, UNCHANGED, BLOCKED or FAILED, and why."""
+
+    outcome: Outcome
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonStatus:
+    """One GPU's daemon, for `sharing status` and /metrics."""
+
+    gpu: GpuUuid
+    pipe_directory: str
+    wanted: MpsSettings
+    enforced: Enforced | None
+    """What it answered at the last look; None: it did not answer."""
+    restarts: int
+    error: str = ""
+
+    @property
+    def healthy(self) -> bool:
+        """It answers and enforces what is wanted."""
+        return self.enforced is not None and self.enforced.matches(self.wanted)
+
+
+class MpsDaemons:
+    """The control daemons of this node's MPS GPUs."""
+
+    def __init__(
+        self,
+        root: Path,
+        control: Path,
+        compute_mode: ComputeMode,
+        *,
+        timeout_s: float = 10.0,
+    ) -> None:
+        self.root = root
+        self.control = control
+        self._compute_mode = compute_mode
+        self._timeout_s = timeout_s
+        self._wanted: dict[GpuUuid, MpsSettings] = {}
+        self._enforced: dict[GpuUuid, Enforced | None] = {}
+        self._restarts: dict[GpuUuid, int] = {}
+        self._errors: dict[GpuUuid, str] = {}
+        self._lock = asyncio.Lock()
+        """One look or change at a time: a look during a restart must not record a stale answer."""
+
+    def pipe_dir(self, gpu: str) -> Path:
+        """The host directory of the GPU's control pipe."""
+        return Path(pipe_dir(str(self.root), gpu))
+
+    def log_dir(self, gpu: str) -> Path:
+        """The host directory of the GPU's daemon log."""
+        return self.root / gpu / "log"
+
+    @property
+    def shm_dir(self) -> Path:
+        """The host directory clients and servers share as /dev/shm."""
+        return self.root / "shm"
+
+    def readiness(self, gpu: GpuUuid, settings: MpsSettings) -> Readiness:
+        """Whether the GPU's daemon enforces `settings`, was started for them and is gone, or neither."""
+        enforced = self._enforced.get(gpu)
+        if enforced is not None and enforced.matches(settings):
+            return Readiness.READY
+        if self._wanted.get(gpu) == settings and enforced is None:
+            return Readiness.DOWN
+        return Readiness.PENDING
+
+    def status(self) -> tuple[DaemonStatus, ...]:
+        """Every GPU a daemon is wanted for, in UUID order."""
+        return tuple(
+            DaemonStatus(
+                gpu,
+                str(self.pipe_dir(gpu)),
+                wanted,
+                self._enforced.get(gpu),
+                self._restarts.get(gpu, 0),
+                self._errors.get(gpu, ""),
+            )
+            for gpu, wanted in sorted(self._wanted.items())
+        )
+
+    async def check(self) -> bool:
+        """Ask every wanted daemon for its limits; True when an answer changed since the last look."""
+        async with self._lock:
+            return await self._check()
+
+    async def _check(self) -> bool:
+        changed = False
+        for gpu in list(self._wanted):
+            enforced = await self._read(gpu)
+            if enforced != self._enforced.get(gpu):
+                changed = True
+                if enforced is None:
+                    log.warning("mps_daemon_not_answering", gpu=gpu, pipe=str(self.pipe_dir(gpu)))
+            self._enforced[gpu] = enforced
+        return changed
+
+    async def enforce(
+        self, wanted: Mapping[GpuUuid, MpsSettings], node: NodeState
+    ) -> dict[GpuUuid, MpsResult]:
+        """Make each GPU's daemon enforce `wanted` (absent: no daemon), never stopping a daemon whose
+        GPU runs processes; the result per GPU of `node` that has or wants a daemon."""
+        async with self._lock:
+            return await self._enforce(wanted, node)
+
+    async def _enforce(
+        self, wanted: Mapping[GpuUuid, MpsSettings], node: NodeState
+    ) -> dict[GpuUuid, MpsResult]:
+        results: dict[GpuUuid, MpsResult] = {}
+        for gpu in node.gpus:
+            want = wanted.get(gpu.uuid)
+            had = self._wanted.get(gpu.uuid)
+            current = await self._read(gpu.uuid)
+            if want is None:
+                if current is None and had is None and not self.pipe_dir(gpu.uuid).parent.exists():
+                    continue
+                if current is not None and gpu.busy:
+                    results[gpu.uuid] = MpsResult(
+                        Outcome.BLOCKED, _busy(gpu.index, "stopping its MPS daemon")
+                    )
+                    continue
+                results[gpu.uuid] = await self._stop(gpu.uuid, current is not None)
+                self._forget(gpu.uuid)
+                continue
+            if current is not None and current.matches(want):
+                self._wanted[gpu.uuid], self._enforced[gpu.uuid] = want, current
+                self._errors.pop(gpu.uuid, None)
+                results[gpu.uuid] = MpsResult(Outcome.UNCHANGED)
+                continue
+            if gpu.busy:
+                # New limits for running clients would mean quitting their server; without a daemon,
+                # the processes running there would share the GPU with the clients to come.
+                doing = "restarting its MPS daemon with new limits" if current else "starting its MPS daemon"
+                if had == want:
+                    self._enforced[gpu.uuid] = current
+                results[gpu.uuid] = MpsResult(Outcome.BLOCKED, _busy(gpu.index, doing))
+                continue
+            restart = had == want  # the same limits wanted again: the daemon died or was stopped
+            results[gpu.uuid] = await self._start(gpu.uuid, want, running=current is not None)
+            if restart and results[gpu.uuid].outcome is Outcome.APPLIED:
+                self._restarts[gpu.uuid] = self._restarts.get(gpu.uuid, 0) + 1
+        return results
+
+    # ---- one daemon --------------------------------------------------------------------------
+
+    async def _start(self, gpu: GpuUuid, want: MpsSettings, *, running: bool) -> MpsResult:
+        self._wanted[gpu] = want
+        try:
+            if running:
+                await self._quit(gpu)
+            await self._compute_mode(gpu, True)
+            for path in (self.pipe_dir(gpu), self.log_dir(gpu), self.shm_dir):
+                await asyncio.to_thread(path.mkdir, parents=True, exist_ok=True)
+            started = await self._run(["-d"], "", self._env(gpu, visible=True))
+            if started[0] != 0:
+                raise BackendError(f"nvidia-cuda-mps-control -d failed: {bounded(started[1], 300)}")
+            commands = (
+                f"set_default_active_thread_percentage {want.active_thread_percentage}\n"
+                f"set_default_device_pinned_mem_limit 0 {want.pinned_memory_mib}M\n"
+            )
+            set_ = await self._run([], commands, self._env(gpu))
+            if set_[0] != 0:
+                raise BackendError(f"setting the limits failed: {bounded(set_[1], 300)}")
+            enforced = await self._read(gpu)
+        except (BackendError, OSError) as err:
+            self._enforced[gpu] = None
+            self._errors[gpu] = bounded(str(err), 300)
+            log.error("mps_daemon_failed", gpu=gpu, error=self._errors[gpu])
+            return MpsResult(
+                Outcome.FAILED, f"its MPS control daemon could not be started: {self._errors[gpu]}"
+            )
+        self._enforced[gpu] = enforced
+        if enforced is None or not enforced.matches(want):
+            self._errors[gpu] = f"it answers {enforced} instead of the limits it was given"
+            return MpsResult(Outcome.FAILED, f"its MPS control daemon {self._errors[gpu]}")
+        self._errors.pop(gpu, None)
+        log.info(
+            "mps_daemon_started",
+            gpu=gpu,
+            active_thread_percentage=want.active_thread_percentage,
+            pinned_memory_mib=want.pinned_memory_mib,
+            pipe=str(self.pipe_dir(gpu)),
+        )
+        return MpsResult(Outcome.APPLIED)
+
+    async def _stop(self, gpu: GpuUuid, running: bool) -> MpsResult:
+        try:
+            if running:
+                await self._quit(gpu)
+            await self._compute_mode(gpu, False)
+        except BackendError as err:
+            return MpsResult(
+                Outcome.FAILED, f"its MPS control daemon could not be stopped: {bounded(str(err))}"
+            )
+        await asyncio.to_thread(shutil.rmtree, self.root / gpu, True)
+        log.info("mps_daemon_stopped", gpu=gpu)
+        return MpsResult(Outcome.APPLIED)
+
+    async def _quit(self, gpu: GpuUuid) -> None:
+        """`quit`, then wait until the daemon no longer answers (its servers end with it)."""
+        await self._run([], "quit\n", self._env(gpu))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._timeout_s
+        delay = 0.01
+        while (self.pipe_dir(gpu) / "control").exists() and await self._read(gpu) is not None:
+            if loop.time() >= deadline:
+                raise BackendError(f"the MPS control daemon of {gpu} still answers after quit")
+            await asyncio.sleep(delay)  # the daemon's own exit, with a deadline
+            delay = min(delay * 2, 0.2)
+
+    def _forget(self, gpu: GpuUuid) -> None:
+        for kept in (self._wanted, self._enforced, self._errors):
+            kept.pop(gpu, None)
+
+    async def _read(self, gpu: str) -> Enforced | None:
+        """The daemon's defaults, or None when it does not answer."""
+        if not (self.pipe_dir(gpu) / "control").exists():
+            return None
+        code, out = await self._run(
+            [],
+            "get_default_active_thread_percentage\nget_default_device_pinned_mem_limit 0\n",
+            self._env(gpu),
+        )
+        lines = out.split()
+        if code != 0 or len(lines) != 2:
+            return None
+        try:
+            return Enforced(int(float(lines[0])), _mib(lines[1]))
+        except ValueError:
+            return None
+
+    def _env(self, gpu: str, *, visible: bool = False) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_")}
+        # The tool loads the driver's libraries (libcuda, libnvidia-ml) from its driver root, which in
+        # the agent's container is a mount, not the image's /usr/lib.
+        libs = str(self.control.parent.parent / "lib/x86_64-linux-gnu")
+        env["LD_LIBRARY_PATH"] = ":".join(p for p in (libs, os.environ.get("LD_LIBRARY_PATH", "")) if p)
+        env[PIPE_ENV] = str(self.pipe_dir(gpu))
+        env[LOG_ENV] = str(self.log_dir(gpu))
+        if visible:
+            env["CUDA_VISIBLE_DEVICES"] = gpu
+        return env
+
+    async def _run(self, args: list[str], stdin: str, env: dict[str, str]) -> tuple[int, str]:
+        """Run the control tool; (exit status, output). BackendError when it cannot run in time."""
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                str(self.control),
+                *args,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                env=env,
+            )
+        except OSError as err:
+            raise BackendError(f"{self.control} cannot be run: {err}") from err
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                out, _ = await proc.communicate(stdin.encode())
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+            raise BackendError(
+                f"{self.control} {' '.join(args)} did not finish in {self._timeout_s:g} s"
+            ) from None
+        return proc.returncode or 0, out.decode("utf-8", "replace")
+
+
+def _busy(index: int, doing: str) -> str:
+    return f"processes run on GPU {index} (MPS clients or others): {doing} waits until they end"
+
+
+def _mib(text: str) -> int:
+    """`3G`, `512M` or `0` (as get_default_device_pinned_mem_limit prints it) in MiB."""
+    if text.endswith("G"):
+        return int(text[:-1]) * 1024
+    if text.endswith("M"):
+        return int(text[:-1])
+    return int(text)

@@ -1,0 +1,281 @@
+"""MPS on the real node: the agent's control daemons under the node's fake driver (hack/fakedriver).
+
+The H100s (GPUs 2 and 3) are shared with MPS by a config in the user's ConfigMap; a pod that asks
+for a replica gets its GPU's pipe directory and the MPS shared memory. A client is a pod that
+connects to the pipe and stays (the fake daemon's stand-in for a CUDA process, in the agent's image,
+which has Python). What each daemon enforces is read from its record under the node's driver root.
+The node's label and ConfigMap are put back afterwards.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from lab.helm import NAMESPACE, RELEASE, lab_values
+from lab.images import agent_image
+
+from tests.node.conftest import ALL_KINDS, CONFIG, CONFIG_LABEL, NODE, NodeUnderTest
+from tests.polling import poll
+
+pytestmark = pytest.mark.node
+
+SHARED = "nvidia.com/gpu.shared"
+A100S = """  - devices: {product: A100-SXM4-40GB}
+    mig: {1g.5gb: 2, 2g.10gb: 1, 3g.20gb: 1}
+    replicas: {2g.10gb: 2}
+"""
+
+
+def mps_config(gpu2: str, gpu3: str) -> str:
+    """The session's config with the H100s shared by MPS (`mps:` of each rule as given)."""
+    return (
+        "version: v1\nmigStrategy: mixed\nsharing:\n  renameByDefault: true\ngpus:\n"
+        f"  - devices: [2]\n    mps: {gpu2}\n  - devices: [3]\n    mps: {gpu3}\n{A100S}"
+    )
+
+
+EXPECTED = {
+    "nvidia.com/mig-1g.5gb": "4",
+    "nvidia.com/mig-3g.20gb": "2",
+    "nvidia.com/mig-2g.10gb.shared": "4",
+    SHARED: "6",
+}
+
+
+def offered(node: NodeUnderTest, expected: dict[str, str], timeout: float = 120) -> None:
+    """Wait until the Node's allocatable nvidia.com/ resources, less those at 0, are `expected` (the
+    kubelet keeps a resource whose plugin has gone at 0)."""
+    poll(
+        "Node allocatable",
+        lambda: {k: v for k, v in node.allocatable().items() if v != "0"},
+        lambda a: a == expected,
+        timeout,
+    )
+
+
+def records(node: NodeUnderTest) -> list[dict[str, Any]]:
+    """The live fake daemons' records under the node's driver root (a killed one's lock is free)."""
+    found = []
+    for path in sorted((node.node.driver_root / "var/lib/fake-nvidia/mps").glob("*.json")):
+        try:
+            with open(path.with_suffix(".lock"), "rb") as lock:
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    found.append(json.loads(path.read_text()))
+        except FileNotFoundError:
+            continue  # a daemon that quit meanwhile
+    return found
+
+
+def daemon(node: NodeUnderTest, gpu: str) -> dict[str, Any] | None:
+    return next((r for r in records(node) if r["gpus"] == [gpu]), None)
+
+
+def h100s(node: NodeUnderTest) -> tuple[str, str]:
+    gpus = {g["index"]: g["uuid"] for g in node.export()["gpus"]}
+    return gpus[2], gpus[3]
+
+
+def put(node: NodeUnderTest, data: dict[str, str | None]) -> None:
+    patch = json.dumps({"data": data})
+    node.kubectl("-n", NAMESPACE, "patch", "configmap", "gpu-sharing-config", "--type=merge", "-p", patch)
+
+
+@pytest.fixture
+def mps(node: NodeUnderTest) -> Iterator[NodeUnderTest]:
+    """The node on config `mps`: GPU 2 in 4 MPS replicas, GPU 3 in 2, every daemon enforcing."""
+    put(node, {"mps": mps_config("{replicas: 4}", "{replicas: 2}")})
+    try:
+        node.kubectl("label", "node", NODE, f"{CONFIG_LABEL}=mps", "--overwrite")
+        offered(node, EXPECTED)
+        yield node
+    finally:
+        node.delete_pods()
+        hook = node.node.driver_root / "var/lib/fake-nvidia/mps/refuse-start"
+        hook.unlink(missing_ok=True)
+        node.kubectl("label", "node", NODE, f"{CONFIG_LABEL}={CONFIG}", "--overwrite")
+        node.wait_allocatable(timeout=120)
+        put(node, {"mps": None})
+
+
+def client_pod(node: NodeUnderTest) -> str:
+    """A pod holding one MPS replica whose process stays attached to its GPU's MPS server."""
+    name = f"mps-{uuid.uuid4().hex[:6]}"
+    attach = (
+        "import os, socket, time\n"
+        "s = socket.socket(socket.AF_UNIX)\n"
+        "s.connect(os.environ['CUDA_MPS_PIPE_DIRECTORY'] + '/control')\n"
+        "s.sendall(b'fake_attach')\n"
+        "assert s.recv(64) == b'attached\\n'\n"
+        "time.sleep(10**6)\n"
+    )
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 1,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": agent_image(),
+                    "imagePullPolicy": "IfNotPresent",
+                    "command": ["python3", "-c", attach],
+                    "resources": {"limits": {SHARED: "1"}},
+                }
+            ],
+        },
+    }
+    node.kubectl("apply", "-f", "-", input=json.dumps(pod))
+    node.pods.append(name)
+    node.wait_running(name)
+    return name
+
+
+def test_a_pod_requesting_an_mps_replica_sees_its_gpus_pipe_directory_and_shared_memory(
+    mps: NodeUnderTest,
+) -> None:
+    gpu2, gpu3 = h100s(mps)
+    name = mps.start_pod(SHARED)
+    mps.wait_running(name)
+    pipe = mps.env(name)["CUDA_MPS_PIPE_DIRECTORY"]
+    assert pipe in (f"/mps/{gpu2}/pipe", f"/mps/{gpu3}/pipe")
+    assert "control" in mps.kubectl("exec", name, "--", "ls", pipe).split()
+    mps.kubectl("exec", name, "--", "sh", "-c", f"echo {name} > /dev/shm/{name}")
+    holder = next(r for r in mps.node.records if r.name == "namespace-holder")
+    shared = Path(f"/proc/{holder.pid}/root/run/nvidia/mps/shm/{name}")  # the node's mpsRoot
+    assert f"{name}\n" == shared.read_text()
+    shared.unlink()
+    assert (25, 50) == tuple(daemon(mps, g)["activeThreadPercentage"] for g in (gpu2, gpu3))  # type: ignore[index]
+
+
+def test_a_killed_daemon_makes_its_replicas_unhealthy_until_it_is_restarted(mps: NodeUnderTest) -> None:
+    _, gpu3 = h100s(mps)
+    before = daemon(mps, gpu3)
+    assert before is not None
+    hook = mps.node.driver_root / "var/lib/fake-nvidia/mps/refuse-start"
+    hook.touch()  # the fake driver's hook: the next start fails, so the unhealthy state can be seen
+    kill = f"import os, signal; os.kill({before['pid']}, signal.SIGKILL)"
+    mps.kubectl("-n", NAMESPACE, "exec", f"ds/{RELEASE}", "--", "python3", "-c", kill)
+    offered(mps, {**EXPECTED, SHARED: "4"}, timeout=60)  # GPU 3's 2 replicas unhealthy
+    down = "the MPS control daemon of GPU 3 (NVIDIA H100 80GB HBM3) does not answer"
+    poll("the Event", lambda: _events(mps, "MpsDaemonDown"), lambda found: any(down in m for m in found))
+    hook.unlink()
+    offered(mps, EXPECTED)
+    back = "the MPS control daemon of GPU 3 (NVIDIA H100 80GB HBM3) answers again"
+    poll("the Event", lambda: _events(mps, "MpsDaemonHealthy"), lambda found: back in found)
+    after = daemon(mps, gpu3)
+    assert after is not None
+    assert after["pid"] != before["pid"]
+    limits = ("activeThreadPercentage", "pinnedMemLimitMiB")
+    assert [before[k] for k in limits] == [after[k] for k in limits]
+
+
+def test_a_reload_waits_for_the_client_and_restarts_only_the_daemon_whose_limits_changed(
+    mps: NodeUnderTest,
+) -> None:
+    gpu2, gpu3 = h100s(mps)
+    name = client_pod(mps)
+    held = mps.env(name)["CUDA_MPS_PIPE_DIRECTORY"].split("/")[2]
+    free = gpu3 if held == gpu2 else gpu2
+    poll("the client attached", lambda: daemon(mps, held), lambda r: r is not None and bool(r["clients"]))
+    pids = {g: daemon(mps, g)["pid"] for g in (gpu2, gpu3)}  # type: ignore[index]
+    put(
+        mps,
+        {
+            "mps": mps_config(
+                "{replicas: 4, activeThreadPercentage: 20}", "{replicas: 2, activeThreadPercentage: 40}"
+            )
+        },
+    )
+    new = {gpu2: 20, gpu3: 40}
+    poll(
+        "the daemon without clients restarted with its new limits",
+        lambda: daemon(mps, free),
+        lambda r: r is not None and r["activeThreadPercentage"] == new[free],
+        120,
+    )
+    messages = poll(
+        "the change waiting for the client",
+        lambda: _events(mps, "ConfigApplyBlocked"),
+        lambda found: any("processes run on GPU" in m for m in found),
+        90,
+    )
+    assert any(f"default/{name}" in m for m in messages)
+    kept = daemon(mps, held)
+    assert kept is not None
+    assert (pids[held], 25 if held == gpu2 else 50) == (kept["pid"], kept["activeThreadPercentage"])
+    assert pids[free] != daemon(mps, free)["pid"]  # type: ignore[index]
+    mps.delete_pods()
+    poll(
+        "the waiting daemon restarted once its client has gone",
+        lambda: daemon(mps, held),
+        lambda r: r is not None and r["activeThreadPercentage"] == new[held],
+        120,
+    )
+    offered(mps, EXPECTED)
+
+
+def _events(node: NodeUnderTest, reason: str) -> list[str]:
+    selector = f"involvedObject.kind=Node,involvedObject.name={NODE},reason={reason}"
+    out = node.kubectl("get", "events", "-n", "default", "--field-selector", selector, "-o", "json")
+    return [e["message"] for e in json.loads(out)["items"]]
+
+
+def test_a_reload_without_clients_restarts_only_the_daemon_whose_limits_changed(mps: NodeUnderTest) -> None:
+    gpu2, gpu3 = h100s(mps)
+    pids = {g: daemon(mps, g)["pid"] for g in (gpu2, gpu3)}  # type: ignore[index]
+    put(mps, {"mps": mps_config("{replicas: 4, activeThreadPercentage: 10}", "{replicas: 2}")})
+    restarted = poll(
+        "GPU 2's daemon restarted with its new limit",
+        lambda: daemon(mps, gpu2),
+        lambda r: r is not None and r["activeThreadPercentage"] == 10,
+        120,
+    )
+    assert pids[gpu2] != restarted["pid"]
+    assert (pids[gpu3], 50) == (daemon(mps, gpu3)["pid"], daemon(mps, gpu3)["activeThreadPercentage"])  # type: ignore[index]
+    offered(mps, EXPECTED)
+
+
+@pytest.fixture
+def mps_cdi(mps: NodeUnderTest) -> Iterator[NodeUnderTest]:
+    """The MPS node with the chart upgraded to hand devices out by CDI names only (cdi-cri): the
+    agent's pod is replaced (its daemons end with it) and the new one starts them again."""
+    (old,) = mps.agent_pods()
+    mps.helm.upgrade_install(lab_values({CONFIG: ALL_KINDS}, deviceListStrategy="cdi-cri"))
+    try:
+        mps.running_agent(not_uid=old["metadata"]["uid"])
+        offered(mps, EXPECTED)
+        yield mps
+    finally:
+        mps.delete_pods()
+        (old,) = mps.agent_pods()
+        mps.helm.upgrade_install(lab_values({CONFIG: ALL_KINDS}))
+        mps.running_agent(not_uid=old["metadata"]["uid"])
+        offered(mps, EXPECTED)
+
+
+def test_with_cdi_the_spec_gives_an_mps_replica_its_pipe_directory_and_shared_memory(
+    mps_cdi: NodeUnderTest,
+) -> None:
+    name = mps_cdi.start_pod(SHARED)
+    pod = mps_cdi.wait_running(name)
+    (device,), envs = mps_cdi.allocation(pod, SHARED)
+    assert {} == envs  # every strategy is CDI: the spec carries the variable, as it carries the device
+    gpu = device.partition("::")[0]
+    pipe = f"/mps/{gpu}/pipe"
+    assert pipe == mps_cdi.env(name)["CUDA_MPS_PIPE_DIRECTORY"]
+    assert "control" in mps_cdi.kubectl("exec", name, "--", "ls", pipe).split()
+    mps_cdi.kubectl("exec", name, "--", "sh", "-c", f"echo {name} > /dev/shm/{name}")
+    holder = next(r for r in mps_cdi.node.records if r.name == "namespace-holder")
+    shared = Path(f"/proc/{holder.pid}/root/run/nvidia/mps/shm/{name}")
+    assert f"{name}\n" == shared.read_text()
+    shared.unlink()
