@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from sharing.errors import KubeError
-from sharing.model import BoundPod
+from sharing.model import BoundPod, ClaimAllocation
 
 
 class GoneError(KubeError):
@@ -224,6 +224,10 @@ class KubeClient(Protocol):
 
     def list_node_pods(self, node: str) -> tuple[BoundPod, ...]:
         """The pods bound to this node that have not ended (spec.nodeName), with what they ask for."""
+        ...
+
+    def list_pool_claims(self, driver: str, pool: str) -> tuple[ClaimAllocation, ...]:
+        """The ResourceClaims that have devices of this driver's pool allocated."""
         ...
 
     def get_resource_claim(self, namespace: str, name: str) -> ResourceClaimObject:

@@ -15,7 +15,7 @@ from dataclasses import replace
 from sharing.errors import KubeError
 from sharing.kube import ConfigMapObject, NodeObject, NotFoundError, WatchEvent
 from sharing.kube.api import ConflictError, ResourceClaimObject, ResourceSliceObject, SliceSpec
-from sharing.model import BoundPod
+from sharing.model import BoundPod, ClaimAllocation
 
 # The API server's rules for metadata (k8s.io/apimachinery pkg/util/validation/validation.go:
 # IsQualifiedName, IsValidLabelValue; pkg/api/validation/objectmeta.go: TotalAnnotationSizeLimitB).
@@ -54,6 +54,8 @@ class FakeKube:
         self.bound: tuple[BoundPod, ...] = ()
         """The pods bound to the node (none: the tests' pods exist only in the fake kubelet)."""
         self.claims: dict[tuple[str, str], ResourceClaimObject] = {}
+        self.pool_claims: tuple[ClaimAllocation, ...] = ()
+        """What list_pool_claims answers: the claims allocated devices of our pool."""
         """ResourceClaims by (namespace, name)."""
         self.slices: dict[str, ResourceSliceObject] = {}
         """ResourceSlices by name."""
@@ -145,6 +147,10 @@ class FakeKube:
     def list_node_pods(self, node: str) -> tuple[BoundPod, ...]:
         self.requests += 1
         return self.bound
+
+    def list_pool_claims(self, driver: str, pool: str) -> tuple[ClaimAllocation, ...]:
+        self.requests += 1
+        return self.pool_claims
 
     def get_resource_claim(self, namespace: str, name: str) -> ResourceClaimObject:
         self.requests += 1
