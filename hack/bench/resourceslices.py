@@ -4,7 +4,7 @@ A Node object (no kubelet) and the publisher as the agent runs it (its asyncio l
 blocking client, its watch). Each change flips the wanted pool between two layouts of 69 A100s (GPU 0 in
 MIG mode, GPU 1 shared four ways, one GPU tainted or not: 72 devices in 2 slices, or 72 in 1), then
 times `want()` until a second client lists the whole pool at the new generation with exactly the
-wanted devices. resourceslice_update_s_p50/p95 per run. This is the publisher's share of "ResourceSlice
+wanted devices. resourceslice_publish_s_p50/p95 per run. This is the publisher's share of "ResourceSlice
 update after a config change"; the reconcile before it is measured by the agent's own parts.
 """
 
@@ -115,8 +115,8 @@ def bench_resourceslices(tmp: Path, budget: Budget, results: Results) -> None:
         try:
             for _ in range(budget.slice_runs):
                 samples = asyncio.run(_changes(api, reader, budget.slice_changes))
-                results.add("resourceslice_update_s_p50", percentile(samples, 50))
-                results.add("resourceslice_update_s_p95", percentile(samples, 95))
+                results.add("resourceslice_publish_s_p50", percentile(samples, 50))
+                results.add("resourceslice_publish_s_p95", percentile(samples, 95))
         finally:
             api.close()
             reader.close()
