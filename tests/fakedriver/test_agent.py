@@ -29,6 +29,7 @@ from sharing.labels import STATE_LABEL
 from sharing.mig.catalog import default_catalog
 from sharing.model import HealthEvent
 from sharing.settings import Settings
+from tests.polling import poll
 from tests.unit.conftest import plugin_dir  # noqa: F401  (the fixture)
 from tests.unit.fakekube import FakeKube
 from tests.unit.fakekubelet import FakeKubelet
@@ -114,7 +115,14 @@ async def test_a_dead_health_watch_is_said_and_restarted_and_shutdown_still_clea
     await running.backend.observe()  # this call runs after the watch's registration
     simstate.inject_xid(running.state, gpu, 79)  # fell off the bus: critical
     await running.kubelet.wait(lambda: running.kubelet.allocatable() == {GPU: 0}, timeout=10)
-    assert ("Warning", "GpuUnhealthy") in [(k, r) for k, r, _ in running.kube.events]
+    # The Event is written after the plugins carry the news, so it may come a moment later.
+    await asyncio.to_thread(
+        poll,
+        "the GpuUnhealthy Event",
+        lambda: [(k, r) for k, r, _ in running.kube.events],
+        lambda events: ("Warning", "GpuUnhealthy") in events,
+        10,
+    )
     running.stop.set()
     await running.task
     # The plugin servers stopped (their sockets are gone) and NVML was released.
