@@ -84,12 +84,30 @@ def plan_pool(
     generation = max([floor, *generations]) + 1
     ordered = sorted(existing, key=lambda s: s.name)
     specs = [replace(w, generation=generation, slice_count=len(wanted)) for w in wanted]
+    # A slice keeps what it held (the same devices or counter sets, in another order or form): the
+    # scheduler tries slices in name order (first fit), so what was first stays first.
+    free = list(ordered)
+    pairs: list[tuple[ResourceSliceObject, SliceSpec]] = []
+    rest: list[SliceSpec] = []
+    for spec in specs:
+        same = next((s for s in free if _identity(s.spec) == _identity(spec)), None)
+        if same is None:
+            rest.append(spec)
+        else:
+            free.remove(same)
+            pairs.append((same, spec))
+    pairs += zip(free, rest, strict=False)
     return PoolPlan(
         generation,
-        updates=tuple(zip(ordered, specs, strict=False)),
-        creates=tuple(specs[len(ordered) :]),
-        deletes=tuple(ordered[len(specs) :]),
+        updates=tuple(sorted(pairs, key=lambda pair: pair[0].name)),
+        creates=tuple(rest[len(free) :]),
+        deletes=tuple(free[len(rest) :]),
     )
+
+
+def _identity(spec: SliceSpec) -> frozenset[str]:
+    """What a slice is about: the names of its devices and counter sets."""
+    return frozenset(d.name for d in spec.devices) | frozenset(c.name for c in spec.shared_counters)
 
 
 def dropped(written: SliceSpec, stored: SliceSpec) -> list[str]:

@@ -116,3 +116,11 @@ async def test_a_burst_of_wanted_pools_is_one_sync_of_the_newest() -> None:
         task.cancel()
         kube.close()
         await asyncio.gather(task, return_exceptions=True)
+
+
+def test_a_slice_keeps_what_it_held_when_the_order_of_its_devices_changes() -> None:
+    """The scheduler tries slices in name order: a GPU's devices stay in the slice they were in."""
+    existing = (held("s1", B), held("s2", A))
+    reordered = (SliceDevice("gpu-1"), SliceDevice("gpu-0"))
+    plan = plan_pool((spec(reordered), spec(B)), existing, floor=0, owner_uid="u")
+    assert plan == PoolPlan(4, updates=((existing[0], spec(B, 4)), (existing[1], spec(reordered, 4))))
