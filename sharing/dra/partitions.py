@@ -217,6 +217,23 @@ def ondemand_gpu(
     return OnDemandGpu(gpu.index, whole, tuple(devices), occupied, tuple(withdrawn))
 
 
+def held_by(device: str, node: NodeState) -> frozenset[str] | None:
+    """The UUIDs an allocated on-demand device holds, for the safe change protocol; None when
+    `device` is not an on-demand name. Made already: the MIG devices of the GPU instance at its
+    placement. Not made yet (allocated, not prepared): the whole GPU and every MIG device on it, so
+    nothing is made or destroyed where the claim's instance is to go (fail closed)."""
+    parsed = parse_ondemand_name(device)
+    if parsed is None:
+        return None
+    gpu = next((g for g in node.gpus if g.index == parsed[0]), None)
+    if gpu is None:
+        return frozenset()
+    for gi in gpu.instances:
+        if profile_slug(gi.profile) == parsed[1] and gi.start == parsed[2] and gi.compute_instances:
+            return frozenset(ci.uuid for ci in gi.compute_instances)
+    return frozenset({gpu.uuid, *(ci.uuid for _, ci in gpu.mig_devices)})
+
+
 def device_name_of_gpu(gpu_index: int) -> str:
     """The whole-GPU device of a dynamic GPU: `gpu-<index>`, as for a static one."""
     return f"gpu-{gpu_index}"
@@ -340,6 +357,7 @@ __all__ = [
     "counter_set_name",
     "counters",
     "device_name_of_gpu",
+    "held_by",
     "memory_slice",
     "named",
     "ondemand_gpu",

@@ -1,6 +1,7 @@
 """On-demand MIG as the real kube-apiserver stores it and the real kube-scheduler allocates it: the
-partitionable pool is accepted as written (no field dropped), a sequence of claims never gets two
-overlapping placements, small claims pack one GPU so the largest profile fits another, and a pod with
+partitionable pool is accepted as written (no field dropped), a seeded sequence of 30 random claims
+and releases never gets two overlapping placements and gets every claim allocated that fits a free
+placement, small claims pack one GPU so the largest profile fits another, and a pod with
 `nvidia.com/mig-3g.20gb` in its limits gets an on-demand device through the chart's class.
 
 The same control plane as tests/integration/test_dra_scheduling.py (kube-scheduler, the chart's
@@ -15,20 +16,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import random
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
 
 import lab
 import pytest
 
-from sharing.dra.names import DRIVER, parse_ondemand_name
+from sharing.dra.names import DRIVER, parse_ondemand_name, profile_slug
 from sharing.dra.partitions import partitionable_slices
 from sharing.kube import ApiClient
 from sharing.kube.api import SliceSpec
 from sharing.kube.client import resource_slice
 from sharing.kube.resourceslices import SlicePublisher
-from sharing.mig import default_catalog
+from sharing.mig import Placement, default_catalog
+from sharing.mig.policy import Fit, fit
 from sharing.model import DriverInfo, Gpu, GpuUuid, NodeState
 from tests.integration import test_dra_scheduling as base
 from tests.integration.test_dra_scheduling import (
@@ -40,6 +44,7 @@ from tests.integration.test_dra_scheduling import (
     legacy_pod,
     pod,
     ready_node,
+    unschedulable,
 )
 from tests.polling import poll
 
@@ -115,7 +120,7 @@ def overlapping(devices: list[str]) -> list[tuple[str, str]]:
     spans = []
     for device in devices:
         gpu, slug, start = placed(device)
-        size = next(p.size for p in A100.profiles if p.name.replace(".", "-").replace("+", "-") == slug)
+        size = next(p.size for p in A100.profiles if profile_slug(p.name) == slug)
         spans.append((device, gpu, start, start + size))
     return [
         (a[0], b[0])
@@ -215,3 +220,60 @@ async def test_a_pod_asking_for_a_mig_extended_resource_gets_an_on_demand_device
         assert len(devices) == 1
         assert placed(devices[0])[1:] == ("3g-20gb", 4)  # best fit: a 4g.20gb stays possible at 0
         assert get(scheduler, "pod", ns, "legacy")["spec"]["nodeName"] == found.name
+
+
+PROFILES = ("1g.5gb", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb")
+
+
+async def test_random_claims_and_releases_never_overlap_and_every_claim_that_fits_is_allocated(
+    scheduler: lab.ControlPlane, ns: str
+) -> None:
+    seed = 19
+    rng = random.Random(seed)
+    async with ondemand(scheduler) as found:
+        taken: dict[str, str] = {}  # claim -> device
+        outcomes: list[str] = []
+        for step in range(30):
+            if taken and rng.random() < 0.4:
+                name = rng.choice(sorted(taken))
+                release(scheduler, ns, name)
+                del taken[name]
+                await found.publish(sorted(taken.values()))
+                continue
+            profile = rng.choice(PROFILES)
+            name = f"c{step}"
+            fits = any(
+                fit(A100, occupied(sorted(taken.values()), gpu), profile) is Fit.FITS for gpu in (0, 1)
+            )
+            mig_claim(scheduler, ns, name, profile, found.name)
+            if fits:
+                devices = await asyncio.to_thread(
+                    poll, name, lambda n=name: allocated(scheduler, ns, n), bool
+                )
+                assert placed(devices[0])[1] == profile_slug(profile), (seed, step)
+                taken[name] = devices[0]
+                outcomes.append("allocated")
+                await found.publish(sorted(taken.values()))
+            else:
+                reason = await asyncio.to_thread(
+                    poll, f"{name} refused", lambda n=name: unschedulable(scheduler, ns, f"p-{n}"), bool
+                )
+                assert "cannot allocate all claims" in reason, (seed, step)
+                assert allocated(scheduler, ns, name) == []
+                outcomes.append("refused")
+                scheduler.kubectl("delete", "pod", f"p-{name}", "-n", ns, "--force", "--grace-period=0")
+                scheduler.kubectl("delete", "resourceclaim", name, "-n", ns, "--wait=false")
+            assert overlapping(list(taken.values())) == [], (seed, step)
+        print(f"seed {seed}: {Counter(outcomes)}")
+        assert set(outcomes) == {"allocated", "refused"}  # the sequence tried both
+
+
+def occupied(devices: list[str], gpu: int) -> list[Placement]:
+    """The placements of GPU `gpu` the allocated devices take."""
+    found = []
+    for device in devices:
+        index, slug, start = placed(device)
+        if index == gpu:
+            profile = next(p for p in A100.profiles if profile_slug(p.name) == slug)
+            found.append(Placement(profile.name, start, profile.size))
+    return found
