@@ -21,6 +21,7 @@ from sharing.dra.partitions import (
     named,
     partitionable_slices,
     pool,
+    request_fit,
     withdrawn_static,
 )
 from sharing.dra.slices import MAX_DEVICES_WITH_TAINTS
@@ -395,3 +396,14 @@ def test_an_allocated_on_demand_device_holds_its_instance_or_the_whole_gpu_until
     assert held_by("gpu-0-mig-2g-10gb-at-4", node) == {"GPU-0", "MIG-a", "MIG-b"}
     assert held_by("gpu-0-mig-1", node) is None  # a static device's name: not ours to resolve
     assert held_by("gpu-5-mig-1g-5gb-at-0", node) == frozenset()
+
+
+def test_a_request_that_fits_free_memory_and_compute_but_no_placement_is_fragmentation() -> None:
+    holes = [f"gpu-0-mig-1g-5gb-at-{s}" for s in (1, 3, 5)]
+    full = [f"gpu-1-mig-3g-20gb-at-{s}" for s in (0, 4)]
+    node = node_of(gpu(0, A100), gpu(1, A100))
+    both = {"GPU-0", "GPU-1"}
+    assert request_fit(node, both, "3g.20gb", CATALOG, allocated=holes + full) == (Fit.FRAGMENTED, (0,))
+    assert request_fit(node, both, "1g.10gb", CATALOG, allocated=holes + full) == (Fit.FITS, (0,))
+    assert request_fit(node, both, "7g.40gb", CATALOG, allocated=holes + full) == (Fit.FULL, (0, 1))
+    assert request_fit(node, both, "3g.20gb", CATALOG, allocated=holes) == (Fit.FITS, (1,))
