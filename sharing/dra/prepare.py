@@ -10,6 +10,12 @@ NodePrepareResourcesResponse").
 Order keeps a crash harmless: prepare writes the CDI spec, then the checkpoint, and only then answers;
 unprepare removes the spec, then the checkpoint entry. A claim in the checkpoint holds its devices
 (the rollout never destroys them) until its unprepare finished.
+
+An on-demand MIG device (`sharing.dra.ondemand`) is made at prepare: the claim goes into the
+checkpoint as pending first, then the instance is made, then the spec and the finished checkpoint
+entry are written. Unprepare destroys it first (refused while it has processes: the claim's error,
+and the kubelet retries), then removes the spec and the entry. At start, the instances the
+checkpoint owns are adopted and a pending prepare is rolled forward or back; nothing else is touched.
 """
 
 from __future__ import annotations
@@ -19,21 +25,29 @@ import contextlib
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
 import structlog
 
-from sharing.devices import Device, Inventory
-from sharing.dra.claims import ClaimError, check_config, select
+from sharing.devices import Device, DeviceId, Health, Inventory
+from sharing.dra.claims import Chosen, ClaimError, check_config, ondemand_results, select
 from sharing.dra.names import CDI_KIND, claim_cdi_file, claim_cdi_name, pool_device_name
+from sharing.dra.ondemand import InstanceBusyError, OnDemand, Placement, find, occupant, placement_of
 from sharing.errors import KubeError
 from sharing.gpu import build_named_spec, write_spec
 from sharing.gpu.devfiles import DeviceFiles
-from sharing.kube.api import NotFoundError, ResourceClaimObject
-from sharing.model import NodeState
-from sharing.store import CheckpointError, ClaimCheckpoint, PreparedClaim, PreparedDevice, PreparedPod
+from sharing.kube.api import AllocatedDevice, NotFoundError, ResourceClaimObject
+from sharing.model import GpuInstance, MigUuid, NodeState
+from sharing.store import (
+    CheckpointError,
+    ClaimCheckpoint,
+    OwnedInstance,
+    PreparedClaim,
+    PreparedDevice,
+    PreparedPod,
+)
 from sharing.text import bounded
 
 log = structlog.get_logger(__name__)
@@ -84,7 +98,11 @@ class PreparedClaims:
 
     def held(self) -> frozenset[str]:
         """The container UUIDs (GPU or MIG) the prepared claims hold; meaningless while `unknown`."""
-        return frozenset(d.uuid for c in self.claims for d in c.devices)
+        return frozenset(d.uuid for c in self.claims for d in c.devices if d.uuid)
+
+    def ondemand(self) -> tuple[PreparedDevice, ...]:
+        """The on-demand devices the prepared claims hold (their instances made for them)."""
+        return tuple(d for c in self.claims for d in c.devices if d.instance is not None and d.uuid)
 
 
 class Preparer:
@@ -101,8 +119,13 @@ class Preparer:
         cdi_dir: Path,
         checkpoint: ClaimCheckpoint,
         recorder: Recorder | None = None,
+        ondemand: OnDemand | None = None,
+        changed: Callable[[], object] | None = None,
     ) -> None:
         self.pool = pool
+        self.ondemand = ondemand
+        """Makes on-demand MIG devices; None: this node makes none (such a claim fails)."""
+        self._changed = changed
         self._reader = claims
         self._inventory = inventory
         self._node = node
@@ -124,9 +147,69 @@ class Preparer:
                 self._claims, self._unknown = {}, str(err)
                 log.error("dra_checkpoint_unreadable", path=str(self.checkpoint.path), error=str(err))
             else:
+                if self.ondemand is not None:
+                    await self._recover(self.ondemand)
                 await asyncio.to_thread(self._remove_stale_specs)
             self._count()
         log.info("dra_checkpoint_loaded", claims=len(self._claims))
+
+    async def _recover(self, ondemand: OnDemand) -> None:
+        """Adopt the instances the checkpoint owns; roll a prepare a killed agent left pending forward
+        (its instance is complete) or back (a GPU instance without its compute instance is destroyed).
+        Nothing the checkpoint does not own is touched."""
+        if not any(d.instance is not None for c in self._claims.values() for d in c.devices):
+            await ondemand.forget_crashed_step()
+            return
+        try:
+            state = await ondemand.observe()
+        except ClaimError as err:
+            self._claims, self._unknown = {}, f"the on-demand MIG instances cannot be checked: {err}"
+            log.error("ondemand_recovery_failed", error=str(err))
+            return
+        claims = dict(self._claims)
+        for uid, claim in self._claims.items():
+            ref = f"{claim.namespace}/{claim.name}"
+            if not claim.pending:
+                for d in claim.devices:
+                    if d.instance is None:
+                        continue
+                    there = find(state, d.instance, d.uuid) is not None
+                    log.info("ondemand_instance_adopted" if there else "ondemand_instance_lost",
+                             claim=ref, device=d.device, mig=d.uuid)  # fmt: skip
+                continue
+            kept = []
+            for d in claim.devices:
+                gi = None if d.instance is None else find(state, d.instance)
+                if d.instance is None or gi is None:
+                    continue
+                if gi.compute_instances:
+                    ci = gi.compute_instances[0]
+                    ids = replace(d.instance, gi_id=gi.id, ci_id=ci.id)
+                    kept.append(replace(d, uuid=ci.uuid, instance=ids))
+                    log.warning("ondemand_prepare_rolled_forward", claim=ref, device=d.device)
+                    continue
+                try:
+                    await ondemand.destroy(ref, d.instance.gpu_uuid, gi)
+                    log.warning("ondemand_prepare_rolled_back", claim=ref, device=d.device)
+                except ClaimError as err:  # still there: keep it owned, so it is never lost
+                    kept.append(replace(d, instance=replace(d.instance, gi_id=gi.id)))
+                    log.error("ondemand_rollback_failed", claim=ref, device=d.device, error=str(err))
+            if kept:
+                claims[uid] = replace(claim, devices=tuple(kept), pending=False)
+            else:
+                del claims[uid]
+            # Its spec (if written) may lack devices: the kubelet's retried prepare writes it again.
+            with contextlib.suppress(OSError):
+                await asyncio.to_thread(write_spec, self.cdi_dir, None, claim_cdi_file(uid))
+        if claims != self._claims:
+            try:
+                await asyncio.to_thread(self.checkpoint.save, claims)
+            except CheckpointError as err:
+                self._unknown = str(err)
+                log.error("dra_checkpoint_unwritable", error=str(err))
+                return
+            self._claims = claims
+        await ondemand.forget_crashed_step()
 
     def _remove_stale_specs(self) -> None:
         """Remove the CDI specs of claims the checkpoint does not hold: a crash between writing a
@@ -161,6 +244,8 @@ class Preparer:
                 if self._recorder is not None:
                     self._recorder.prepare_seconds(loop.time() - started)
             self._count()
+        if self._changed is not None:
+            self._changed()
         return answers
 
     async def unprepare(self, keys: Sequence[ClaimKey]) -> dict[str, str]:
@@ -175,6 +260,8 @@ class Preparer:
                     log.warning("claim_not_unprepared", claim=f"{key.namespace}/{key.name}", error=str(err))
                     answers[key.uid] = bounded(str(err), 1000)
             self._count()
+        if self._changed is not None:
+            self._changed()
         return answers
 
     async def _prepare(self, key: ClaimKey) -> tuple[PreparedDevice, ...]:
@@ -192,6 +279,9 @@ class Preparer:
             return known.devices  # prepared before (a kubelet retry, or after a restart)
         claim = await self._read(key)
         chosen = select(claim, self.pool, devices_by_name(self._inventory()))
+        wanted = ondemand_results(claim)
+        if wanted:
+            return await self._prepare_ondemand(key, claim, chosen, wanted)
         check_config(claim, chosen)
         prepared = tuple(
             PreparedDevice(
@@ -232,9 +322,177 @@ class Preparer:
         )  # fmt: skip
         return prepared
 
+    async def _prepare_ondemand(
+        self,
+        key: ClaimKey,
+        claim: ResourceClaimObject,
+        chosen: Sequence[Chosen],
+        wanted: Sequence[AllocatedDevice],
+    ) -> tuple[PreparedDevice, ...]:
+        """Make the claim's on-demand MIG devices (or find those made for it before), then its spec."""
+        ref = f"{key.namespace}/{key.name}"
+        od = self.ondemand
+        if od is None:
+            raise ClaimError(
+                f"claim {ref}: device {bounded(wanted[0].device, 80)} is an on-demand MIG device, and "
+                "this node makes none (no rule with `mig: dynamic`); delete the claim so that it is "
+                "allocated again"
+            )
+        state = await od.observe()
+        places = []
+        for result in wanted:
+            try:
+                places.append((result, placement_of(state, result.device)))
+            except ClaimError as err:
+                raise ClaimError(f"claim {ref}: {err}") from None
+        mine = {r.device: occupant(p, self._claims, key.uid, ref) for r, p in places}
+        check_config(
+            claim, (*chosen, *(Chosen(r, _mig_device(p, MigUuid("(made at prepare)"))) for r, p in places))
+        )
+        static = tuple(self._device(key.uid, c) for c in chosen)
+        pods = tuple(PreparedPod(p.name, p.uid) for p in claim.reserved_for)
+        before = self._claims.get(key.uid)
+        intent = PreparedClaim(
+            key.namespace, key.name, key.uid,
+            static + tuple(self._made(key.uid, r, p, mine[r.device]) for r, p in places),
+            pods, pending=True,
+        )  # fmt: skip
+        await self._save({**self._claims, key.uid: intent}, ref)
+        made: list[tuple[AllocatedDevice, Placement, GpuInstance, bool]] = []
+        try:
+            for result, place in places:
+                gi = mine[result.device]
+                if gi is None or not gi.compute_instances:
+                    made.append((result, place, await od.create(ref, place), gi is None))
+                else:
+                    made.append((result, place, gi, False))
+            after = await od.observe()
+            devices = static + tuple(self._made(key.uid, r, p, gi) for r, p, gi, _ in made)
+            entries = [(claim_cdi_name(key.uid, c.result.device), c.device) for c in chosen] + [
+                (claim_cdi_name(key.uid, r.device), _mig_device(p, gi.compute_instances[0].uuid, gi))
+                for r, p, gi, _ in made
+            ]
+            await self._write_spec(ref, key.uid, entries, after)
+            record = PreparedClaim(key.namespace, key.name, key.uid, devices, pods)
+            await self._save({**self._claims, key.uid: record}, ref)
+        except ClaimError:
+            await self._undo(ref, key.uid, before, intent, made)
+            raise
+        log.info(
+            "claim_prepared", claim=ref, uid=key.uid, devices=[d.device for d in devices],
+            made=[p.where for _, p, _, new in made if new], pods=[p.name for p in pods],
+        )  # fmt: skip
+        return devices
+
+    async def _undo(
+        self,
+        ref: str,
+        uid: str,
+        before: PreparedClaim | None,
+        intent: PreparedClaim,
+        made: Sequence[tuple[AllocatedDevice, Placement, GpuInstance, bool]],
+    ) -> None:
+        """A prepare that failed half-way: destroy what it made; what cannot be destroyed stays owned."""
+        assert self.ondemand is not None
+        left = []
+        for result, place, gi, new in made:
+            if not new:
+                continue
+            try:
+                await self.ondemand.destroy(ref, place.gpu.uuid, gi)
+            except ClaimError as err:
+                log.error("ondemand_undo_failed", claim=ref, device=result.device, error=str(err))
+                left.append(self._made(uid, result, place, gi))
+        with contextlib.suppress(OSError):
+            await asyncio.to_thread(write_spec, self.cdi_dir, None, claim_cdi_file(uid))
+        claims = {u: c for u, c in self._claims.items() if u != uid}
+        if left:
+            claims[uid] = replace(intent, devices=tuple(left), pending=False)
+        elif before is not None:
+            claims[uid] = before
+        try:
+            await asyncio.to_thread(self.checkpoint.save, claims)
+            self._claims = claims
+        except CheckpointError as err:  # the intent stays: the next start resolves it from the GPUs
+            log.error("dra_checkpoint_unwritable", claim=ref, error=str(err))
+
+    def _device(self, uid: str, c: Chosen) -> PreparedDevice:
+        return PreparedDevice(
+            requests=(c.result.request.partition("/")[0],),
+            pool=c.result.pool,
+            device=c.result.device,
+            uuid=c.device.uuid,
+            gpu_uuid=c.device.gpu_uuid,
+            cdi_ids=(f"{CDI_KIND}={claim_cdi_name(uid, c.result.device)}",),
+            share_id=c.result.share_id,
+            admin_access=c.result.admin_access,
+        )
+
+    def _made(
+        self, uid: str, result: AllocatedDevice, place: Placement, gi: GpuInstance | None
+    ) -> PreparedDevice:
+        """An on-demand device as the checkpoint keeps it; without `gi` (or its compute instance) it is
+        the intent to make it."""
+        ci = gi.compute_instances[0] if gi is not None and gi.compute_instances else None
+        return PreparedDevice(
+            requests=(result.request.partition("/")[0],),
+            pool=result.pool,
+            device=result.device,
+            uuid="" if ci is None else ci.uuid,
+            gpu_uuid=place.gpu.uuid,
+            cdi_ids=(f"{CDI_KIND}={claim_cdi_name(uid, result.device)}",),
+            share_id=result.share_id,
+            admin_access=result.admin_access,
+            instance=OwnedInstance(
+                place.gpu.uuid,
+                place.profile.name,
+                place.start,
+                place.profile.size,
+                None if gi is None else gi.id,
+                None if ci is None else ci.id,
+            ),
+        )
+
+    async def _save(self, claims: dict[str, PreparedClaim], ref: str) -> None:
+        try:
+            await asyncio.to_thread(self.checkpoint.save, claims)
+        except CheckpointError as err:
+            raise ClaimError(f"claim {ref} is not prepared: {err}") from err
+        self._claims = claims
+
+    async def _destroy_owned(self, ref: str, claim: PreparedClaim) -> None:
+        """Destroy the instances made for the claim, never one with processes (then ClaimError: the
+        kubelet retries the unprepare), never one the checkpoint does not give it."""
+        owned = [d for d in claim.devices if d.instance is not None]
+        if not owned:
+            return
+        if self.ondemand is None:
+            raise ClaimError(
+                f"claim {ref}: it holds on-demand MIG devices ({', '.join(d.device for d in owned)}) "
+                "and this agent makes none now; they are kept until an agent that makes them "
+                "unprepares the claim"
+            )
+        state = await self.ondemand.observe()
+        for d in owned:
+            assert d.instance is not None
+            gi = find(state, d.instance, d.uuid)
+            if gi is None:
+                log.info("ondemand_instance_gone", claim=ref, device=d.device, mig=d.uuid)
+                continue
+            busy = [ci.uuid for ci in gi.compute_instances if ci.busy]
+            if busy:
+                raise ClaimError(_busy(ref, d))
+            try:
+                await self.ondemand.destroy(ref, d.instance.gpu_uuid, gi)
+            except InstanceBusyError:
+                raise ClaimError(_busy(ref, d)) from None
+
     async def _unprepare(self, key: ClaimKey) -> None:
         ref = f"{key.namespace}/{key.name}"
         _check_uid(key)
+        known = self._claims.get(key.uid)
+        if known is not None:
+            await self._destroy_owned(ref, known)
         try:
             await asyncio.to_thread(write_spec, self.cdi_dir, None, claim_cdi_file(key.uid))
         except OSError as err:
@@ -267,8 +525,10 @@ class Preparer:
             )
         return claim
 
-    async def _write_spec(self, ref: str, uid: str, entries: Sequence[tuple[str, Device]]) -> None:
-        node = self._node()
+    async def _write_spec(
+        self, ref: str, uid: str, entries: Sequence[tuple[str, Device]], node: NodeState | None = None
+    ) -> None:
+        node = node if node is not None else self._node()
         spec = build_named_spec(CDI_KIND, entries, node, self._files)
         try:
             await asyncio.to_thread(write_spec, self.cdi_dir, spec, claim_cdi_file(uid))
@@ -280,6 +540,23 @@ class Preparer:
     def _count(self) -> None:
         if self._recorder is not None:
             self._recorder.prepared_claims(len(self._claims))
+
+
+def _busy(ref: str, d: PreparedDevice) -> str:
+    where = "" if d.instance is None else f" ({d.instance.profile} at slot {d.instance.start})"
+    return (
+        f"claim {ref}: its MIG device {d.uuid or d.device}{where} still has processes running on it; "
+        "it is not destroyed while they run, and the kubelet retries the unprepare until they have ended"
+    )
+
+
+def _mig_device(place: Placement, mig: MigUuid, gi: GpuInstance | None = None) -> Device:
+    """The inventory's view of an on-demand MIG device (for the claim checks and the CDI spec)."""
+    ci = gi.compute_instances[0] if gi is not None and gi.compute_instances else None
+    index = "" if ci is None or ci.mig_index is None else f"{place.gpu.index}:{ci.mig_index}"
+    return Device(
+        DeviceId(mig), Health.HEALTHY, place.gpu.numa_node, place.gpu.uuid, mig_uuid=mig, index=index
+    )
 
 
 def _check_uid(key: ClaimKey) -> None:
