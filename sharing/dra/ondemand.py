@@ -94,14 +94,15 @@ def owner_of(claims: Mapping[str, PreparedClaim], gpu: GpuUuid, gi: GpuInstance)
 def find(state: NodeState, owned: OwnedInstance, mig_uuid: str = "") -> GpuInstance | None:
     """The GPU instance the record names, if the GPU has it: same place and profile, same IDs once
     known, and the same MIG device when one was recorded (an ID the driver gave again to an
-    instance made since is another instance)."""
+    instance made since, with another compute instance, is another instance). One left without
+    its compute instance is the record's: an unprepare killed between the two destroys."""
     gpu = state.gpu(owned.gpu_uuid)
     if gpu is None:
         return None
     for gi in gpu.instances:
         if not _is(owned, gpu.uuid, gi):
             continue
-        if mig_uuid and not any(ci.uuid == mig_uuid for ci in gi.compute_instances):
+        if mig_uuid and gi.compute_instances and not any(ci.uuid == mig_uuid for ci in gi.compute_instances):
             return None
         return gi
     return None

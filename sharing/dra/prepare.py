@@ -173,9 +173,13 @@ class Preparer:
                 for d in claim.devices:
                     if d.instance is None:
                         continue
-                    there = find(state, d.instance, d.uuid) is not None
-                    log.info("ondemand_instance_adopted" if there else "ondemand_instance_lost",
-                             claim=ref, device=d.device, mig=d.uuid)  # fmt: skip
+                    gi = find(state, d.instance, d.uuid)
+                    event = (
+                        "ondemand_instance_lost" if gi is None
+                        else "ondemand_instance_adopted" if gi.compute_instances
+                        else "ondemand_unprepare_unfinished"  # the kubelet's retried unprepare ends it
+                    )  # fmt: skip
+                    log.info(event, claim=ref, device=d.device, mig=d.uuid)
                 continue
             kept = []
             for d in claim.devices:

@@ -137,6 +137,22 @@ class Node:
         self.process = None
         return code
 
+    async def kubelet_prepare(self, *claims: dict[str, Any]) -> dict[str, Any]:
+        """A fresh kubelet's plugin watcher and DRA manager (hack/go/k8s/dra-kubelet) preparing claims."""
+        refs = [
+            a
+            for c in claims
+            for a in ("--prepare", "/".join(c["metadata"][k] for k in ("namespace", "name", "uid")))
+        ]
+        process = await asyncio.create_subprocess_exec(
+            str(lab.binaries().dra_kubelet), "--registry-dir", str(self.kubelet / "plugins_registry"),
+            "--kubeconfig", str(self.kubeconfig), "--node", self.name, "--driver", DRIVER, *refs,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, err = await asyncio.wait_for(process.communicate(), 60)
+        assert 0 == process.returncode, err.decode()[-2000:]
+        return dict(json.loads(out))
+
     async def prepare(self, *claims: dict[str, Any]) -> dict[str, Any]:
         async with grpc.aio.insecure_channel(f"unix://{self.socket}") as channel:
             answer = await dra_grpc.DRAPluginStub(channel).NodePrepareResources(
@@ -382,6 +398,27 @@ async def test_an_agent_killed_around_a_prepare_loses_and_leaks_nothing(
     assert ([[], []], {}) == (node.instances(), node.checkpoint())
 
 
+async def test_an_agent_killed_in_the_middle_of_an_unprepare_leaks_nothing(
+    control_plane: lab.ControlPlane, namespace: str, node: Node
+) -> None:
+    await node.start()
+    claim = allocated(control_plane, namespace, "u", node.name, ondemand_device_name(1, "7g.40gb", 0))
+    await node.prepare(claim)
+    assert 0 == await node.stop()
+    await node.start(crash_after=1)  # killed right after destroying the compute instance
+    with pytest.raises(grpc.aio.AioRpcError):
+        await node.unprepare(claim)
+    assert 137 == await node.killed()
+    assert ([[], [(0, 0, 8)]], []) == (
+        node.instances(),
+        node.gpus()[1]["gpuInstances"][0]["computeInstances"],
+    )
+    await node.start()
+
+    assert {uid_of(claim): ""} == await node.unprepare(claim)  # the kubelet's retry
+    assert ([[], []], {}) == (node.instances(), node.checkpoint())
+
+
 async def test_restarts_with_claims_prepared_keep_their_instances(
     control_plane: lab.ControlPlane, namespace: str, node: Node
 ) -> None:
@@ -402,7 +439,15 @@ async def test_restarts_with_claims_prepared_keep_their_instances(
     assert 0 == await node.stop()  # the agent restarts ...
     await node.start()
     before = node.mutations()
-    assert answers == await node.prepare(a, b)  # ... and the kubelet, which prepares its claims again
+    # ... and the kubelet, which prepares its claims again: the kubelet's own plugin manager.
+    again = await node.kubelet_prepare(a, b)
+    assert {
+        uid_of(c): [
+            (d["device_name"], d["cdi_device_ids"]) for d in again["prepare"]["claims"][uid_of(c)]["devices"]
+        ]
+        for c in (a, b)
+    } == {uid: [tuple(d) for d in r["devices"]] for uid, r in answers.items()}
+    assert answers == await node.prepare(a, b)
     assert (before, layout, owned_before) == (
         node.mutations(),
         node.instances(),
