@@ -19,6 +19,7 @@ from sharing.gpu.devfiles import DriverFiles
 from sharing.gpu.nvml import NvmlBackend
 from sharing.gpu.nvmlapi import Nvml
 from sharing.kube.api import ResourceClaimObject
+from sharing.mig import Target
 from sharing.mig.catalog import default_catalog
 from sharing.model import GpuUuid, NodeState
 from sharing.store import ClaimCheckpoint, Journal, OwnedInstance, PreparedClaim, PreparedDevice
@@ -175,3 +176,17 @@ async def test_restart_rolls_back_a_half_built_instance_and_forward_a_complete_o
     )
     assert claims["d"] == intent("d", other, "1g.5gb", 0, 1, uuid=mig.uuid, gi_id=adopted.id, ci_id=mig.id)
     assert p.prepared().held() == {b.uuid, mig.uuid}
+
+
+async def test_no_step_runs_while_the_rollout_changes_the_gpus(ondemand: OnDemand, state: Path) -> None:
+    where = await place(ondemand, "gpu-0-mig-1g-5gb-at-0")
+    # The rollout (or `sharing apply`) runs its steps.
+    with Journal(ondemand.journal.path).locked(), pytest.raises(ClaimError) as err:
+        await ondemand.create("ns/a", where)
+    assert "the GPUs are being changed: another process (pid " in str(err.value)
+    # A rollout killed half-way left its journal: its change is finished first.
+    Journal(ondemand.journal.path).begin({GpuUuid(where.gpu.uuid): Target(True, (("7g.40gb", 1),))})
+    with pytest.raises(ClaimError) as err:
+        await ondemand.create("ns/a", where)
+    assert "waits for the GPU change a killed agent left half-done" in str(err.value)
+    assert (instances(state), Journal(ondemand.journal.path).unfinished() is not None) == ([[], []], True)

@@ -465,18 +465,19 @@ async def test_an_xid_makes_the_gpus_ondemand_devices_unhealthy(
     control_plane: lab.ControlPlane, namespace: str, node: Node
 ) -> None:
     await node.start()
-    on0, on1 = ondemand_device_name(0, "1g.5gb", 0), ondemand_device_name(1, "1g.5gb", 0)
-    claim = allocated(control_plane, namespace, "h", node.name, on0, on1)
-    await node.prepare(claim)
-    assert {on0: health.HEALTHY, on1: health.HEALTHY} == await node.health(
-        {on0: health.HEALTHY, on1: health.HEALTHY}
-    )
+    a, b = ondemand_device_name(0, "1g.5gb", 0), ondemand_device_name(0, "2g.10gb", 2)
+    c = ondemand_device_name(1, "1g.5gb", 0)
+    claim = allocated(control_plane, namespace, "h", node.name, a, b, c)
+    assert "" == (await node.prepare(claim))[uid_of(claim)]["error"]
+    ok, bad = health.HEALTHY, health.UNHEALTHY
+    assert {a: ok, b: ok, c: ok} == await node.health({a: ok, b: ok, c: ok})
 
-    simstate.inject_xid(node.state, node.gpus()[1]["uuid"], 79)  # GPU has fallen off the bus
+    mig_of_a = next(m for g, _, start, m in owned(node, claim) if (g, start) == (0, 0))
+    simstate.inject_xid(node.state, mig_of_a, 48)  # a double-bit ECC error NVML names the MIG device of
+    assert {a: bad, b: ok, c: ok} == await node.health({a: bad, b: ok, c: ok})
 
-    assert {on0: health.HEALTHY, on1: health.UNHEALTHY} == await node.health(
-        {on0: health.HEALTHY, on1: health.UNHEALTHY}
-    )
+    simstate.inject_xid(node.state, node.gpus()[1]["uuid"], 79)  # GPU 1 has fallen off the bus
+    assert {a: bad, b: ok, c: bad} == await node.health({a: bad, b: ok, c: bad})
 
 
 def free_placements(node: Node, profile: str) -> list[tuple[int, int]]:
