@@ -31,19 +31,19 @@ from typing import Protocol
 
 import structlog
 
-from sharing.devices import Device, DeviceId, Health, Inventory
+from sharing.devices import Device, Inventory
 from sharing.dra.claims import Chosen, ClaimError, check_config, ondemand_results, select
+from sharing.dra.instances import Made, destroy_owned, made_device, mig_device, recover, undo
 from sharing.dra.names import CDI_KIND, claim_cdi_file, claim_cdi_name, pool_device_name
-from sharing.dra.ondemand import InstanceBusyError, OnDemand, Placement, find, occupant, placement_of
+from sharing.dra.ondemand import OnDemand, occupant, placement_of
 from sharing.errors import KubeError
 from sharing.gpu import build_named_spec, write_spec
 from sharing.gpu.devfiles import DeviceFiles
 from sharing.kube.api import AllocatedDevice, NotFoundError, ResourceClaimObject
-from sharing.model import GpuInstance, MigUuid, NodeState
+from sharing.model import MigUuid, NodeState
 from sharing.store import (
     CheckpointError,
     ClaimCheckpoint,
-    OwnedInstance,
     PreparedClaim,
     PreparedDevice,
     PreparedPod,
@@ -135,6 +135,9 @@ class Preparer:
         self._recorder = recorder
         self._claims: dict[str, PreparedClaim] = {}
         self._unknown = ""
+        self._unrecovered = ""
+        """Why the on-demand instances the checkpoint owns could not be checked at start ("": they
+        were); retried before each call, and until then nothing is prepared or unprepared."""
         self._lock = asyncio.Lock()
 
     async def load(self) -> None:
@@ -148,72 +151,44 @@ class Preparer:
                 log.error("dra_checkpoint_unreadable", path=str(self.checkpoint.path), error=str(err))
             else:
                 if self.ondemand is not None:
-                    await self._recover(self.ondemand)
-                await asyncio.to_thread(self._remove_stale_specs)
+                    self._unrecovered = await self._recover(self.ondemand)
+                if not self._unrecovered:
+                    await asyncio.to_thread(self._remove_stale_specs)
             self._count()
         log.info("dra_checkpoint_loaded", claims=len(self._claims))
 
-    async def _recover(self, ondemand: OnDemand) -> None:
-        """Adopt the instances the checkpoint owns; roll a prepare a killed agent left pending forward
-        (its instance is complete) or back (a GPU instance without its compute instance is destroyed).
-        Nothing the checkpoint does not own is touched."""
-        if not any(d.instance is not None for c in self._claims.values() for d in c.devices):
-            await ondemand.forget_crashed_step()
-            return
-        try:
-            state = await ondemand.observe()
-        except ClaimError as err:
-            self._claims, self._unknown = {}, f"the on-demand MIG instances cannot be checked: {err}"
-            log.error("ondemand_recovery_failed", error=str(err))
-            return
-        claims = dict(self._claims)
-        for uid, claim in self._claims.items():
-            ref = f"{claim.namespace}/{claim.name}"
-            if not claim.pending:
-                for d in claim.devices:
-                    if d.instance is None:
-                        continue
-                    gi = find(state, d.instance, d.uuid)
-                    event = (
-                        "ondemand_instance_lost" if gi is None
-                        else "ondemand_instance_adopted" if gi.compute_instances
-                        else "ondemand_unprepare_unfinished"  # the kubelet's retried unprepare ends it
-                    )  # fmt: skip
-                    log.info(event, claim=ref, device=d.device, mig=d.uuid)
-                continue
-            kept = []
-            for d in claim.devices:
-                gi = None if d.instance is None else find(state, d.instance)
-                if d.instance is None or gi is None:
-                    continue
-                if gi.compute_instances:
-                    ci = gi.compute_instances[0]
-                    ids = replace(d.instance, gi_id=gi.id, ci_id=ci.id)
-                    kept.append(replace(d, uuid=ci.uuid, instance=ids))
-                    log.warning("ondemand_prepare_rolled_forward", claim=ref, device=d.device)
-                    continue
-                try:
-                    await ondemand.destroy(ref, d.instance.gpu_uuid, gi)
-                    log.warning("ondemand_prepare_rolled_back", claim=ref, device=d.device)
-                except ClaimError as err:  # still there: keep it owned, so it is never lost
-                    kept.append(replace(d, instance=replace(d.instance, gi_id=gi.id)))
-                    log.error("ondemand_rollback_failed", claim=ref, device=d.device, error=str(err))
-            if kept:
-                claims[uid] = replace(claim, devices=tuple(kept), pending=False)
-            else:
-                del claims[uid]
-            # Its spec (if written) may lack devices: the kubelet's retried prepare writes it again.
-            with contextlib.suppress(OSError):
-                await asyncio.to_thread(write_spec, self.cdi_dir, None, claim_cdi_file(uid))
-        if claims != self._claims:
+    async def _recover(self, ondemand: OnDemand) -> str:
+        """Settle the on-demand instances the checkpoint owns (`instances.recover`); why it could not
+        be done, or ""."""
+        if any(d.instance is not None for c in self._claims.values() for d in c.devices):
             try:
-                await asyncio.to_thread(self.checkpoint.save, claims)
-            except CheckpointError as err:
-                self._unknown = str(err)
-                log.error("dra_checkpoint_unwritable", error=str(err))
-                return
-            self._claims = claims
-        await ondemand.forget_crashed_step()
+                claims, settled = await recover(ondemand, self._claims)
+            except ClaimError as err:
+                log.error("ondemand_recovery_failed", error=str(err))
+                return f"the on-demand MIG instances of the checkpoint cannot be checked: {err}"
+            for uid in settled:  # a spec written before the kill may lack devices: the retry writes it
+                with contextlib.suppress(OSError):
+                    await asyncio.to_thread(write_spec, self.cdi_dir, None, claim_cdi_file(uid))
+            if claims != self._claims:
+                try:
+                    await asyncio.to_thread(self.checkpoint.save, claims)
+                except CheckpointError as err:
+                    log.error("dra_checkpoint_unwritable", error=str(err))
+                    return str(err)
+                self._claims = claims
+        try:
+            await ondemand.forget_crashed_step()
+        except ClaimError as err:  # harmless: the next step's journal replaces it
+            log.warning("ondemand_journal_not_recovered", error=str(err))
+        return ""
+
+    async def _recovered(self) -> str:
+        """ "" once the instances the checkpoint owns were checked (tried again now if they were not)."""
+        if self._unrecovered and self.ondemand is not None:
+            self._unrecovered = await self._recover(self.ondemand)
+            if not self._unrecovered:
+                await asyncio.to_thread(self._remove_stale_specs)
+        return self._unrecovered
 
     def _remove_stale_specs(self) -> None:
         """Remove the CDI specs of claims the checkpoint does not hold: a crash between writing a
@@ -231,16 +206,21 @@ class Preparer:
 
     def prepared(self) -> PreparedClaims:
         """The claims prepared now (for the rollout's holders and for `sharing status`)."""
-        return PreparedClaims(tuple(self._claims[u] for u in sorted(self._claims)), self._unknown)
+        return PreparedClaims(
+            tuple(self._claims[u] for u in sorted(self._claims)), self._unknown or self._unrecovered
+        )
 
     async def prepare(self, keys: Sequence[ClaimKey]) -> dict[str, Prepared]:
         """{claim UID: its devices or its error} for every claim asked for."""
         answers = {}
         loop = asyncio.get_running_loop()
         async with self._lock:
+            unrecovered = await self._recovered()
             for key in keys:
                 started = loop.time()
                 try:
+                    if unrecovered:
+                        raise ClaimError(f"claim {key.namespace}/{key.name} is not prepared: {unrecovered}")
                     answers[key.uid] = Prepared(await self._prepare(key))
                 except ClaimError as err:
                     log.warning("claim_not_prepared", claim=f"{key.namespace}/{key.name}", error=str(err))
@@ -256,8 +236,11 @@ class Preparer:
         """{claim UID: "" or why it failed} for every claim asked for."""
         answers = {}
         async with self._lock:
+            unrecovered = await self._recovered()
             for key in keys:
                 try:
+                    if unrecovered:
+                        raise ClaimError(f"claim {key.namespace}/{key.name} is not unprepared: {unrecovered}")
                     await self._unprepare(key)
                     answers[key.uid] = ""
                 except ClaimError as err:
@@ -351,18 +334,18 @@ class Preparer:
                 raise ClaimError(f"claim {ref}: {err}") from None
         mine = {r.device: occupant(p, self._claims, key.uid, ref) for r, p in places}
         check_config(
-            claim, (*chosen, *(Chosen(r, _mig_device(p, MigUuid("(made at prepare)"))) for r, p in places))
+            claim, (*chosen, *(Chosen(r, mig_device(p, MigUuid("(made at prepare)"))) for r, p in places))
         )
         static = tuple(self._device(key.uid, c) for c in chosen)
         pods = tuple(PreparedPod(p.name, p.uid) for p in claim.reserved_for)
         before = self._claims.get(key.uid)
         intent = PreparedClaim(
             key.namespace, key.name, key.uid,
-            static + tuple(self._made(key.uid, r, p, mine[r.device]) for r, p in places),
+            static + tuple(made_device(key.uid, r, p, mine[r.device]) for r, p in places),
             pods, pending=True,
         )  # fmt: skip
         await self._save({**self._claims, key.uid: intent}, ref)
-        made: list[tuple[AllocatedDevice, Placement, GpuInstance, bool]] = []
+        made: list[Made] = []
         try:
             for result, place in places:
                 gi = mine[result.device]
@@ -371,54 +354,25 @@ class Preparer:
                 else:
                     made.append((result, place, gi, False))
             after = await od.observe()
-            devices = static + tuple(self._made(key.uid, r, p, gi) for r, p, gi, _ in made)
+            devices = static + tuple(made_device(key.uid, r, p, gi) for r, p, gi, _ in made)
             entries = [(claim_cdi_name(key.uid, c.result.device), c.device) for c in chosen] + [
-                (claim_cdi_name(key.uid, r.device), _mig_device(p, gi.compute_instances[0].uuid, gi))
+                (claim_cdi_name(key.uid, r.device), mig_device(p, gi.compute_instances[0].uuid, gi))
                 for r, p, gi, _ in made
             ]
             await self._write_spec(ref, key.uid, entries, after)
             record = PreparedClaim(key.namespace, key.name, key.uid, devices, pods)
             await self._save({**self._claims, key.uid: record}, ref)
         except ClaimError:
-            await self._undo(ref, key.uid, before, intent, made)
+            left = await undo(od, ref, key.uid, made)
+            await self._forget(
+                ref, key.uid, before if not left else replace(intent, devices=left, pending=False)
+            )
             raise
         log.info(
             "claim_prepared", claim=ref, uid=key.uid, devices=[d.device for d in devices],
             made=[p.where for _, p, _, new in made if new], pods=[p.name for p in pods],
         )  # fmt: skip
         return devices
-
-    async def _undo(
-        self,
-        ref: str,
-        uid: str,
-        before: PreparedClaim | None,
-        intent: PreparedClaim,
-        made: Sequence[tuple[AllocatedDevice, Placement, GpuInstance, bool]],
-    ) -> None:
-        """A prepare that failed half-way: destroy what it made; what cannot be destroyed stays owned."""
-        assert self.ondemand is not None
-        left = []
-        for result, place, gi, new in made:
-            if not new:
-                continue
-            try:
-                await self.ondemand.destroy(ref, place.gpu.uuid, gi)
-            except ClaimError as err:
-                log.error("ondemand_undo_failed", claim=ref, device=result.device, error=str(err))
-                left.append(self._made(uid, result, place, gi))
-        with contextlib.suppress(OSError):
-            await asyncio.to_thread(write_spec, self.cdi_dir, None, claim_cdi_file(uid))
-        claims = {u: c for u, c in self._claims.items() if u != uid}
-        if left:
-            claims[uid] = replace(intent, devices=tuple(left), pending=False)
-        elif before is not None:
-            claims[uid] = before
-        try:
-            await asyncio.to_thread(self.checkpoint.save, claims)
-            self._claims = claims
-        except CheckpointError as err:  # the intent stays: the next start resolves it from the GPUs
-            log.error("dra_checkpoint_unwritable", claim=ref, error=str(err))
 
     def _device(self, uid: str, c: Chosen) -> PreparedDevice:
         return PreparedDevice(
@@ -432,30 +386,18 @@ class Preparer:
             admin_access=c.result.admin_access,
         )
 
-    def _made(
-        self, uid: str, result: AllocatedDevice, place: Placement, gi: GpuInstance | None
-    ) -> PreparedDevice:
-        """An on-demand device as the checkpoint keeps it; without `gi` (or its compute instance) it is
-        the intent to make it."""
-        ci = gi.compute_instances[0] if gi is not None and gi.compute_instances else None
-        return PreparedDevice(
-            requests=(result.request.partition("/")[0],),
-            pool=result.pool,
-            device=result.device,
-            uuid="" if ci is None else ci.uuid,
-            gpu_uuid=place.gpu.uuid,
-            cdi_ids=(f"{CDI_KIND}={claim_cdi_name(uid, result.device)}",),
-            share_id=result.share_id,
-            admin_access=result.admin_access,
-            instance=OwnedInstance(
-                place.gpu.uuid,
-                place.profile.name,
-                place.start,
-                place.profile.size,
-                None if gi is None else gi.id,
-                None if ci is None else ci.id,
-            ),
-        )
+    async def _forget(self, ref: str, uid: str, record: PreparedClaim | None) -> None:
+        """After a failed prepare: the claim's spec gone, its checkpoint entry back to `record`."""
+        with contextlib.suppress(OSError):
+            await asyncio.to_thread(write_spec, self.cdi_dir, None, claim_cdi_file(uid))
+        claims = {u: c for u, c in self._claims.items() if u != uid}
+        if record is not None:
+            claims[uid] = record
+        try:
+            await asyncio.to_thread(self.checkpoint.save, claims)
+            self._claims = claims
+        except CheckpointError as err:  # the intent stays: the next start settles it from the GPUs
+            log.error("dra_checkpoint_unwritable", claim=ref, error=str(err))
 
     async def _save(self, claims: dict[str, PreparedClaim], ref: str) -> None:
         try:
@@ -464,39 +406,12 @@ class Preparer:
             raise ClaimError(f"claim {ref} is not prepared: {err}") from err
         self._claims = claims
 
-    async def _destroy_owned(self, ref: str, claim: PreparedClaim) -> None:
-        """Destroy the instances made for the claim, never one with processes (then ClaimError: the
-        kubelet retries the unprepare), never one the checkpoint does not give it."""
-        owned = [d for d in claim.devices if d.instance is not None]
-        if not owned:
-            return
-        if self.ondemand is None:
-            raise ClaimError(
-                f"claim {ref}: it holds on-demand MIG devices ({', '.join(d.device for d in owned)}) "
-                "and this agent makes none now; they are kept until an agent that makes them "
-                "unprepares the claim"
-            )
-        state = await self.ondemand.observe()
-        for d in owned:
-            assert d.instance is not None
-            gi = find(state, d.instance, d.uuid)
-            if gi is None:
-                log.info("ondemand_instance_gone", claim=ref, device=d.device, mig=d.uuid)
-                continue
-            busy = [ci.uuid for ci in gi.compute_instances if ci.busy]
-            if busy:
-                raise ClaimError(_busy(ref, d))
-            try:
-                await self.ondemand.destroy(ref, d.instance.gpu_uuid, gi)
-            except InstanceBusyError:
-                raise ClaimError(_busy(ref, d)) from None
-
     async def _unprepare(self, key: ClaimKey) -> None:
         ref = f"{key.namespace}/{key.name}"
         _check_uid(key)
         known = self._claims.get(key.uid)
         if known is not None:
-            await self._destroy_owned(ref, known)
+            await destroy_owned(self.ondemand, ref, known)
         try:
             await asyncio.to_thread(write_spec, self.cdi_dir, None, claim_cdi_file(key.uid))
         except OSError as err:
@@ -544,23 +459,6 @@ class Preparer:
     def _count(self) -> None:
         if self._recorder is not None:
             self._recorder.prepared_claims(len(self._claims))
-
-
-def _busy(ref: str, d: PreparedDevice) -> str:
-    where = "" if d.instance is None else f" ({d.instance.profile} at slot {d.instance.start})"
-    return (
-        f"claim {ref}: its MIG device {d.uuid or d.device}{where} still has processes running on it; "
-        "it is not destroyed while they run, and the kubelet retries the unprepare until they have ended"
-    )
-
-
-def _mig_device(place: Placement, mig: MigUuid, gi: GpuInstance | None = None) -> Device:
-    """The inventory's view of an on-demand MIG device (for the claim checks and the CDI spec)."""
-    ci = gi.compute_instances[0] if gi is not None and gi.compute_instances else None
-    index = "" if ci is None or ci.mig_index is None else f"{place.gpu.index}:{ci.mig_index}"
-    return Device(
-        DeviceId(mig), Health.HEALTHY, place.gpu.numa_node, place.gpu.uuid, mig_uuid=mig, index=index
-    )
 
 
 def _check_uid(key: ClaimKey) -> None:

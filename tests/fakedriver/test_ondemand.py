@@ -190,3 +190,23 @@ async def test_no_step_runs_while_the_rollout_changes_the_gpus(ondemand: OnDeman
         await ondemand.create("ns/a", where)
     assert "waits for the GPU change a killed agent left half-done" in str(err.value)
     assert (instances(state), Journal(ondemand.journal.path).unfinished() is not None) == ([[], []], True)
+
+
+async def test_a_pending_prepare_on_a_gpu_that_cannot_be_read_is_left_as_it_is(
+    ondemand: OnDemand, state: Path, nvml: Nvml, tmp_path: Path
+) -> None:
+    node = await ondemand.observe()
+    gpu = node.gpus[1].uuid
+    make_gpu_instance(nvml, 1, PROFILE_ID["3g.20gb"], 4, 4)  # half-built by a killed prepare
+    checkpoint = ClaimCheckpoint(tmp_path / "claims.json")
+    checkpoint.save({"a": intent("a", gpu, "3g.20gb", 4, 4)})
+    simstate.set_lost(state, 1, True)
+    p = preparer(ondemand, tmp_path, node)
+    await p.load()
+    simstate.set_lost(state, 1, False)
+
+    assert "" == p.prepared().unknown  # GPU 0 was read: only the claim on GPU 1 waits
+    assert ({"a": intent("a", gpu, "3g.20gb", 4, 4)}, [[], [(9, 4, 4)]]) == (
+        checkpoint.load(),
+        instances(state),
+    )
