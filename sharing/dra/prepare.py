@@ -206,9 +206,12 @@ class Preparer:
 
     def prepared(self) -> PreparedClaims:
         """The claims prepared now (for the rollout's holders and for `sharing status`)."""
-        return PreparedClaims(
-            tuple(self._claims[u] for u in sorted(self._claims)), self._unknown or self._unrecovered
-        )
+        making = next((c for c in self._claims.values() if c.pending), None)
+        unknown = self._unknown or self._unrecovered
+        if not unknown and making is not None:
+            # Its instance may exist before its MIG UUID is recorded: hold everything meanwhile.
+            unknown = f"claim {making.namespace}/{making.name} is being prepared (MIG instances being made)"
+        return PreparedClaims(tuple(self._claims[u] for u in sorted(self._claims)), unknown)
 
     async def prepare(self, keys: Sequence[ClaimKey]) -> dict[str, Prepared]:
         """{claim UID: its devices or its error} for every claim asked for."""

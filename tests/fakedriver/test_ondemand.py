@@ -205,7 +205,8 @@ async def test_a_pending_prepare_on_a_gpu_that_cannot_be_read_is_left_as_it_is(
     await p.load()
     simstate.set_lost(state, 1, False)
 
-    assert "" == p.prepared().unknown  # GPU 0 was read: only the claim on GPU 1 waits
+    # GPU 0 was read, so only the claim on GPU 1 waits; while it does, every device counts as held.
+    assert "claim ns/a is being prepared (MIG instances being made)" == p.prepared().unknown
     assert ({"a": intent("a", gpu, "3g.20gb", 4, 4)}, [[], [(9, 4, 4)]]) == (
         checkpoint.load(),
         instances(state),
