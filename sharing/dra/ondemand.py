@@ -70,7 +70,10 @@ def placement_of(state: NodeState, device: str) -> Placement:
     if not gpu.mig_enabled:
         raise ClaimError(f"device {device}: GPU {index} is not in MIG mode, so no MIG device is made on it")
     known = gpu.profiles.profiles if gpu.profiles is not None else ()
-    profile = next((p for p in known if profile_slug(p.name) == slug), None)
+    # Two profiles can share a slug (`1g.24gb+me` and `1g.24gb-me`): the one the slices offer is the
+    # first, smallest first and then by name, so a name always means the profile that was published.
+    ordered = sorted(known, key=lambda p: (p.size, p.compute_slices, p.memory_mib, p.name))
+    profile = next((p for p in ordered if profile_slug(p.name) == slug), None)
     if profile is None:
         names = ", ".join(p.name for p in known) or "the driver lists none"
         raise ClaimError(f"device {device}: GPU {index} has no MIG profile {slug} (it has {names})")
