@@ -70,6 +70,9 @@ TARGETS: dict[str, Target] = {
     "healthz_flood_s_max": Target("s", "< 1 s", lambda v: v < 1),
     "resourceslice_update_s_p50": Target("s", "-"),
     "resourceslice_update_s_p95": Target("s", "< 1 s", lambda v: v < 1),
+    "trace_served_vs_static": Target("x", ">= 1.3 (median of seeds)", lambda v: v >= 1.3),
+    "trace_served_vs_plain_min": Target("x", ">= 1 (worst seed)", lambda v: v >= 1),
+    "trace_seeds": Target("", ">= 3", lambda v: v >= 3),
 }
 
 
