@@ -16,6 +16,12 @@ Three Ready Node objects, one per way, each with four A100-SXM4-40GB:
 - ``plain``: the same devices in plain placement order (GPU, profile, start), as NVIDIA's driver
   publishes them.
 
+Why the order decides: the scheduler's allocator walks the pools, each pool's slices and each slice's
+devices in order and allocates the first device that matches and fits (`allocateOne` in
+k8s.io/dynamic-resource-allocation@v0.36.3 structured/internal/{stable,incubating,experimental}/
+allocator_*.go); it has no scoring among the devices of one node. All 52 devices of a node are in
+one slice, so the published order is the order it tries.
+
 Every pod asks for `nvidia.com/mig-<profile>: 1` in its limits (the same spec all three ways; on
 the DRA nodes the DeviceClass's extendedResourceName turns it into a claim). One simulated unit is
 `UNIT_S` real seconds. Each trace pod is created on the three nodes at its arrival; a bound pod is
@@ -409,11 +415,12 @@ def trace_seed(
     summaries = {}
     biggest = max(product.require_profile(p).compute_slices for p in profiles)
     for run in runs:
-        summary = tracesim.summarize(outcomes(pods, run), run.samples, biggest)
+        summary = tracesim.summarize(outcomes(pods, run), run.samples, biggest, product)
         offline = tracesim.replay(product, GPUS, run.way, pods, counts)
         summaries[run.way] = summary
         for key, value in (
             ("served", summary.served),
+            ("served_g", summary.served_g),
             ("wait_mean", summary.wait_mean),
             ("wait_p95", summary.wait_p95),
             ("largest_mean_g", summary.largest_mean_g),
@@ -421,13 +428,14 @@ def trace_seed(
         ):
             if not math.isnan(value):
                 results.add(f"trace_{run.way}_{key}", value)
-        extra = f", slices re-published {run.republished} times" if run.way == "policy" else ""
+        extra = f"; slices re-published {run.republished} times" if run.way == "policy" else ""
         results.note(
             f"trace seed {seed} {run.way}",
-            f"served {summary.served}/{len(pods)} (offline replay: {offline.served}), wait mean "
-            f"{summary.wait_mean:.2f} p95 {summary.wait_p95:.2f} units, largest placeable mean "
-            f"{summary.largest_mean_g:.2f}g, {biggest}g placeable {summary.largest_7g_share:.0%} of samples"
-            f"{extra}",
+            f"served {summary.served}/{len(pods)} ({summary.served_g}g in all; offline replay: "
+            f"{offline.served}), wait mean {summary.wait_mean:.2f} p95 {summary.wait_p95:.2f} units, "
+            f"largest placeable mean {summary.largest_mean_g:.2f}g, {biggest}g placeable "
+            f"{summary.largest_7g_share:.0%} of samples, "
+            f"over time (g, min per 10 units) {tracesim.timeline(run.samples)}{extra}",
         )
     return summaries
 

@@ -205,6 +205,8 @@ class Outcome:
 @dataclass(frozen=True, slots=True)
 class Summary:
     served: int
+    served_g: int
+    """Compute slices of the served pods (a 7g.40gb pod counts 7)."""
     withdrawn: int
     wait_mean: float
     wait_p95: float
@@ -222,19 +224,30 @@ def percentile(samples: Sequence[float], q: float) -> float:
     return ordered[max(1, math.ceil(q / 100 * len(ordered))) - 1]
 
 
-def summarize(outcomes: Iterable[Outcome], largest: Sequence[int], biggest_g: int) -> Summary:
+def summarize(
+    outcomes: Iterable[Outcome], largest: Sequence[int], biggest_g: int, product: Product
+) -> Summary:
     """Pods served and withdrawn, wait of the served (mean, p95), and the largest-placeable samples
     (compute slices of the largest placeable profile at each sample, 0 for none)."""
     outcomes = list(outcomes)
     waits = [o.wait for o in outcomes if o.wait is not None]
     return Summary(
         served=len(waits),
+        served_g=sum(
+            product.require_profile(o.pod.profile).compute_slices for o in outcomes if o.wait is not None
+        ),
         withdrawn=len(outcomes) - len(waits),
         wait_mean=sum(waits) / len(waits) if waits else math.nan,
         wait_p95=percentile(waits, 95),
         largest_mean_g=sum(largest) / len(largest) if largest else math.nan,
         largest_7g_share=sum(1 for g in largest if g >= biggest_g) / len(largest) if largest else math.nan,
     )
+
+
+def timeline(samples: Sequence[int], every: int = 10) -> str:
+    """The largest placeable profile over time as one digit (compute slices; 0: none) per `every`
+    samples: the smallest in each window, so a moment with nothing large left shows."""
+    return "".join(str(min(samples[i : i + every])) for i in range(0, len(samples), every))
 
 
 Way = Literal["static", "policy", "plain"]
@@ -321,7 +334,7 @@ def replay(
 ) -> Summary:
     outcomes, samples = Replay(product, gpus, way, static or {}).run(pods)
     biggest = max(product.require_profile(p.profile).compute_slices for p in pods) if pods else 0
-    return summarize(outcomes, samples, biggest)
+    return summarize(outcomes, samples, biggest, product)
 
 
 def best_static(

@@ -77,8 +77,8 @@ def test_a_node_advertises_the_sum_of_its_gpu_layouts() -> None:
 def test_summary_counts_served_and_withdrawn_pods_and_their_waits() -> None:
     pods = [TracePod(n, float(n), "1g.5gb", 5.0, 3.0) for n in range(4)]
     outcomes = [Outcome(pods[0], 0.0), Outcome(pods[1], 3.0), Outcome(pods[2], None), Outcome(pods[3], 4.0)]
-    summary = tracesim.summarize(outcomes, [7, 3, 0, 1], biggest_g=7)
-    assert (summary.served, summary.withdrawn) == (3, 1)
+    summary = tracesim.summarize(outcomes, [7, 3, 0, 1], biggest_g=7, product=A100)
+    assert (summary.served, summary.served_g, summary.withdrawn) == (3, 3, 1)
     assert summary.wait_mean == pytest.approx(1.0)
     assert summary.wait_p95 == pytest.approx(2.0)
     assert (summary.largest_mean_g, summary.largest_7g_share) == (pytest.approx(2.75), 0.25)
@@ -157,3 +157,7 @@ def test_every_published_device_consumes_exactly_its_memory_slices() -> None:
         0,
     ]
     assert devices["pool"] == counters["pool"] == {"name": "n", "generation": 3, "resourceSliceCount": 2}
+
+
+def test_the_timeline_shows_the_smallest_largest_profile_of_each_window() -> None:
+    assert tracesim.timeline([7, 7, 3, 7, 1, 2, 0], every=3) == "310"
