@@ -121,10 +121,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--only", metavar="PARTS", help=f"comma list of parts to run: {', '.join(PARTS)}")
     parser.add_argument(
         "--seed", type=int, action="append", metavar="N",
-        help=f"trace: run this seed (repeatable; default {', '.join(map(str, trace.DEFAULT_SEEDS))})",
+        help=f"trace: run this seed (repeatable; default {', '.join(map(str, trace.DEFAULT_SEEDS))}; "
+        "--quick: the first)",
     )  # fmt: skip
     args = parser.parse_args(argv)
-    seeds = tuple(args.seed) if args.seed else trace.DEFAULT_SEEDS
+    seeds = tuple(args.seed) if args.seed else trace.DEFAULT_SEEDS[: 1 if args.quick else None]
     only = set(args.only.split(",")) if args.only else set(PARTS)
     if only - set(PARTS):
         parser.error(

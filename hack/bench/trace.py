@@ -442,7 +442,7 @@ def trace_seed(
 
 def bench_trace(tmp: Path, results: Results, seeds: Sequence[int] = DEFAULT_SEEDS, pods: int = 120) -> None:
     product = default_catalog().product(PRODUCT)
-    say(f"trace: seeds {', '.join(map(str, seeds))}, {GPUS} x {PRODUCT}, 1 unit = {UNIT_S} s")
+    say(f"trace: seeds {', '.join(map(str, seeds))}; {GPUS} x {PRODUCT}; 1 unit = {UNIT_S} s")
     bins = lab.binaries()
     with lab.ControlPlane(base_dir=tmp, bins=bins) as cp:
         daemons = _start_daemons(cp, bins)
