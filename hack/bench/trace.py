@@ -10,17 +10,17 @@ Three Ready Node objects, one per way, each with four A100-SXM4-40GB:
   counts in its allocatable: the best static layout for the trace, found by replaying the trace
   offline over every combination of the maximal per-GPU layouts the catalog's placements allow
   (`tracesim.best_static`: most pods served, then lowest mean wait; an upper bound for any preset).
-- ``policy``: on-demand. Partitionable devices (a counter set per GPU, one device per
-  profile x placement consuming its memory slices) re-published in the placement policy's order
-  each time the allocations change, so the scheduler's first fit is the policy's best fit.
-- ``plain``: the same devices in plain placement order (GPU, profile, start), as NVIDIA's driver
-  publishes them.
+- ``policy``: on-demand, the agent's own pool: `sharing.dra.partitions.partitionable_slices` (a
+  counter set per GPU, one device per profile x placement consuming its memory slices, each GPU's
+  devices in `sharing.mig.policy.ranked` order), built again with the allocated devices and
+  published by the agent's `SlicePublisher` each time the allocations change.
+- ``plain``: the same devices with each GPU's in plain placement order (`sharing.mig.policy.plain`:
+  profile, then lowest start), as NVIDIA's driver lists them, published once.
 
-Why the order decides: the scheduler's allocator walks the pools, each pool's slices and each slice's
-devices in order and allocates the first device that matches and fits (`allocateOne` in
-k8s.io/dynamic-resource-allocation@v0.36.3 structured/internal/{stable,incubating,experimental}/
-allocator_*.go); it has no scoring among the devices of one node. All 52 devices of a node are in
-one slice, so the published order is the order it tries.
+Why the order decides: the scheduler's allocator walks the pools, each pool's slices (by name) and
+each slice's devices in order and allocates the first device that matches and fits (`allocateOne`
+in k8s.io/dynamic-resource-allocation@v0.36.3 structured/internal/incubating/allocator_incubating.go;
+`sharing.mig.policy` cites the lines); it has no scoring among the devices of one node.
 
 Every pod asks for `nvidia.com/mig-<profile>: 1` in its limits (the same spec all three ways; on
 the DRA nodes the DeviceClass's extendedResourceName turns it into a claim). One simulated unit is
@@ -37,7 +37,7 @@ import math
 import subprocess
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -49,11 +49,17 @@ from bench import tracesim
 from bench.clients import Api
 from bench.report import Results, say
 from bench.tracesim import Outcome, TracePod, TraceSpec
-from sharing.dra.names import DRIVER, ondemand_device_name, parse_ondemand_name, profile_slug
-from sharing.mig import default_catalog
+from sharing.dra.names import DRIVER, parse_ondemand_name, profile_slug
+from sharing.dra.partitions import named, partitionable_slices
+from sharing.kube import ApiClient
+from sharing.kube.api import SliceDevice, SliceSpec
+from sharing.kube.resourceslices import SlicePublisher
+from sharing.mig import default_catalog, policy
 from sharing.mig.catalog import Product
+from sharing.model import DriverInfo, Gpu, GpuUuid, NodeState
 
 PRODUCT = "A100-SXM4-40GB"
+CATALOG = default_catalog()
 NVML_NAME = "NVIDIA A100-SXM4-40GB"
 GPUS = 4
 UNIT_S = 0.5
@@ -92,73 +98,38 @@ def occupancy(product: Product, devices: Iterable[str]) -> list[int]:
     return masks
 
 
-def device_order(
-    product: Product, profiles: Sequence[str], way: str, used: Sequence[int]
-) -> list[tuple[int, str, int]]:
-    """(GPU, profile, start) of every on-demand device, in the order to publish them.
-
-    plain: GPU, then profile, then start. policy: per profile, the free placements by best fit
-    (`tracesim.best_fit`'s key: fewest free placements of larger profiles removed, then the fuller
-    GPU), the blocked ones after them; the scheduler takes the first device that fits.
-    """
-    kinds = sorted((product.require_profile(p) for p in profiles), key=lambda k: (k.compute_slices, k.size))
-    every = [(g, k.name, s) for g in range(GPUS) for k in kinds for s in k.placements]
-    if way == "plain":
-        return every
-
-    def key(item: tuple[int, str, int]) -> tuple[int, int, int, int, int, int]:
-        gpu, name, start = item
-        kind = product.require_profile(name)
-        mask = used[gpu]
-        if _mask(start, kind.size) & mask:
-            return (kinds.index(kind), 1, 0, 0, gpu, start)
-        after = mask | _mask(start, kind.size)
-        larger = [k for k in kinds if (k.compute_slices, k.size) > (kind.compute_slices, kind.size)]
-        lost = sum(
-            len(tracesim.free_placements(product, k, mask)) - len(tracesim.free_placements(product, k, after))
-            for k in larger
-        )
-        return (kinds.index(kind), 0, lost, -bin(mask).count("1"), gpu, start)
-
-    return sorted(every, key=key)
+def ondemand_node(node: str, product: Product) -> NodeState:
+    """Four A100-SXM4-40GB in MIG mode with no instances, their geometry from the catalog."""
+    gpus = tuple(
+        Gpu(index, GpuUuid(f"GPU-{node}-{index}"), NVML_NAME, product.memory_mib, True, True, True, (),
+            compute_capability=(8, 0), minor=index, pci_bus_id=f"0000:{index + 16:02x}:00.0", brand="Nvidia",
+            profiles=product)
+        for index in range(GPUS)
+    )  # fmt: skip
+    return NodeState(gpus, driver=DriverInfo("550.107.02", 12040))
 
 
-def pool_bodies(
-    node: str, product: Product, order: Sequence[tuple[int, str, int]], generation: int
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The two ResourceSlices of a node's pool: the GPUs' counter sets, then the devices in `order`."""
-    counters = {f"memory-slice-{n}": {"value": "1"} for n in range(product.slots)}
+def plain_order(specs: Sequence[SliceSpec], product: Product) -> tuple[SliceSpec, ...]:
+    """The same slices with each one's devices in plain placement order (`policy.plain`)."""
+    slugs = named(product)
+    rank = {(r.placement.profile, r.placement.start): n for n, r in enumerate(policy.plain(product, ()))}
 
-    def spec(**extra: Any) -> dict[str, Any]:
-        pool = {"name": node, "generation": generation, "resourceSliceCount": 2}
-        return {"driver": DRIVER, "nodeName": node, "pool": pool, **extra}
+    def key(device: SliceDevice) -> int:
+        parsed = parse_ondemand_name(device.name)
+        if parsed is None or parsed[1] not in slugs:
+            return -1  # a whole-GPU device first, as NVIDIA's driver lists it
+        return rank[(slugs[parsed[1]].name, parsed[2])]
 
-    sets = [{"name": f"gpu-{g}-counters", "counters": counters} for g in range(GPUS)]
-    devices = []
-    for gpu, name, start in order:
-        kind = product.require_profile(name)
-        devices.append(
-            {
-                "name": ondemand_device_name(gpu, name, start),
-                "attributes": {
-                    "type": {"string": "mig"},
-                    "profile": {"string": name},
-                    "productName": {"string": NVML_NAME},
-                    "parentUUID": {"string": f"GPU-{node}-{gpu}"},
-                    "placementStart": {"int": start},
-                },
-                "capacity": {"memory": {"value": f"{kind.memory_mib}Mi"}},
-                "consumesCounters": [
-                    {
-                        "counterSet": f"gpu-{gpu}-counters",
-                        "counters": {
-                            f"memory-slice-{n}": {"value": "1"} for n in range(start, start + kind.size)
-                        },
-                    }
-                ],
-            }
-        )
-    return spec(sharedCounters=sets), spec(devices=devices)
+    return tuple(replace(s, devices=tuple(sorted(s.devices, key=key))) for s in specs)
+
+
+def ondemand_slices(
+    node: str, state: NodeState, way: str, product: Product, allocated: Iterable[str] = ()
+) -> tuple[SliceSpec, ...]:
+    """The pool the agent would publish for the way: policy order given `allocated`, or plain order."""
+    dynamic = {g.uuid for g in state.gpus}
+    specs = partitionable_slices(node, state, dynamic, CATALOG, allocated=allocated)
+    return specs if way == "policy" else plain_order(specs, product)
 
 
 # --- the cluster -----------------------------------------------------------------------------------
@@ -174,9 +145,9 @@ class WayRun:
     product: Product
     profiles: Sequence[str]
     static: Mapping[str, int] = field(default_factory=dict)
-    slices: list[str] = field(default_factory=list)
-    generation: int = 0
-    order: list[tuple[int, str, int]] = field(default_factory=list)
+    publisher: SlicePublisher | None = None
+    state: NodeState | None = None
+    wanted: tuple[SliceSpec, ...] = ()
     placed: dict[int, float] = field(default_factory=dict)
     gone: set[int] = field(default_factory=set)
     live: dict[int, str] = field(default_factory=dict)
@@ -199,19 +170,16 @@ def _ready_node(api: Api, name: str, allocatable: Mapping[str, str]) -> None:
     api.request("PATCH", f"/api/v1/nodes/{name}/status", {"status": status})
 
 
-def _publish(api: Api, run: WayRun, order: list[tuple[int, str, int]]) -> None:
-    run.generation += 1
-    bodies = pool_bodies(run.node, run.product, order, run.generation)
-    if not run.slices:
-        for n, spec in enumerate(bodies):
-            obj = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
-                   "metadata": {"name": f"{run.node}-{n}"}, "spec": spec}  # fmt: skip
-            run.slices.append(api.create("/apis/resource.k8s.io/v1/resourceslices", obj)["metadata"]["name"])
-    else:  # the devices first, then the counters: the pool is complete again at the second write
-        for name, spec in reversed(list(zip(run.slices, bodies, strict=True))):
-            api.request("PATCH", f"/apis/resource.k8s.io/v1/resourceslices/{name}", {"spec": spec})
+def _publish(run: WayRun, specs: tuple[SliceSpec, ...]) -> None:
+    """The agent's publisher writes the pool (blocking) and says whether the API server kept it all."""
+    assert run.publisher is not None
+    if run.wanted:
         run.republished += 1
-    run.order = order
+    run.wanted = specs
+    run.publisher.want(specs)
+    run.publisher.sync()
+    if run.publisher.problems:
+        raise RuntimeError(f"the API server dropped parts of {run.node}'s pool: {run.publisher.problems}")
 
 
 def _pod_body(run: WayRun, pod: TracePod) -> dict[str, Any]:
@@ -255,7 +223,7 @@ def _allocated(api: Api, run: WayRun) -> tuple[str, ...]:
     devices = []
     for claim in listed["items"]:
         results = claim.get("status", {}).get("allocation", {}).get("devices", {}).get("results", [])
-        devices += [r["device"] for r in results if r.get("pool") == run.node]
+        devices += [r["device"] for r in results if r.get("pool") == run.node and r.get("driver") == DRIVER]
     return tuple(sorted(devices))
 
 
@@ -311,11 +279,10 @@ def run_trace(api: Api, pods: Sequence[TracePod], runs: Sequence[WayRun], unit_s
                 allocated = _allocated(api, run)
                 if allocated != run.allocated:
                     run.allocated = allocated
-                    if run.way == "policy":
-                        used = occupancy(run.product, allocated)
-                        order = device_order(run.product, run.profiles, "policy", used)
-                        if order != run.order:
-                            _publish(api, run, order)
+                    if run.way == "policy" and run.state is not None:
+                        specs = ondemand_slices(run.node, run.state, "policy", run.product, allocated)
+                        if specs != run.wanted:
+                            _publish(run, specs)
         while next_sample <= t and next_sample <= last:
             for run in runs:
                 run.samples.append(_largest(run))
@@ -385,7 +352,7 @@ def _scheduler_ready(api: Api, namespace: str, node: str) -> bool:
 
 
 def trace_seed(
-    api: Api, product: Product, spec: TraceSpec, results: Results, unit_s: float = UNIT_S
+    api: Api, kube: ApiClient, product: Product, spec: TraceSpec, results: Results, *, unit_s: float = UNIT_S
 ) -> dict[str, tracesim.Summary]:
     seed = spec.seed
     pods = tracesim.generate(spec)
@@ -409,7 +376,9 @@ def trace_seed(
         )
         run = WayRun(way, node, namespace, product, profiles, static=counts)
         if way != "static":
-            _publish(api, run, device_order(product, profiles, way, [0] * GPUS))
+            run.state = ondemand_node(node, product)
+            run.publisher = SlicePublisher(kube, node, DRIVER)
+            _publish(run, ondemand_slices(node, run.state, way, product))
         runs.append(run)
     run_trace(api, pods, runs, unit_s)
     summaries = {}
@@ -441,12 +410,13 @@ def trace_seed(
 
 
 def bench_trace(tmp: Path, results: Results, seeds: Sequence[int] = DEFAULT_SEEDS, pods: int = 120) -> None:
-    product = default_catalog().product(PRODUCT)
+    product = CATALOG.product(PRODUCT)
     say(f"trace: seeds {', '.join(map(str, seeds))}; {GPUS} x {PRODUCT}; 1 unit = {UNIT_S} s")
     bins = lab.binaries()
     with lab.ControlPlane(base_dir=tmp, bins=bins) as cp:
         daemons = _start_daemons(cp, bins)
         api = Api(cp.server, cp.dir)
+        kube = ApiClient(str(cp.kubeconfig))
         try:
             _device_classes(cp, bins)
             api.create(
@@ -464,7 +434,7 @@ def bench_trace(tmp: Path, results: Results, seeds: Sequence[int] = DEFAULT_SEED
             api.request("PATCH", "/api/v1/nodes/trace-probe", {"spec": {"unschedulable": True}})
             vs_static, vs_plain = [], []
             for seed in seeds:
-                summary = trace_seed(api, product, TraceSpec(seed, pods=pods), results)
+                summary = trace_seed(api, kube, product, TraceSpec(seed, pods=pods), results)
                 vs_static.append(summary["policy"].served / max(1, summary["static"].served))
                 vs_plain.append(summary["policy"].served / max(1, summary["plain"].served))
                 results.add("trace_served_vs_static", vs_static[-1])
@@ -477,5 +447,6 @@ def bench_trace(tmp: Path, results: Results, seeds: Sequence[int] = DEFAULT_SEED
             )
         finally:
             api.close()
+            kube.close()
             for process in reversed(daemons):
                 process.stop()

@@ -5,7 +5,8 @@ A trace is a stream of pods, each asking for one MIG profile: Poisson arrivals, 
 a fixed patience (how long a pod waits for a slice before its owner gives up). Times are in simulated
 units; the real run (``trace``) maps one unit to a short real interval.
 
-The offline replay serves two purposes: choosing the best static layout (every combination over the
+The offline replay (on-demand ways: the agent's placement policy, `sharing.mig.policy`, or plain
+order) serves two purposes: choosing the best static layout (every combination over the
 GPUs of the maximal single-GPU layouts the catalog's placements allow, `layouts`), and a prediction
 printed beside what the real kube-scheduler did. The real figures are the scheduler's, never these.
 """
@@ -21,8 +22,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from sharing.mig import policy
 from sharing.mig.catalog import Product, Profile
-from sharing.mig.plan import Plan, plan_gpu
+from sharing.mig.plan import Placement, Plan, plan_gpu
 
 DEFAULT_MIX: tuple[tuple[str, float], ...] = (
     ("1g.5gb", 0.45),
@@ -119,31 +121,17 @@ def largest_free_count(free: Mapping[str, int], product: Product) -> Profile | N
     return max(held, key=lambda p: (p.compute_slices, p.size), default=None)
 
 
-def best_fit(
-    product: Product, profile: Profile, occupied: Sequence[int], larger: Sequence[Profile]
+def choose(
+    product: Product, way: str, placed: Sequence[Sequence[Placement]], profile: str
 ) -> tuple[int, int] | None:
-    """(GPU, start) for `profile` that removes the fewest free placements of the `larger` profiles;
-    ties go to the fuller GPU, then the lower GPU index and start. None when nothing is free."""
-    best: tuple[tuple[int, int, int, int], tuple[int, int]] | None = None
-    for gpu, mask in enumerate(occupied):
-        for start in free_placements(product, profile, mask):
-            after = mask | _mask(start, profile.size)
-            lost = sum(
-                len(free_placements(product, big, mask)) - len(free_placements(product, big, after))
-                for big in larger
-            )
-            key = (lost, -bin(mask).count("1"), gpu, start)
-            if best is None or key < best[0]:
-                best = (key, (gpu, start))
-    return None if best is None else best[1]
-
-
-def first_fit(product: Product, profile: Profile, occupied: Sequence[int]) -> tuple[int, int] | None:
-    """(GPU, start): the first GPU and the first free placement in placement order (plain order)."""
-    for gpu, mask in enumerate(occupied):
-        starts = free_placements(product, profile, mask)
-        if starts:
-            return gpu, starts[0]
+    """(GPU, start) the scheduler's first fit takes for `profile` when each GPU lists its devices in
+    the agent's policy order (`policy.ranked`) or in plain order (`policy.plain`), GPUs in index
+    order; `placed` holds each GPU's placements in use. None when no GPU has a free placement."""
+    order = policy.ranked if way == "policy" else policy.plain
+    for gpu, held in enumerate(placed):
+        for entry in order(product, held):
+            if entry.free and entry.placement.profile == profile:
+                return gpu, entry.placement.start
     return None
 
 
@@ -267,8 +255,8 @@ class Replay:
     def run(self, pods: Sequence[TracePod]) -> tuple[list[Outcome], list[int]]:
         profiles = sorted({p.profile for p in pods})
         kinds = {p: self.product.require_profile(p) for p in profiles}
-        by_size = sorted(kinds.values(), key=lambda k: (k.compute_slices, k.size))
         occupied = [0] * self.gpus
+        placed_on: list[list[Placement]] = [[] for _ in range(self.gpus)]
         free = dict(self.static)
         events: list[tuple[float, int, int, int]] = []  # (time, order, kind, pod): 0 leave, 1 arrive
         seq = itertools.count()
@@ -289,15 +277,11 @@ class Replay:
                 free[pod.profile] -= 1
                 held[pod.index] = (-1, 0)
             else:
-                larger = [k for k in by_size if (k.compute_slices, k.size) > (kind.compute_slices, kind.size)]
-                spot = (
-                    best_fit(self.product, kind, occupied, larger)
-                    if self.way == "policy"
-                    else first_fit(self.product, kind, occupied)
-                )
+                spot = choose(self.product, self.way, placed_on, pod.profile)
                 if spot is None:
                     return False
                 occupied[spot[0]] |= _mask(spot[1], kind.size)
+                placed_on[spot[0]].append(Placement(pod.profile, spot[1], kind.size))
                 held[pod.index] = spot
             placed[pod.index] = now
             heapq.heappush(events, (now + pod.lifetime, next(seq), 0, pod.index))
@@ -322,6 +306,7 @@ class Replay:
                     free[pod.profile] += 1
                 else:
                     occupied[gpu] &= ~_mask(start, kinds[pod.profile].size)
+                    placed_on[gpu].remove(Placement(pod.profile, start, kinds[pod.profile].size))
             else:
                 waiting.append(pod)
             waiting = [w for w in waiting if w.arrival + w.patience >= now]

@@ -10,7 +10,7 @@ from bench.tracesim import Outcome, TracePod, TraceSpec
 
 from sharing.dra.names import parse_ondemand_name
 from sharing.mig import default_catalog
-from sharing.mig.plan import Plan, plan_gpu
+from sharing.mig.plan import Placement, Plan, plan_gpu
 
 A100 = default_catalog().product("A100-SXM4-40GB")
 MIX = ["1g.5gb", "2g.10gb", "3g.20gb", "7g.40gb"]
@@ -42,19 +42,22 @@ def test_the_largest_placeable_profile_follows_the_used_slots() -> None:
     assert tracesim.largest_placeable(A100, [slots(0, 8)] * 2, MIX) is None
 
 
-def test_best_fit_keeps_the_large_placements_that_first_fit_takes() -> None:
-    one_g = A100.require_profile("1g.5gb")
-    larger = [A100.require_profile(p) for p in MIX[1:]]
-    used = [0, 0]
-    spots = []
-    for _ in range(2):
-        gpu, start = tracesim.best_fit(A100, one_g, used, larger)
-        used[gpu] |= slots(start, 1)
-        spots.append((gpu, start))
-    assert spots == [(0, 6), (0, 4)]
-    assert tracesim.largest_placeable(A100, used[:1], MIX).name == "3g.20gb"
-    assert tracesim.largest_placeable(A100, used, MIX).name == "7g.40gb"
-    assert tracesim.first_fit(A100, one_g, [0, 0]) == (0, 0)
+def test_the_policy_keeps_the_large_placements_that_plain_order_takes() -> None:
+    empty: list[list[Placement]] = [[], []]
+    plain = tracesim.choose(A100, "plain", empty, "1g.5gb")
+    chosen = tracesim.choose(A100, "policy", empty, "1g.5gb")
+    assert plain == (0, 0)
+    assert chosen is not None
+    # 4g.20gb has one placement (slot 0): plain order's first 1g.5gb takes it, the policy's does not.
+    four = A100.require_profile("4g.20gb")
+    assert tracesim.free_placements(A100, four, slots(chosen[1], 1)) == (0,)
+    assert tracesim.free_placements(A100, four, slots(plain[1], 1)) == ()
+
+
+def test_a_gpu_with_no_free_placement_is_passed_over() -> None:
+    full = [[Placement("7g.40gb", 0, 8)], []]
+    assert (tracesim.choose(A100, "policy", full, "3g.20gb") or (-1, -1))[0] == 1
+    assert tracesim.choose(A100, "plain", [[Placement("7g.40gb", 0, 8)]], "1g.5gb") is None
 
 
 def test_static_layouts_are_every_maximal_layout_the_planner_accepts() -> None:
@@ -110,53 +113,37 @@ def test_the_best_static_layout_serves_at_least_any_other_in_the_replay() -> Non
     assert tracesim.replay(A100, 2, "static", pods, tracesim.node_counts(layouts)) == summary
 
 
-@pytest.mark.parametrize("seed", range(5))
-def test_the_published_policy_order_puts_the_best_fit_first(seed: int) -> None:
-    rng = random.Random(seed)
-    used = [0] * trace.GPUS
-    for _ in range(6):  # a random valid occupancy
-        kind, gpu = A100.require_profile(rng.choice(MIX[:3])), rng.randrange(trace.GPUS)
-        if free := tracesim.free_placements(A100, kind, used[gpu]):
-            used[gpu] |= slots(rng.choice(free), kind.size)
-    order = trace.device_order(A100, MIX, "policy", used)
-    for profile in MIX:
-        kind = A100.require_profile(profile)
-        first = next(
-            ((g, s) for g, p, s in order if p == profile and not slots(s, kind.size) & used[g]), None
-        )
-        larger = [A100.require_profile(p) for p in MIX if p != profile and MIX.index(p) > MIX.index(profile)]
-        assert first == tracesim.best_fit(A100, kind, used, larger)
+def test_plain_order_lists_each_gpus_devices_by_profile_then_start() -> None:
+    state = trace.ondemand_node("n", A100)
+    specs = trace.ondemand_slices("n", state, "plain", A100)
+    devices = [d.name for d in specs[1].devices]
+    assert devices[:3] == ["gpu-0-mig-1g-5gb-at-0", "gpu-0-mig-1g-5gb-at-1", "gpu-0-mig-1g-5gb-at-2"]
+    # The same devices as the policy's pool, only in another order; no devices with the counters.
+    policy = trace.ondemand_slices("n", state, "policy", A100)
+    assert [sorted(s.devices, key=lambda d: d.name) for s in specs] == [
+        sorted(s.devices, key=lambda d: d.name) for s in policy
+    ]
+    assert [d.name for d in policy[1].devices] != devices
+    assert specs[0].shared_counters
+    assert not specs[0].devices
 
 
-def test_plain_order_is_gpu_then_profile_then_placement() -> None:
-    order = trace.device_order(A100, MIX, "plain", [0] * trace.GPUS)
-    assert order[:3] == [(0, "1g.5gb", 0), (0, "1g.5gb", 1), (0, "1g.5gb", 2)]
-    assert order[7:10] == [(0, "2g.10gb", 0), (0, "2g.10gb", 2), (0, "2g.10gb", 4)]
-    assert order[13] == (1, "1g.5gb", 0)
+def test_the_policy_pool_follows_the_allocations() -> None:
+    state = trace.ondemand_node("n", A100)
+    before = trace.ondemand_slices("n", state, "policy", A100)
+    after = trace.ondemand_slices("n", state, "policy", A100, ["gpu-0-mig-1g-5gb-at-6"])
+    assert [d.name for d in before[1].devices] != [d.name for d in after[1].devices]
+    assert before[2:] == after[2:]  # the other GPUs' order is unchanged
 
 
-def test_every_published_device_consumes_exactly_its_memory_slices() -> None:
-    order = trace.device_order(A100, MIX, "plain", [0] * trace.GPUS)
-    counters, devices = trace.pool_bodies("n", A100, order, 3)
-    assert "devices" not in counters
-    assert "sharedCounters" not in devices
-    assert {s["name"] for s in counters["sharedCounters"]} == {f"gpu-{g}-counters" for g in range(4)}
-    assert len(devices["devices"]) == 4 * 13 <= 64
-    for device in devices["devices"]:
-        gpu, _, start = parse_ondemand_name(device["name"]) or (-1, "", -1)
-        kind = A100.require_profile(device["attributes"]["profile"]["string"])
-        (consumed,) = device["consumesCounters"]
-        assert consumed["counterSet"] == f"gpu-{gpu}-counters"
-        assert sorted(consumed["counters"]) == sorted(
-            f"memory-slice-{n}" for n in range(start, start + kind.size)
-        )
-    assert trace.occupancy(A100, ["gpu-1-mig-3g-20gb-at-4", "gpu-0-mig-1g-5gb-at-0"]) == [
+def test_occupancy_is_the_slots_of_the_allocated_devices() -> None:
+    assert trace.occupancy(A100, ["gpu-1-mig-3g-20gb-at-4", "gpu-0-mig-1g-5gb-at-0", "other"]) == [
         slots(0, 1),
         slots(4, 4),
         0,
         0,
     ]
-    assert devices["pool"] == counters["pool"] == {"name": "n", "generation": 3, "resourceSliceCount": 2}
+    assert {parse_ondemand_name(n) for n in ("gpu-1-mig-3g-20gb-at-4",)} == {(1, "3g-20gb", 4)}
 
 
 def test_the_timeline_shows_the_smallest_largest_profile_of_each_window() -> None:
