@@ -17,10 +17,14 @@ measures and how:
 - ``restart``: how long an agent restart leaves the kubelet refusing pods that ask for a slice;
 - ``realnode``: pod start with and without a device, label change -> Node allocatable, on a real
   kubelet with the agent as its DaemonSet pod; the node's stop (what the demo's Ctrl-C runs);
-- ``fleet``: N nodes on one API server: converge after a ConfigMap edit, idle API traffic, cost.
+- ``fleet``: N nodes on one API server: converge after a ConfigMap edit, idle API traffic, cost;
+- ``trace``: a seeded MIG workload on four A100s through the real kube-scheduler, three ways (the
+  best static layout on the device-plugin front-end, on-demand in policy order, in plain order).
 
 The plumbing: ``cluster`` (the single-node control plane, harness and agent), ``clients`` (API,
 watches, harness), ``procs`` (processes, /proc figures), ``expect`` (what a config should give,
-computed from the catalog), ``report`` (targets, budgets, table, JSON). A full run takes about
-12 minutes on 2 cores; --quick about 3. Needs root and the Go binaries (built once).
+computed from the catalog), ``tracesim`` (the trace's pure half: trace, layouts, replay,
+statistics), ``report`` (targets, budgets, table, JSON). A full run takes about 12 minutes on 2
+cores plus 7 for ``trace``'s three seeds; --quick about 5 (one seed). Needs root and the Go
+binaries (built once).
 """

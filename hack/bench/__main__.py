@@ -1,12 +1,13 @@
 """``python hack/bench``: run the benchmarks, print the table, optionally write the figures as JSON.
 
-    $(hack/venv.sh)/bin/python hack/bench [--quick] [--json PATH] [--fleet N] [--only PART,...]
+    $(hack/venv.sh)/bin/python hack/bench [--quick] [--json PATH] [--fleet N] [--only PART,...] [--seed N]
 
 Parts, in order: planner, hostile (parsing hostile ConfigMap keys), mutations, listandwatch,
 cluster (startup, reconcile, configmap, allocate, idle, preferred, restart: the API server's),
 agentrestart (the agent's: how long the kubelet refuses pods), realnode, dra (the DRA front-end
 on a real node), fleet, probes (the HTTP port under a flood), resourceslices (the DRA publisher: a
-changed pool until the API server holds it). A part that fails is reported and the others still
+changed pool until the API server holds it), trace (a seeded MIG workload on four A100s, static vs
+on-demand, through the real kube-scheduler). A part that fails is reported and the others still
 run; the exit code is 1
 when any failed. Ctrl-C or SIGTERM stops everything it started.
 """
@@ -45,6 +46,7 @@ from bench import (
     reconcile,
     resourceslices,
     restart,
+    trace,
 )
 from bench.cluster import Cluster, running_cluster
 from bench.report import FULL, QUICK, Budget, Results, as_json, machine, print_table, say
@@ -61,6 +63,7 @@ PARTS = (
     "fleet",
     "probes",
     "resourceslices",
+    "trace",
 )
 
 
@@ -119,7 +122,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--fleet", type=int, metavar="N", help="nodes in the fleet (default 100, --quick 10; 0: none)"
     )
     parser.add_argument("--only", metavar="PARTS", help=f"comma list of parts to run: {', '.join(PARTS)}")
+    parser.add_argument(
+        "--seed", type=int, action="append", metavar="N",
+        help=f"trace: run this seed (repeatable; default {', '.join(map(str, trace.DEFAULT_SEEDS))}; "
+        "--quick: the first)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    seeds = tuple(args.seed) if args.seed else trace.DEFAULT_SEEDS[: 1 if args.quick else None]
     only = set(args.only.split(",")) if args.only else set(PARTS)
     if only - set(PARTS):
         parser.error(
@@ -151,6 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ("fleet", lambda: fleet.bench_fleet(nodes, budget, results) if nodes else None),
             ("probes", lambda: probes.bench_probes(tmp / "probes", budget, results)),
             ("resourceslices", lambda: resourceslices.bench_resourceslices(tmp / "slices", budget, results)),
+            ("trace", lambda: trace.bench_trace(tmp / "trace", results, seeds)),
         ]
         try:
             for name, part in parts:

@@ -74,6 +74,9 @@ TARGETS: dict[str, Target] = {
     "resourceslice_publish_s_p95": Target("s", "-"),
     "dra_pod_start_vs_deviceplugin_p50": Target("x", "<= 1.2", lambda v: v <= 1.2),
     "dra_agent_rss_mb": Target("MB", "< 100 MB", lambda v: v < 100),
+    "trace_served_vs_static": Target("x", ">= 1.3 (median of seeds)", lambda v: v >= 1.3),
+    "trace_served_vs_plain_min": Target("x", ">= 1 (worst seed)", lambda v: v >= 1),
+    "trace_seeds": Target("", ">= 3", lambda v: v >= 3),
 }
 
 
