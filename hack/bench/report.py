@@ -75,6 +75,7 @@ TARGETS: dict[str, Target] = {
     "dra_pod_start_vs_deviceplugin_p50": Target("x", "<= 1.2", lambda v: v <= 1.2),
     "dra_agent_rss_mb": Target("MB", "< 100 MB", lambda v: v < 100),
     "trace_served_vs_static": Target("x", ">= 1.3 (median of seeds)", lambda v: v >= 1.3),
+    "trace_served_vs_hindsight_static": Target("x", "- (median; vs a layout chosen in hindsight)"),
     "trace_served_vs_plain_min": Target("x", ">= 1 (worst seed)", lambda v: v >= 1),
     "trace_seeds": Target("", ">= 3", lambda v: v >= 3),
 }

@@ -4,12 +4,20 @@ One control plane (etcd + kube-apiserver), kube-scheduler (default profile: Dyna
 NodeResourcesFit; backoff capped at 1 s so a retry is not mistaken for a wait) and
 kube-controller-manager's resourceclaim and garbage-collector controllers (they free the claim of a
 deleted pod, as on a real cluster). No kubelet: a pod counts as served when the scheduler binds it.
-Three Ready Node objects, one per way, each with four A100-SXM4-40GB:
+Four Ready Node objects, one per way, each with four A100-SXM4-40GB:
 
-- ``static``: the device-plugin front-end. The node advertises fixed `nvidia.com/mig-<profile>`
-  counts in its allocatable: the best static layout for the trace, found by replaying the trace
-  offline over every combination of the maximal per-GPU layouts the catalog's placements allow
-  (`tracesim.best_static`: most pods served, then lowest mean wait; an upper bound for any preset).
+- ``preset``: the device-plugin front-end with the best shipped preset (profiles/*.yaml, written by
+  hack/gen-presets.py) for the trace. Each preset is resolved for four A100-SXM4-40GB
+  (`tracesim.preset_on`) and the one serving the most pods in an offline replay of the trace wins
+  (`tracesim.best_preset`: the best preset in hindsight, among presets). The node advertises what
+  that preset's device plugin would: `nvidia.com/mig-<profile>` per pre-made instance,
+  `nvidia.com/gpu` per whole GPU. A pod asking for a profile the preset lacks stays Pending until
+  its patience ends (no preset has `7g.40gb`; a whole GPU of all-disabled would serve such a pod
+  only if it asked for `nvidia.com/gpu`, and the trace's pods keep their one spec).
+- ``hindsight``: the same front-end with the best static layout for the trace, found by replaying
+  the trace offline over every combination of the maximal per-GPU layouts the catalog's placements
+  allow (`tracesim.best_static`: most pods served, then lowest mean wait). No operator can choose
+  it ahead: it is an upper bound for any static layout, shipped or not.
 - ``policy``: on-demand, the agent's own pool: `sharing.dra.partitions.partitionable_slices` (a
   counter set per GPU, one device per profile x placement consuming its memory slices, each GPU's
   devices in `sharing.mig.policy.ranked` order), built again with the allocated devices and
@@ -49,6 +57,7 @@ from bench import tracesim
 from bench.clients import Api
 from bench.report import Results, say
 from bench.tracesim import Outcome, TracePod, TraceSpec
+from sharing.config import parse_config
 from sharing.dra.names import DRIVER, parse_ondemand_name, profile_slug
 from sharing.dra.partitions import named, partitionable_slices
 from sharing.kube import ApiClient
@@ -65,7 +74,14 @@ GPUS = 4
 UNIT_S = 0.5
 TICK_S = 0.1
 DEFAULT_SEEDS = (1, 2, 3)
-WAYS: tuple[tracesim.Way, ...] = ("static", "policy", "plain")
+WAYS: tuple[tuple[str, tracesim.Way], ...] = (
+    ("hindsight", "static"),
+    ("preset", "static"),
+    ("policy", "policy"),
+    ("plain", "plain"),
+)
+"""(label, kind) of each way: both static ways replay as pre-made counts."""
+PRESETS = Path(__file__).resolve().parents[2] / "profiles"
 CONTROLLERS = "--controllers=resourceclaim-controller,garbage-collector-controller"
 """Free the claims of deleted pods; no node-lifecycle controller (no kubelet heartbeats here)."""
 CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "gpu-sharing"
@@ -139,6 +155,7 @@ def ondemand_slices(
 class WayRun:
     """One way's node and what happened on it."""
 
+    label: str
     way: tracesim.Way
     node: str
     namespace: str
@@ -241,7 +258,7 @@ def _largest(run: WayRun) -> int:
 def run_trace(api: Api, pods: Sequence[TracePod], runs: Sequence[WayRun], unit_s: float = UNIT_S) -> None:
     """Play the trace on every way's node at once, on one clock."""
     by_name = {p.name: p for p in pods}
-    releases: dict[str, list[tuple[float, int]]] = {r.way: [] for r in runs}
+    releases: dict[str, list[tuple[float, int]]] = {r.label: [] for r in runs}
     arrivals = sorted(pods, key=lambda p: p.arrival)
     created = 0
     last = max(p.arrival + p.patience for p in pods)
@@ -263,9 +280,9 @@ def run_trace(api: Api, pods: Sequence[TracePod], runs: Sequence[WayRun], unit_s
                 if pod.index not in run.placed and pod.index not in run.gone:
                     run.placed[pod.index] = now()
                     run.live[pod.index] = pod.profile
-                    releases[run.way].append((run.placed[pod.index] + pod.lifetime, pod.index))
-            due = [i for when, i in releases[run.way] if when <= t]
-            releases[run.way] = [(w, i) for w, i in releases[run.way] if w > t]
+                    releases[run.label].append((run.placed[pod.index] + pod.lifetime, pod.index))
+            due = [i for when, i in releases[run.label] if when <= t]
+            releases[run.label] = [(w, i) for w, i in releases[run.label] if w > t]
             for index in due:
                 _delete_pod(api, run, pods[index])
                 run.live.pop(index, None)
@@ -351,6 +368,18 @@ def _scheduler_ready(api: Api, namespace: str, node: str) -> bool:
     return any(p["spec"].get("nodeName") == node for p in pods)
 
 
+def shipped_presets(product: Product, directory: Path = PRESETS) -> tuple[tracesim.Preset, ...]:
+    """Every shipped preset as the device plugin would advertise it on this bench's node; presets
+    that advertise the same there are one (`all-balanced` and `a100-mig-h100-time-sliced` on an A100)."""
+    found = []
+    for path in sorted(directory.glob("*.yaml")):
+        for config in parse_config(path.stem, path.read_text(), products=[product.name], catalog=CATALOG):
+            found.append(tracesim.preset_on(config, product, GPUS))
+    if not found:
+        raise RuntimeError(f"no presets in {directory}")
+    return tracesim.merge_same(found)
+
+
 def trace_seed(
     api: Api, kube: ApiClient, product: Product, spec: TraceSpec, results: Results, *, unit_s: float = UNIT_S
 ) -> dict[str, tracesim.Summary]:
@@ -359,22 +388,42 @@ def trace_seed(
     profiles = sorted({p.profile for p in pods})
     say(f"trace {spec.describe()}; drawn: {tracesim.mix_counts(pods)}")
     layouts, predicted, tried = tracesim.best_static(product, GPUS, pods)
-    counts = tracesim.node_counts(layouts)
+    hindsight = tracesim.node_counts(layouts)
     results.note(
-        f"trace seed {seed} static layout",
+        f"trace seed {seed} hindsight layout",
         f"{tracesim.show_layouts(layouts)} (best of {tried} layouts of {GPUS} GPUs by an offline replay of "
         f"the trace: {predicted.served} served offline)",
     )
+    presets = shipped_presets(product)
+    preset, offline_preset = tracesim.best_preset(product, GPUS, pods, presets)
+    ranking = sorted(
+        ((tracesim.replay(product, GPUS, "static", pods, p.mig_counts).served, p.name) for p in presets),
+        key=lambda t: (-t[0], t[1]),
+    )
+    results.note(
+        f"trace seed {seed} best preset",
+        f"{preset.name}: {preset.show()} (best of {len(presets)} shipped presets by an offline replay of "
+        f"the trace: {offline_preset.served} served offline; all: "
+        + ", ".join(f"{name} {served}" for served, name in ranking)
+        + ")",
+    )
     runs = []
-    for way in WAYS:
-        node = f"trace-{seed}-{way}"
-        allocatable = {f"nvidia.com/mig-{p}": str(n) for p, n in counts.items()} if way == "static" else {}
+    for label, way in WAYS:
+        node = f"trace-{seed}-{label}"
+        if label == "hindsight":
+            counts = hindsight
+            allocatable = {f"nvidia.com/mig-{p}": str(n) for p, n in counts.items()}
+        elif label == "preset":
+            counts = preset.mig_counts
+            allocatable = {k: str(n) for k, n in preset.resources.items()}
+        else:
+            counts, allocatable = {}, {}
         _ready_node(api, node, allocatable)
-        namespace = f"trace-{seed}-{way}"
+        namespace = f"trace-{seed}-{label}"
         api.create(
             "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
         )
-        run = WayRun(way, node, namespace, product, profiles, static=counts)
+        run = WayRun(label, way, node, namespace, product, profiles, static=counts)
         if way != "static":
             run.state = ondemand_node(node, product)
             run.publisher = SlicePublisher(kube, node, DRIVER)
@@ -385,8 +434,8 @@ def trace_seed(
     biggest = max(product.require_profile(p).compute_slices for p in profiles)
     for run in runs:
         summary = tracesim.summarize(outcomes(pods, run), run.samples, biggest, product)
-        offline = tracesim.replay(product, GPUS, run.way, pods, counts)
-        summaries[run.way] = summary
+        offline = tracesim.replay(product, GPUS, run.way, pods, run.static)
+        summaries[run.label] = summary
         for key, value in (
             ("served", summary.served),
             ("served_g", summary.served_g),
@@ -396,10 +445,11 @@ def trace_seed(
             ("largest_7g_share", summary.largest_7g_share),
         ):
             if not math.isnan(value):
-                results.add(f"trace_{run.way}_{key}", value)
+                results.add(f"trace_{run.label}_{key}", value)
         extra = f"; slices re-published {run.republished} times" if run.way == "policy" else ""
+        extra += f"; preset {preset.name}" if run.label == "preset" else ""
         results.note(
-            f"trace seed {seed} {run.way}",
+            f"trace seed {seed} {run.label}",
             f"served {summary.served}/{len(pods)} ({summary.served_g}g in all; offline replay: "
             f"{offline.served}), wait mean {summary.wait_mean:.2f} p95 {summary.wait_p95:.2f} units, "
             f"largest placeable mean {summary.largest_mean_g:.2f}g, {biggest}g placeable "
@@ -432,15 +482,20 @@ def bench_trace(tmp: Path, results: Results, seeds: Sequence[int] = DEFAULT_SEED
             api.create("/api/v1/namespaces/probe/pods", probe)
             _wait("the scheduler", lambda: _scheduler_ready(api, "probe", "trace-probe"))
             api.request("PATCH", "/api/v1/nodes/trace-probe", {"spec": {"unschedulable": True}})
-            vs_static, vs_plain = [], []
+            vs_static, vs_hindsight, vs_plain = [], [], []
             for seed in seeds:
                 summary = trace_seed(api, kube, product, TraceSpec(seed, pods=pods), results)
-                vs_static.append(summary["policy"].served / max(1, summary["static"].served))
+                vs_static.append(summary["policy"].served / max(1, summary["preset"].served))
+                vs_hindsight.append(summary["policy"].served / max(1, summary["hindsight"].served))
                 vs_plain.append(summary["policy"].served / max(1, summary["plain"].served))
                 results.add("trace_served_vs_static", vs_static[-1])
+                results.add("trace_served_vs_hindsight_static", vs_hindsight[-1])
             results.add("trace_served_vs_plain_min", min(vs_plain))
             results.add("trace_seeds", len(seeds))
-            results.note("trace policy/static per seed", ", ".join(f"{v:.2f}" for v in vs_static))
+            results.note("trace policy/best preset per seed", ", ".join(f"{v:.2f}" for v in vs_static))
+            results.note(
+                "trace policy/hindsight static per seed", ", ".join(f"{v:.2f}" for v in vs_hindsight)
+            )
             results.note("trace policy/plain per seed", ", ".join(f"{v:.2f}" for v in vs_plain))
             results.note(
                 "ondemand_pod_start_vs_premade_p50", "not measured: needs the real node's on-demand prepare"

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from sharing.config.spec import MigMode, MigStrategy, SharingConfig
 from sharing.mig import policy
 from sharing.mig.catalog import Product, Profile
 from sharing.mig.plan import Placement, Plan, plan_gpu
@@ -339,3 +340,78 @@ def best_static(
     if best is None:
         raise ValueError(f"no static layout of {', '.join(profiles)} fits {product.name}")
     return best[1], best[2], len(candidates)
+
+
+# --- shipped presets -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Preset:
+    """A shipped preset (profiles/<name>.yaml) on a node: the extended resources its device plugin
+    advertises (`nvidia.com/mig-<profile>` per MIG instance with the mixed strategy, `nvidia.com/gpu`
+    per whole GPU or time-sliced replica)."""
+
+    name: str
+    resources: Mapping[str, int]
+
+    @property
+    def mig_counts(self) -> dict[str, int]:
+        """Pre-made MIG instances per profile: what a pod asking `nvidia.com/mig-<profile>: 1` can get.
+        Whole GPUs (`nvidia.com/gpu`) serve none of them: a 7g.40gb pod would have to ask for
+        `nvidia.com/gpu` instead, and the trace's pods do not."""
+        prefix = "nvidia.com/mig-"
+        return {k.removeprefix(prefix): n for k, n in sorted(self.resources.items()) if k.startswith(prefix)}
+
+    def show(self) -> str:
+        return ", ".join(f"{n}x {k}" for k, n in sorted(self.resources.items())) or "nothing"
+
+
+def preset_on(config: SharingConfig, product: Product, gpus: int) -> Preset:
+    """What the device plugin advertises under `config` on `gpus` GPUs of `product` with no
+    instances yet (each GPU matched by its index and catalog name, as the agent does): a MIG rule's
+    instances per profile, a rule with MIG off its GPU whole (times its replicas). A rule with MIG
+    on and no instances, or no rule, advertises nothing for that GPU."""
+    total: Counter[str] = Counter()
+    for index in range(gpus):
+        rule = config.rule_for(index, product.name)
+        if rule is None or rule.mig in (MigMode.UNCHANGED, MigMode.DYNAMIC):
+            continue
+        if rule.rename or config.rename_by_default:
+            raise ValueError(f"preset {config.name}: renamed resources are not modelled by the trace bench")
+        if rule.mig is MigMode.DISABLED:
+            total["nvidia.com/gpu"] += rule.replicas.for_kind("gpu")
+            continue
+        if config.mig_strategy is not MigStrategy.MIXED:
+            raise ValueError(
+                f"preset {config.name}: only the mixed MIG strategy is modelled by the trace bench"
+            )
+        for profile, count in rule.instances:
+            total[f"nvidia.com/mig-{profile}"] += count * rule.replicas.for_kind(profile)
+    return Preset(config.name, dict(sorted(total.items())))
+
+
+def best_preset(
+    product: Product, gpus: int, pods: Sequence[TracePod], presets: Iterable[Preset]
+) -> tuple[Preset, Summary]:
+    """The preset that serves the most pods of the trace in the offline replay (ties: lower mean
+    wait, then the first by name), with its summary. Pods asking for a profile the preset lacks wait
+    and are withdrawn, as on a real node."""
+    best: tuple[tuple[int, float, str], Preset, Summary] | None = None
+    for preset in presets:
+        summary = replay(product, gpus, "static", pods, preset.mig_counts)
+        wait = summary.wait_mean if not math.isnan(summary.wait_mean) else math.inf
+        key = (-summary.served, wait, preset.name)
+        if best is None or key < best[0]:
+            best = (key, preset, summary)
+    if best is None:
+        raise ValueError("no presets to choose from")
+    return best[1], best[2]
+
+
+def merge_same(presets: Iterable[Preset]) -> tuple[Preset, ...]:
+    """Presets that advertise the same resources as one, named `a=b` (names sorted), by name."""
+    names: dict[tuple[tuple[str, int], ...], list[str]] = {}
+    for preset in presets:
+        names.setdefault(tuple(sorted(preset.resources.items())), []).append(preset.name)
+    merged = [Preset("=".join(sorted(n)), dict(k)) for k, n in names.items()]
+    return tuple(sorted(merged, key=lambda p: p.name))

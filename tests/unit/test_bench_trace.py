@@ -8,6 +8,7 @@ import pytest
 from bench import trace, tracesim
 from bench.tracesim import Outcome, TracePod, TraceSpec
 
+from sharing.config import parse_config
 from sharing.dra.names import parse_ondemand_name
 from sharing.mig import default_catalog
 from sharing.mig.plan import Placement, Plan, plan_gpu
@@ -148,3 +149,58 @@ def test_occupancy_is_the_slots_of_the_allocated_devices() -> None:
 
 def test_the_timeline_shows_the_smallest_largest_profile_of_each_window() -> None:
     assert tracesim.timeline([7, 7, 3, 7, 1, 2, 0], every=3) == "310"
+
+
+def preset(name: str) -> tracesim.Preset:
+    text = (trace.PRESETS / f"{name}.yaml").read_text()
+    (config,) = parse_config(name, text, products=[A100.name], catalog=default_catalog())
+    return tracesim.preset_on(config, A100, 4)
+
+
+def test_a_shipped_preset_advertises_its_instances_or_whole_gpus_on_four_a100s() -> None:
+    assert preset("all-balanced").resources == {
+        "nvidia.com/mig-1g.5gb": 8,
+        "nvidia.com/mig-2g.10gb": 4,
+        "nvidia.com/mig-3g.20gb": 4,
+    }
+    assert preset("all-1g").mig_counts == {"1g.5gb": 28}
+    assert preset("all-disabled").resources == {"nvidia.com/gpu": 4}
+    assert preset("all-replicas-4").resources == {"nvidia.com/gpu": 16}
+    assert preset("all-enabled").resources == {}
+
+
+def test_whole_gpus_serve_no_pod_that_asks_for_a_mig_profile() -> None:
+    pods = [TracePod(n, float(n), "7g.40gb", 2.0, 1.0) for n in range(3)]
+    assert preset("all-disabled").mig_counts == {}
+    assert tracesim.replay(A100, 4, "static", pods, preset("all-disabled").mig_counts).served == 0
+
+
+def test_the_shipped_presets_on_an_a100_are_nine_with_balanced_twice_named() -> None:
+    names = [p.name for p in trace.shipped_presets(A100)]
+    assert "a100-mig-h100-time-sliced=all-balanced" in names
+    assert len(names) == len(set(names)) == 9
+
+
+def test_the_best_preset_serves_the_most_pods_of_the_trace() -> None:
+    ones = [TracePod(n, float(n), "1g.5gb", 50.0, 1.0) for n in range(20)]
+    presets = [preset(n) for n in ("all-1g", "all-2g", "all-balanced", "all-disabled")]
+    best, summary = tracesim.best_preset(A100, 4, ones, presets)
+    assert (best.name, summary.served) == ("all-1g", 20)
+    threes = [TracePod(n, float(n), "3g.20gb", 50.0, 1.0) for n in range(20)]
+    best, summary = tracesim.best_preset(A100, 4, threes, [*presets, preset("all-3g")])
+    assert (best.name, summary.served) == ("all-3g", 8)
+
+
+def test_the_best_preset_of_a_trace_serves_no_more_than_the_hindsight_layout() -> None:
+    pods = tracesim.generate(TraceSpec(5, pods=60))
+    # shipped_presets resolves each preset for the bench's four GPUs: the same four here.
+    _, hindsight, _ = tracesim.best_static(A100, 4, pods)
+    _, summary = tracesim.best_preset(A100, 4, pods, trace.shipped_presets(A100))
+    assert summary.served <= hindsight.served
+
+
+def test_equal_presets_are_merged_under_both_names() -> None:
+    a = tracesim.Preset("b", {"nvidia.com/gpu": 4})
+    b = tracesim.Preset("a", {"nvidia.com/gpu": 4})
+    c = tracesim.Preset("c", {})
+    assert tracesim.merge_same([a, b, c]) == (tracesim.Preset("a=b", {"nvidia.com/gpu": 4}), c)
