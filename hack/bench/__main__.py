@@ -6,9 +6,9 @@ Parts, in order: planner, hostile (parsing hostile ConfigMap keys), mutations, l
 cluster (startup, reconcile, configmap, allocate, idle, preferred, restart: the API server's),
 agentrestart (the agent's: how long the kubelet refuses pods), realnode, dra (the DRA front-end
 on a real node), fleet, probes (the HTTP port under a flood), resourceslices (the DRA publisher: a
-changed pool until the API server holds it), trace (a seeded MIG workload on four A100s, static vs
-on-demand, through the real kube-scheduler). A part that fails is reported and the others still
-run; the exit code is 1
+changed pool until the API server holds it), trace (a seeded MIG workload on four A100s: the best
+shipped preset and the best static layout in hindsight vs on-demand, through the real
+kube-scheduler). A part that fails is reported and the others still run; the exit code is 1
 when any failed. Ctrl-C or SIGTERM stops everything it started.
 """
 

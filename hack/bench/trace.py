@@ -490,6 +490,8 @@ def bench_trace(tmp: Path, results: Results, seeds: Sequence[int] = DEFAULT_SEED
                 vs_plain.append(summary["policy"].served / max(1, summary["plain"].served))
                 results.add("trace_served_vs_static", vs_static[-1])
                 results.add("trace_served_vs_hindsight_static", vs_hindsight[-1])
+                for key, value in (("static", vs_static[-1]), ("hindsight_static", vs_hindsight[-1])):
+                    results.add(f"trace_seed{seed}_served_vs_{key}", value)  # per seed in --json
             results.add("trace_served_vs_plain_min", min(vs_plain))
             results.add("trace_seeds", len(seeds))
             results.note("trace policy/best preset per seed", ", ".join(f"{v:.2f}" for v in vs_static))
