@@ -7,6 +7,11 @@ kube-proxy in private namespaces; the fake driver under its driver root /run/nvi
 2x A100-SXM4-40GB + 2x H100 80GB HBM3), labels it with a preset, installs the chart (DaemonSet
 `gpu-sharing` in namespace `gpu-sharing`: the real pynvml over the node's libnvidia-ml.so.1), waits
 for the slices on the Node, and starts a pod that requests `nvidia.com/mig-1g.5gb: 1`.
+With --dra the node is then switched to the DRA front-end (the chart's `dra.enabled`, the node's label
+`nvidia.com/gpu-sharing.frontend=dra`): the pool's ResourceSlices are printed, and three pods get
+their devices through claims: a whole GPU (class gpu.nvidia.com), a MIG device (class mig.nvidia.com,
+CEL on its profile), and `nvidia.com/mig-1g.5gb: 1` in `resources.limits`, served through the
+profile's DeviceClass (its extendedResourceName).
 Without --detach it stays up until Ctrl-C; --down stops what a detached run left running.
 """
 
@@ -121,10 +126,119 @@ def up() -> RealNode:
     return node
 
 
+FRONTEND_LABEL = "nvidia.com/gpu-sharing.frontend"
+DRA_OBJECTS = """apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: whole-gpu, namespace: default}
+spec:
+  devices:
+    requests: [{name: gpu, exactly: {deviceClassName: gpu.nvidia.com}}]
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: small-mig, namespace: default}
+spec:
+  devices:
+    requests:
+      - name: mig
+        exactly:
+          deviceClassName: mig.nvidia.com
+          selectors: [{cel: {expression: "device.attributes['gpu.nvidia.com'].profile == '1g.5gb'"}}]
+"""
+DRA_POD = """apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, namespace: default}}
+spec:
+  restartPolicy: Never
+  {claims}
+  containers:
+    - name: main
+      image: localhost/toolbox:1
+      imagePullPolicy: IfNotPresent
+      command: [sleep, "1000000"]
+      resources: {resources}
+"""
+
+
+def dra(node: RealNode) -> None:
+    """Switch the node to DRA and show three pods served through claims."""
+
+    def kubectl(*args: str) -> str:
+        return node.kubectl(*args, check=True).stdout
+
+    say("deleting pod mig-demo: a node switches front-ends once nothing the old one handed out is held")
+    kubectl("delete", "pod", "mig-demo", "--timeout=60s")
+    say("upgrading the chart with dra.enabled (DeviceClasses, RBAC, the kubelet's plugin dirs mounted)")
+    Helm(node.kubeconfig).upgrade_install(lab_values(dra={"enabled": True}))
+    say(f"labelling {NODE} with {FRONTEND_LABEL}=dra")
+    kubectl("label", "node", NODE, f"{FRONTEND_LABEL}=dra", "--overwrite")
+
+    def pool() -> list[dict[str, object]]:
+        items = json.loads(kubectl("get", "resourceslices", "-o", "json"))["items"]
+        return [d for s in items if s["spec"].get("nodeName") == NODE for d in s["spec"].get("devices", [])]
+
+    started = time.monotonic()
+    wait("the node's ResourceSlices", lambda: len(pool()) >= 6)
+    say(f"ResourceSlices published {time.monotonic() - started:.0f}s after the label")
+    print(kubectl("get", "resourceslices", "-o", "yaml"))
+    print(kubectl("get", "deviceclasses"))
+    node.kubectl("apply", "-f", "-", input=DRA_OBJECTS, check=True)
+    pods = {
+        "gpu-claim-demo": (
+            "resourceClaims: [{name: gpu, resourceClaimName: whole-gpu}]",
+            "{claims: [{name: gpu}]}",
+        ),
+        "mig-claim-demo": (
+            "resourceClaims: [{name: mig, resourceClaimName: small-mig}]",
+            "{claims: [{name: mig}]}",
+        ),
+        "mig-limits-demo": ("", "{limits: {nvidia.com/mig-1g.5gb: 1}}"),
+    }
+    for name, (claims, resources) in pods.items():
+        say(f"starting pod {name}: {claims or resources}")
+        node.kubectl(
+            "apply",
+            "-f",
+            "-",
+            input=DRA_POD.format(name=name, claims=claims, resources=resources),
+            check=True,
+        )
+    for name in pods:
+        try:
+            wait(
+                f"pod {name} Running",
+                lambda name=name: kubectl("get", "pod", name, "-o", "jsonpath={.status.phase}") == "Running",
+                90,
+            )
+        except ClusterError:
+            print(kubectl("describe", "pod", name), file=sys.stderr)
+            raise
+    print(kubectl("get", "resourceclaims", "-o", "wide"))
+    exported = json.loads(
+        kubectl("-n", NAMESPACE, "exec", f"ds/{RELEASE}", "--", "sharing", "export", "--json")
+    )
+    where = {g["uuid"]: f"GPU {g['index']} ({g['product']}), the whole GPU" for g in exported["gpus"]}
+    where |= {
+        i["uuid"]: f"GPU {g['index']} ({g['product']}), MIG {i['profile']} at slice {i['start']}"
+        for g in exported["gpus"]
+        for i in g["instances"]
+        if i["uuid"]
+    }
+    for name in pods:
+        env = kubectl("exec", name, "--", "env").splitlines()
+        seen = [line.partition("=")[2] for line in env if line.startswith("GPU_SHARING_DEVICE_")]
+        for uuid in seen:
+            print(f"pod {name} sees {uuid}\n  = {where.get(uuid, 'not a device of this node?!')}")
+    print(kubectl("get", "resourceclaim", "small-mig", "-o", "yaml"))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description="gpu-sharing demo on a real single-node Kubernetes")
     parser.add_argument("--detach", action="store_true", help="return once the pod runs with its slice")
     parser.add_argument("--down", action="store_true", help="stop a detached demo")
+    parser.add_argument(
+        "--dra", action="store_true", help="then switch the node to DRA and run pods through claims"
+    )
     args = parser.parse_args()
     if args.down:
         try:
@@ -141,6 +255,8 @@ def main() -> int:
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         node = up()
+        if args.dra:
+            dra(node)
         if not args.detach:
             # From here on a stop signal waits for `sigwait` below instead of raising wherever the
             # code is: a KeyboardInterrupt raised between two statements outside the `try` that

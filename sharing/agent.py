@@ -17,12 +17,23 @@ import asyncio
 import contextlib
 import os
 import time
+from collections.abc import Mapping
 
 import structlog
 
 from sharing import __version__
-from sharing.config import Failed, MigStrategy, Selected, SharingConfig, select_config
+from sharing.config import (
+    Failed,
+    Frontend,
+    MigStrategy,
+    Selected,
+    SharingConfig,
+    choose_frontend,
+    select_config,
+)
 from sharing.deviceplugin import Fleet
+from sharing.devices import Inventory
+from sharing.dra.names import DRIVER
 from sharing.errors import SharingError
 from sharing.gpu import GpuBackend
 from sharing.gpu.mps import CONTROL, MpsDaemons
@@ -33,6 +44,14 @@ from sharing.mig import Catalog
 from sharing.model import NodeState
 from sharing.ops import ConfigStatus, HttpServer, Metrics, Reporter
 from sharing.rollout import Drainer, Retry, Rollout, Verdict, follow_health, held_back
+from sharing.rollout.frontend import (
+    DraFrontend,
+    claim_holders,
+    device_plugin_holders,
+    remember,
+    remembered,
+    switch_waits,
+)
 from sharing.settings import Settings
 from sharing.store import Journal
 from sharing.text import bounded
@@ -57,13 +76,20 @@ class Agent:
         fleet: Fleet,
         catalog: Catalog,
         pod_resources: PodResourcesClient | None = None,
+        dra: DraFrontend | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.settings = settings
         self.kube = kube
         self.backend = backend
         self.fleet = fleet
         self.catalog = catalog
-        self.metrics = Metrics(__version__)
+        self.dra = dra
+        self.metrics = metrics or Metrics(__version__)
+        self._frontend_file = settings.journal.with_name("frontend")
+        self.serving = remembered(self._frontend_file) or Frontend.DEVICE_PLUGIN
+        """The front-end in service (as before a restart; device plugins for an agent that had no choice)."""
+        self._frontend_said: tuple[str, str] | None = None
         self.mps = MpsDaemons(settings.mps_root, settings.driver_root / CONTROL, backend.set_compute_mode)
         self.rollout = Rollout(
             backend=backend,
@@ -72,6 +98,12 @@ class Agent:
             journal=Journal(settings.journal),
             pod_resources=pod_resources,
             bound_pods=lambda: asyncio.to_thread(kube.list_node_pods, settings.node_name),
+            claims=(
+                (lambda: asyncio.to_thread(kube.list_pool_claims, DRIVER, settings.node_name))
+                if dra is not None
+                else None
+            ),
+            dra=dra,
             injection=settings.injection(),
             cdi_spec_dir=settings.cdi_spec_dir,
             metrics=self.metrics,
@@ -117,7 +149,8 @@ class Agent:
             serving.enter_context(self.rollout.journal.serving())
         except SharingError as err:  # the journal's own fault, said by every reconcile: keep serving
             log.error("agent_lock_not_held", error=bounded(str(err)))
-        await self.fleet.start()
+        self.rollout.frontend = self.serving
+        await self._start_frontend(self.serving)
         http = HttpServer(self.settings.http_port, self.report.routes()) if self.settings.http_port else None
         if http is not None:
             try:
@@ -126,6 +159,7 @@ class Agent:
                 log.error("http_not_served", error=str(err))
                 http = None
         self.report.alive = self._alive
+        self.report.frontend = self._frontend_health
         await self._recall()
         self.node.start(self.trigger)
         self.sources.start(self.trigger)
@@ -152,7 +186,7 @@ class Agent:
             await asyncio.gather(*self._tasks, return_exceptions=True)
             if http is not None:
                 await http.stop()
-            await self.fleet.stop()
+            await self._stop_frontend(self.serving)
             await self.backend.close()
             serving.close()
             log.info("agent_stopped")
@@ -162,6 +196,19 @@ class Agent:
         return ConfigStatus(
             self._selected[0], self._selected[1], state, self._in_effect(), self.node_out.last_change
         )
+
+    def _frontend_health(self) -> tuple[bool, str]:
+        """Whether the front-end in service runs, and why it is not ready ("": it is)."""
+        if self.serving is Frontend.DEVICE_PLUGIN:
+            waiting = [p.resource for p in self.fleet.status() if not p.registered]
+            ready = self.fleet.ready
+            return (
+                self.fleet.alive,
+                "" if ready else f"not registered with the kubelet: {', '.join(waiting) or 'pending'}",
+            )
+        if self.dra is None:
+            return True, ""
+        return self.dra.health()
 
     def _alive(self) -> bool:
         return bool(self._tasks) and not any(t.done() for t in self._tasks[:2])
@@ -213,7 +260,7 @@ class Agent:
         """A cheap look (who holds what, processes) at whether a blocker has gone."""
         try:
             observed = await self.backend.observe()
-            holders = await self.rollout.holders()
+            holders = await self.rollout.holders(node=observed)
         except SharingError:
             return False
         if any(not (g := observed.gpu(u)) or not g.busy for u in self.rollout.mps_blocked):
@@ -279,6 +326,9 @@ class Agent:
                 await self._serve_remembered()
             return Verdict(None)
         observed = await self.backend.observe()
+        waits, refused = await self._serve_frontend(node.labels, observed)
+        if waits is not None:
+            return await self._report_frontend(waits)
         configs = await self.sources.configs(observed)
         await self.node_out.labels_disagree(
             node.labels, self.settings.config_label, self.settings.fallback_label
@@ -311,8 +361,94 @@ class Agent:
             verdict = Verdict(None)
             self._selected = (None, selection.reason)
             await self.sources.remember(None)
+        if refused and verdict.state is not ConfigState.FAILED:
+            verdict = Verdict(
+                ConfigState.FAILED, "FrontendRejected", refused, refused, verdict.changed, verdict.retry,
+                verdict.blockers,
+            )  # fmt: skip
         verdict = await self._advertise(observed, config, verdict)
         await self.drain.after(verdict, self.rollout.holders)
+        return verdict
+
+    # --- the front-end ------------------------------------------------------------------------
+
+    async def _serve_frontend(
+        self, labels: Mapping[str, str], observed: NodeState
+    ) -> tuple[Verdict | None, str]:
+        """Serve through the front-end the node asks for: (a verdict while a switch waits, why the
+        node's choice is refused or "")."""
+        default = self.settings.default_frontend()
+        choice = choose_frontend(labels, default, label=self.settings.frontend_label)
+        refused = choice.error and f"{choice.error}; the node stays on the {self.serving.value} front-end"
+        wanted = choice.frontend or self.serving
+        if wanted is Frontend.DRA and self.dra is None:
+            refused = (
+                f"{choice.source} asks for the dra front-end, which this agent does not have; the node"
+                f" stays on the {self.serving.value} front-end"
+            )
+            wanted = self.serving
+        if wanted is self.serving:
+            return None, refused
+        waits = await self._switch(wanted, observed)
+        return waits, refused
+
+    async def _switch(self, to: Frontend, observed: NodeState) -> Verdict | None:
+        """Withdraw the front-end in service and confirm it free, then start `to`; a verdict while not."""
+        old = self.serving
+        log.info("frontend_switching", to=to.value, frm=old.value)
+        everything = frozenset(
+            {g.uuid for g in observed.gpus} | {ci.uuid for g in observed.gpus for _, ci in g.mig_devices}
+        )
+        if old is Frontend.DRA and self.dra is not None:
+            problem = await self.dra.withdraw()  # the slices deleted, not only emptied
+            self.rollout.advertised = Inventory()
+        else:
+            problem = await self.rollout.withdraw_all(everything)
+        holders = await self.rollout.holders(node=observed)
+        if problem or holders.unknown:
+            return switch_waits(to, (), problem or holders.unknown)
+        if old is Frontend.DEVICE_PLUGIN:
+            held, uuids = device_plugin_holders(holders)
+        else:
+            held, uuids = claim_holders(holders)
+        if held:
+            # Prepared but no longer allocated has no device to watch: looked at again after a backoff.
+            return switch_waits(to, held, blockers=uuids)
+        await self._stop_frontend(old)
+        self.serving = to
+        self.rollout.frontend = to
+        self.rollout.advertised = Inventory()
+        await self._start_frontend(to)
+        await remember(self._frontend_file, to)
+        log.info("frontend_switched", to=to.value)
+        await self.node_out.event(
+            "Normal",
+            "FrontendSwitched",
+            f"the node's devices are now served through the {to.value} front-end",
+        )
+        self._frontend_said = None
+        return None
+
+    async def _start_frontend(self, frontend: Frontend) -> None:
+        if frontend is Frontend.DRA and self.dra is not None:
+            await self.dra.start()
+        elif frontend is Frontend.DEVICE_PLUGIN:
+            await self.fleet.start()
+
+    async def _stop_frontend(self, frontend: Frontend) -> None:
+        if frontend is Frontend.DRA and self.dra is not None:
+            await self.dra.stop()
+        elif frontend is Frontend.DEVICE_PLUGIN:
+            await self.fleet.stop()
+
+    async def _report_frontend(self, verdict: Verdict) -> Verdict:
+        """The state label and, when it is news, the Event of a switch that waits."""
+        await self.node_out.set_state(ConfigState.FAILED)
+        said = (verdict.reason, verdict.subject)
+        if said != self._frontend_said:
+            self._frontend_said = said
+            log.warning("frontend_switch_waits", message=bounded(verdict.message))
+            await self.node_out.event("Warning", verdict.reason, verdict.message)
         return verdict
 
     async def _recall(self) -> None:

@@ -175,3 +175,17 @@ class BoundPod:
     name: str
     resources: frozenset[str]
     """The resources its containers (init containers too) request or limit."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimAllocation:
+    """A ResourceClaim the scheduler allocated devices of one driver's pool to (resource.k8s.io/v1
+    `status.allocation.devices.results`), and the pods it is reserved for (`status.reservedFor`)."""
+
+    namespace: str
+    name: str
+    uid: str
+    devices: tuple[str, ...]
+    """The names of the pool's devices allocated to it."""
+    pods: tuple[str, ...] = ()
+    """`namespace/name` of the pods using it."""

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from sharing.config.frontend import FRONTEND_LABEL, Frontend, parse_frontend
 from sharing.devices import (
     APPLICATION_XIDS,
     DEFAULT_MPS_ROOT,
@@ -38,6 +39,11 @@ class Settings:
     """MIG strategy of imported NVIDIA device-plugin configs that name none (NVIDIA's MIG_STRATEGY)."""
     config_label: str = "nvidia.com/device-plugin.config"
     fallback_label: str = "nvidia.com/mig.config"
+    frontend: str = "deviceplugin"
+    """How the node's devices reach pods: deviceplugin or dra (the label below overrides it per node)."""
+    frontend_label: str = FRONTEND_LABEL
+    dra: bool = False
+    """Serve DRA where a node asks for it (the chart's dra.enabled); on anyway with frontend dra."""
     backend: str = "nvml"
     driver_root: Path = Path("/")
     """Where the NVIDIA driver's files are (NVIDIA's driverRoot): <root>/usr/lib/.../libnvidia-ml.so.1,
@@ -75,6 +81,15 @@ class Settings:
     holders_localhost_only: bool = False
     """Serve /status and the slice_owner_info metric (the pods holding each GPU) to 127.0.0.1 only."""
     log_format: str = "auto"
+
+    @property
+    def dra_available(self) -> bool:
+        """Whether the agent brings its DRA front-end."""
+        return self.dra or self.frontend.strip() == Frontend.DRA.value
+
+    def default_frontend(self) -> Frontend:
+        """The front-end of a node without the label; ValueError names a bad one."""
+        return parse_frontend(self.frontend)
 
     def injection(self) -> Injection:
         """The device-list and device-ID strategies; ValueError names a bad one."""
@@ -115,6 +130,9 @@ _OPTIONS: dict[str, str] = {
     ),
     "config_label": "node label that names the config",
     "fallback_label": "label used when the first is absent",
+    "frontend": "how the devices reach pods: deviceplugin or dra (a node's label overrides it)",
+    "frontend_label": "node label that overrides the front-end (deviceplugin or dra)",
+    "dra": "the DRA front-end can serve a node whose label asks for it (true/false; on with --frontend dra)",
     "backend": "GPU backend: nvml",
     "driver_root": "where the NVIDIA driver's files are (libnvidia-ml.so.1, /dev/nvidia*): / or its mount",
     "host_driver_root": "the node's path of the driver root, for CDI host paths (default: the driver root)",
@@ -206,6 +224,10 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] = os.environ)
             f"--default-mig-strategy / SHARING_DEFAULT_MIG_STRATEGY: {settings.default_mig_strategy!r} "
             "is not none, single or mixed"
         )
+    try:
+        settings.default_frontend()
+    except ValueError as err:
+        raise ValueError(f"--frontend / SHARING_FRONTEND: {err}") from err
     try:
         settings.injection()
     except ValueError as err:

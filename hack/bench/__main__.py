@@ -4,10 +4,10 @@
 
 Parts, in order: planner, hostile (parsing hostile ConfigMap keys), mutations, listandwatch,
 cluster (startup, reconcile, configmap, allocate, idle, preferred, restart: the API server's),
-agentrestart (the agent's: how long the kubelet refuses pods), realnode, fleet, probes (the HTTP
-port under a flood), resourceslices (the DRA publisher: a changed pool until the API server holds
-it). A part that fails is reported and the others still run; the exit code is 1
-when any failed. Ctrl-C or SIGTERM stops everything it started.
+agentrestart (the agent's: how long the kubelet refuses pods), realnode, dra (the DRA front-end
+on a real node), fleet, probes (the HTTP port under a flood), resourceslices (the DRA publisher: a
+changed pool until the API server holds it). A part that fails is reported and the others still
+run; the exit code is 1 when any failed. Ctrl-C or SIGTERM stops everything it started.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import structlog
 from bench import (
     agentrestart,
     allocate,
+    dra,
     fleet,
     hostile,
     idle,
@@ -55,6 +56,7 @@ PARTS = (
     "cluster",
     "agentrestart",
     "realnode",
+    "dra",
     "fleet",
     "probes",
     "resourceslices",
@@ -144,6 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ("cluster", lambda: cluster_parts(tmp / "cluster", budget, results)),
             ("agentrestart", lambda: agentrestart_part(tmp / "agentrestart", budget, results)),
             ("realnode", lambda: realnode.bench_real_node(budget, results)),
+            ("dra", lambda: dra.bench_dra(budget, results)),
             ("fleet", lambda: fleet.bench_fleet(nodes, budget, results) if nodes else None),
             ("probes", lambda: probes.bench_probes(tmp / "probes", budget, results)),
             ("resourceslices", lambda: resourceslices.bench_resourceslices(tmp / "slices", budget, results)),

@@ -36,25 +36,44 @@ def run(args: argparse.Namespace) -> int:
 
 async def _serve(config: settings.Settings) -> None:
     # Imported here: the other commands should not pay for grpc and the kubernetes client.
+    from sharing import __version__
     from sharing.agent import Agent
     from sharing.deviceplugin import AllocationPolicy, Fleet, FleetSettings
     from sharing.gpu import open_backend
     from sharing.kube import ApiClient
     from sharing.kubelet import PodResourcesClient
     from sharing.mig import default_catalog
+    from sharing.ops import Metrics
 
     catalog = default_catalog()
     config.journal.parent.mkdir(parents=True, exist_ok=True)
+    kube = ApiClient(config.kubeconfig)
+    backend = open_backend(
+        config.backend,
+        catalog,
+        driver_root=config.driver_root,
+        host_driver_root=config.host_driver_root,
+        ignored_xids=config.ignored_xids,
+    )
+    metrics = Metrics(__version__)
+    dra = None
+    if config.dra_available:
+        from sharing.dra import DraPaths
+        from sharing.dra.frontend import DraFrontEnd
+
+        dra = DraFrontEnd(
+            kube=kube,
+            node_name=config.node_name,
+            files=backend.device_files,
+            cdi_dir=config.cdi_spec_dir,
+            catalog=catalog,
+            paths=DraPaths(config.kubelet_plugins_dir, config.kubelet_registry_dir),
+            recorder=metrics,
+        )
     agent = Agent(
         config,
-        kube=ApiClient(config.kubeconfig),
-        backend=open_backend(
-            config.backend,
-            catalog,
-            driver_root=config.driver_root,
-            host_driver_root=config.host_driver_root,
-            ignored_xids=config.ignored_xids,
-        ),
+        kube=kube,
+        backend=backend,
         fleet=Fleet(
             FleetSettings(
                 plugin_dir=config.device_plugin_dir,
@@ -65,6 +84,8 @@ async def _serve(config: settings.Settings) -> None:
         ),
         catalog=catalog,
         pod_resources=PodResourcesClient(config.pod_resources_socket),
+        dra=dra,
+        metrics=metrics,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

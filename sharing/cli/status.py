@@ -97,12 +97,24 @@ async def _observed(args: argparse.Namespace) -> dict[str, Any]:
     return document
 
 
+def _held_by(entry: dict[str, Any]) -> str:
+    """The pod holding a slice (device plugins), or the claims allocated it with their pods (DRA)."""
+    if entry.get("pod"):
+        return f"{entry['pod']['namespace']}/{entry['pod']['pod']}/{entry['pod']['container']}"
+    claims = [
+        f"claim {c['namespace']}/{c['name']}" + (f" (pod {', '.join(c['pods'])})" if c["pods"] else "")
+        for c in entry.get("claims") or ()
+    ]
+    return "; ".join(claims) or "-"
+
+
 def describe(status: dict[str, Any]) -> str:
     """A table per GPU for people, under a header with the config and the last change."""
     config = status.get("config", {})
     lines = [
         f"node {status.get('node') or '(unknown)'}: config {config.get('selected') or '(none)'}"
-        + (f" ({config['source']})" if config.get("source") else ""),
+        + (f" ({config['source']})" if config.get("source") else "")
+        + (f"; front-end {status['frontend']}" if status.get("frontend") else ""),
         f"state {config.get('state') or '(unknown)'}; "
         f"in effect: {', '.join(config.get('inEffect') or []) or '(none)'}",
     ]
@@ -139,7 +151,7 @@ def describe(status: dict[str, Any]) -> str:
                 s["id"],
                 s.get("profile") or "-",
                 s["health"],
-                f"{s['pod']['namespace']}/{s['pod']['pod']}/{s['pod']['container']}" if s["pod"] else "-",
+                _held_by(s),
             )
             for s in gpu["slices"]
         ]

@@ -17,6 +17,7 @@ from typing import Any
 
 from sharing.config.check import DraftConfig, finish
 from sharing.config.document import MAX_BYTES, MAX_CONFIG_BYTES, describe, load_document
+from sharing.config.frontend import FRONTEND_LABEL, Frontend, FrontendChoice, choose_frontend, parse_frontend
 from sharing.config.migparted import is_migparted, read_migparted
 from sharing.config.native import read_native
 from sharing.config.node import NodeGpu, node_from_gpus, node_from_names
@@ -41,9 +42,12 @@ from sharing.model import Gpu
 
 __all__ = [
     "CONFIGMAP",
+    "FRONTEND_LABEL",
     "MAX_BYTES",
     "ConfigSet",
     "Failed",
+    "Frontend",
+    "FrontendChoice",
     "GpuIdentity",
     "InvalidConfigError",
     "MigMode",
@@ -58,12 +62,14 @@ __all__ = [
     "Selector",
     "Sharing",
     "SharingConfig",
+    "choose_frontend",
     "identity",
     "load_yaml",
     "node_from_names",
     "parse_config",
     "parse_configmap",
     "parse_file",
+    "parse_frontend",
     "select_config",
     "target_for",
 ]

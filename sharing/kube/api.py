@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from sharing.errors import KubeError
-from sharing.model import BoundPod
+from sharing.model import BoundPod, ClaimAllocation
 
 
 class GoneError(KubeError):
@@ -228,6 +228,9 @@ class KubeClient(Protocol):
 
     def get_resource_claim(self, namespace: str, name: str) -> ResourceClaimObject:
         """Read a ResourceClaim (resource.k8s.io/v1); NotFoundError when there is none."""
+
+    def list_pool_claims(self, driver: str, pool: str) -> tuple[ClaimAllocation, ...]:
+        """The ResourceClaims that have devices of this driver's pool allocated."""
         ...
 
     def list_resource_slices(self, driver: str, node: str) -> tuple[ResourceSliceObject, ...]:

@@ -45,7 +45,7 @@ from sharing.kube.api import (
     WatchBrokenError,
     WatchEvent,
 )
-from sharing.model import BoundPod
+from sharing.model import BoundPod, ClaimAllocation
 from sharing.text import bounded
 
 MERGE_PATCH = "application/merge-patch+json"
@@ -162,6 +162,18 @@ class ApiClient:
             return _resource_claim(obj)
         except (TypeError, ValueError, AttributeError, KeyError) as err:
             raise KubeError(f"{what}: not a ResourceClaim as resource.k8s.io/v1 writes it ({err})") from err
+
+    def list_pool_claims(self, driver: str, pool: str) -> tuple[ClaimAllocation, ...]:
+        """The ResourceClaims (every namespace) with devices of `driver`'s pool `pool` allocated.
+
+        No field selector reaches into `status.allocation` (resource.k8s.io/v1 ResourceClaim has
+        none), so every claim is listed and the allocation results are read here.
+        """
+        answer = self._json(
+            f"list ResourceClaims for pool {pool}", "GET", "/apis/resource.k8s.io/v1/resourceclaims"
+        )
+        claims = (_claim_allocation(item, driver, pool) for item in answer.get("items") or ())
+        return tuple(c for c in claims if c is not None)
 
     def list_resource_slices(self, driver: str, node: str) -> tuple[ResourceSliceObject, ...]:
         """The ResourceSlices of `driver` on `node`."""
@@ -365,6 +377,25 @@ def _bound_pod(obj: Mapping[str, Any]) -> BoundPod:
         for name in ((c.get("resources") or {}).get(kind) or {})
     }
     return BoundPod(meta.get("namespace", ""), meta.get("name", ""), frozenset(resources))
+
+
+def _claim_allocation(obj: Mapping[str, Any], driver: str, pool: str) -> ClaimAllocation | None:
+    meta, status = obj.get("metadata") or {}, obj.get("status") or {}
+    results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or ()
+    devices = tuple(
+        str(r.get("device", ""))
+        for r in results
+        if r.get("driver") == driver and r.get("pool") == pool and r.get("device")
+    )
+    if not devices:
+        return None
+    namespace = meta.get("namespace", "")
+    pods = tuple(
+        f"{namespace}/{r.get('name', '')}"
+        for r in status.get("reservedFor") or ()
+        if r.get("resource") == "pods"
+    )
+    return ClaimAllocation(namespace, meta.get("name", ""), meta.get("uid", ""), devices, pods)
 
 
 def _configmap(obj: Mapping[str, Any]) -> ConfigMapObject:

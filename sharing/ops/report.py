@@ -58,6 +58,8 @@ class Reporter:
         self.config = config
         """The config side of the status, from the agent."""
         self.alive: Callable[[], bool] = lambda: True
+        self.frontend: Callable[[], tuple[bool, str]] | None = None
+        """The front-end in service: (its servers run, why it is not ready or ""); None: the fleet."""
         self.advertised = False
         """True once the agent advertised what the hardware has (readiness needs it)."""
         self.holders_localhost_only = holders_localhost_only
@@ -102,20 +104,25 @@ class Reporter:
                 )
                 for d in daemons
             },
+            claims=holders.claims,
+            frontend=self.rollout.frontend.value,
         )
         self.metrics.snapshot(document, ((p.resource, p.registered) for p in self.fleet.status()))
         self._cached = (loop.time(), document)
         return document
 
     async def _healthz(self, request: Request) -> Answer:
-        if self.alive() and self.fleet.alive:
+        serving = self.fleet.alive if self.frontend is None else self.frontend()[0]
+        if self.alive() and serving:
             return Answer(200, b"ok\n")
         return Answer(503, b"a loop of the agent has stopped\n")
 
     async def _readyz(self, request: Request) -> Answer:
         if not self.advertised:
             return Answer(503, b"not advertised yet\n")
-        if not self.fleet.ready:
+        if self.frontend is not None and (why := self.frontend()[1]):
+            return Answer(503, f"{why}\n".encode())
+        if self.frontend is None and not self.fleet.ready:
             waiting = [p.resource for p in self.fleet.status() if not p.registered]
             return Answer(
                 503, f"not registered with the kubelet: {', '.join(waiting) or 'pending'}\n".encode()

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sharing.devices import REPLICA_SEPARATOR, Device, Inventory
+from sharing.dra.holds import ClaimHold
 from sharing.model import Gpu, GpuUuid, Holding, NodeState
 
 
@@ -42,11 +43,14 @@ def status_document(
     holders_error: str = "",
     unhealthy: frozenset[str] = frozenset(),
     mps: Mapping[GpuUuid, Mapping[str, Any]] | None = None,
+    claims: Sequence[ClaimHold] = (),
+    frontend: str = "deviceplugin",
 ) -> dict[str, Any]:
     """The status of a node; `holders` None means they could not be read (`holders_error` says why).
 
     `unhealthy` names the GPUs a health event (XID) took down and that have not recovered; `mps`, per
-    GPU UUID, its MPS control daemon (`mps_daemon`), for the GPUs shared with MPS.
+    GPU UUID, its MPS control daemon (`mps_daemon`), for the GPUs shared with MPS; `claims` are the
+    ResourceClaims holding devices (DRA front-end), each shown beside its devices.
     """
     owners = _owners(holders or ())
     profiles = {ci.uuid: gi.profile for g in node.gpus for gi, ci in g.mig_devices}
@@ -55,9 +59,15 @@ def status_document(
         for device in devices:
             entry = _slice(resource, device, owners.get(device.id))
             entry["profile"] = profiles.get(device.mig_uuid) if device.mig_uuid else None
+            entry["claims"] = [
+                {"namespace": c.namespace, "name": c.name, "pods": list(c.pods)}
+                for c in sorted(claims, key=lambda c: (c.namespace, c.name))
+                if device.uuid in c.uuids
+            ]
             slices.setdefault(device.gpu_uuid, []).append(entry)
     return {
         "node": node_name,
+        "frontend": frontend,
         "config": {
             "selected": config.selected,
             "source": config.source,

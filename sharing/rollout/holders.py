@@ -33,6 +33,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from sharing.devices import REPLICA_SEPARATOR, Inventory, forms
+from sharing.dra.holds import ClaimHold
 from sharing.errors import SharingError
 from sharing.model import BoundPod, Holding, Listing, NodeState
 from sharing.text import bounded, listed
@@ -47,6 +48,8 @@ class Holders:
     """Device IDs a plugin handed out lately (maybe not in PodResources yet)."""
     unknown: str = ""
     """Why PodResources could not be read; non-empty means every device counts as held."""
+    claims: tuple[ClaimHold, ...] = ()
+    """ResourceClaims with devices of our DRA pool allocated (prepared or not): they hold them too."""
 
     def busy_uuids(self, node: NodeState) -> frozenset[str]:
         """UUIDs of the GPUs and MIG devices to treat as in use (replica IDs reduced to their device)."""
@@ -55,7 +58,7 @@ class Holders:
                 {g.uuid for g in node.gpus} | {ci.uuid for g in node.gpus for _, ci in g.mig_devices}
             )
         ids = {i for h in self.pods for i in h.device_ids} | self.recent
-        return frozenset(device_of(i) for i in ids)
+        return frozenset(device_of(i) for i in ids) | {u for c in self.claims for u in c.uuids}
 
     def reoffered(self, inventory: Inventory) -> frozenset[str]:
         """UUIDs of held devices that `inventory` offers in a form the kubelet does not know is taken.
@@ -84,17 +87,14 @@ class Holders:
         return frozenset(found)
 
     def pods_holding(self, uuids: Collection[str]) -> tuple[str, ...]:
-        """`namespace/pod` of every pod holding one of these devices (or one of their replicas)."""
+        """`namespace/pod` of every pod holding one of these devices (or one of their replicas), then
+        `claim namespace/name (pod ...)` of every ResourceClaim allocated one of them."""
         wanted = frozenset(uuids)
-        return tuple(
-            sorted(
-                {
-                    f"{h.namespace}/{h.pod}"
-                    for h in self.pods
-                    if any(device_of(i) in wanted for i in h.device_ids)
-                }
-            )
+        pods = sorted(
+            {f"{h.namespace}/{h.pod}" for h in self.pods if any(device_of(i) in wanted for i in h.device_ids)}
         )
+        claims = sorted({c.describe() for c in self.claims if c.uuids & wanted})
+        return (*pods, *claims)
 
 
 class HoldingsSource(Protocol):

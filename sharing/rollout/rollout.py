@@ -34,7 +34,7 @@ from typing import Protocol
 
 import structlog
 
-from sharing.config import SharingConfig
+from sharing.config import Frontend, SharingConfig
 from sharing.deviceplugin import Fleet
 from sharing.devices import (
     ENVVAR_BY_UUID,
@@ -48,15 +48,17 @@ from sharing.devices import (
     reformed,
     withdraw,
 )
-from sharing.errors import PluginError
+from sharing.dra.holds import claim_holds
+from sharing.errors import PluginError, SharingError
 from sharing.gpu import GpuBackend, build_spec, write_spec
 from sharing.gpu.mps import MpsDaemons, Readiness
 from sharing.kubelet import recorded_allocations
 from sharing.labels import ConfigState
 from sharing.mig import Catalog, Outcome
-from sharing.model import Gpu, GpuUuid, NodeState
+from sharing.model import ClaimAllocation, Gpu, GpuUuid, NodeState
 from sharing.ops import Metrics
 from sharing.rollout.apply import ApplyReport, NodePlan, execute, plan_node
+from sharing.rollout.frontend import DraFrontend
 from sharing.rollout.holders import BoundPods, Holders, HoldingsSource, device_of, read_holders
 from sharing.rollout.verdict import Retry, Verdict, verdict
 from sharing.store import Journal, JournalCorruptError, JournalError
@@ -73,6 +75,10 @@ belongs to a pod that has gone."""
 CONFIRM_TIMEOUT_S = 10.0
 """How long the kubelet gets to stop offering withdrawn devices."""
 WITHDRAW_ROUNDS = 3
+
+
+PoolClaims = Callable[[], Awaitable[tuple[ClaimAllocation, ...]]]
+"""The ResourceClaims with devices of this node's DRA pool allocated (sharing.kube's list_pool_claims)."""
 
 
 class PodResources(HoldingsSource, Protocol):
@@ -95,6 +101,8 @@ class Rollout:
         journal: Journal,
         pod_resources: PodResources | None,
         bound_pods: BoundPods | None = None,
+        claims: PoolClaims | None = None,
+        dra: DraFrontend | None = None,
         injection: Injection = ENVVAR_BY_UUID,
         cdi_spec_dir: Path | None = None,
         metrics: Metrics | None = None,
@@ -116,6 +124,13 @@ class Rollout:
         self.pod_resources = pod_resources
         self.bound_pods = bound_pods
         """The API server's pods bound to this node: what PodResources must list to be believed."""
+        self.claims = claims
+        self.dra = dra
+        self.frontend = Frontend.DEVICE_PLUGIN
+        """Where `advertise` sends the devices (`sharing.rollout.frontend` switches it)."""
+        self.dra_problem = ""
+        """Why the DRA front-end could not publish the last inventory ("": it did)."""
+        """The API server's ResourceClaims allocated devices of this node's DRA pool: they hold them."""
         self.effective: dict[GpuUuid, SharingConfig | None] = {}
         """The config last applied to each GPU (absent: none yet, advertised as it is)."""
         self.advertised = Inventory()
@@ -128,13 +143,14 @@ class Rollout:
         self.node = NodeState(())
         """The node the advertised inventory was built from (for the CDI spec)."""
 
-    async def holders(self, *, deciding: bool = True) -> Holders:
+    async def holders(self, *, deciding: bool = True, node: NodeState | None = None) -> Holders:
         """Who holds which device right now.
 
         `deciding`: the answer decides what may be destroyed, so a List that may be short (it does not
         name every pod the API server bound here) makes every device count as held. Showing who holds
         what (`/status`, `/metrics`) is no decision: it takes the kubelet's List as it is and asks the
-        API server nothing, so scrapes cost the API server no request.
+        API server nothing, so scrapes cost the API server no request. Claims allocated from our DRA
+        pool are asked for when deciding (resolved to devices on `node`, default the advertised one).
         """
         loop = asyncio.get_running_loop()
         asked = loop.time()
@@ -146,6 +162,21 @@ class Rollout:
             return self.fleet.recently_allocated(min(RECENT_ALLOCATE_S, unlisted))
 
         holders = await read_holders(self.pod_resources, recent, self.bound_pods if deciding else None)
+        if deciding and self.claims is not None:
+            try:
+                allocated = await self.claims()
+            except SharingError as err:
+                why = f"which ResourceClaims hold devices of this node cannot be read: {bounded(str(err))}"
+                holders = replace(holders, unknown=holders.unknown or why)
+            else:
+                holders = replace(holders, claims=claim_holds(allocated, node or self.node))
+        if self.dra is not None:
+            # Prepared and not yet unprepared (its claim may be gone already): its container may run.
+            # The plugin's own record, no API request: shown by `sharing status` too.
+            prepared, unknown = await self.dra.prepared()
+            named = {(c.namespace, c.name) for c in holders.claims}
+            extra = tuple(c for c in prepared if (c.namespace, c.name) not in named)
+            holders = replace(holders, claims=holders.claims + extra, unknown=holders.unknown or unknown)
         if not deciding:
             return holders
         if holders.unknown != self._unknown:  # said once per change, not on every re-check
@@ -180,7 +211,7 @@ class Rollout:
             for round_ in range(WITHDRAW_ROUNDS + 1):
                 if round_:  # after a withdrawal: what is there and who holds it, again
                     observed = await self.backend.observe()
-                holders = await self.holders()
+                holders = await self.holders(node=observed)
                 plan = plan_node(
                     observed, config, catalog=self.catalog, busy_uuids=holders.busy_uuids(observed),
                     unfinished=unfinished,
@@ -333,8 +364,16 @@ class Rollout:
         return _unhealthy(replace(inventory, resources=resources), down)
 
     async def _publish(self, inventory: Inventory) -> None:
-        """The CDI spec first (every name Allocate can hand out resolves), then the plugins."""
+        """The CDI spec first (every name Allocate can hand out resolves), then the plugins; on the DRA
+        front-end the node's ResourceSlices (the DRA plugin writes a CDI spec per claim itself)."""
         inventory = self._mps_ready(inventory)
+        if self.frontend is Frontend.DRA:
+            if self.dra is None:
+                return
+            self.dra_problem = await self.dra.publish(inventory, self.node)
+            if self.dra_problem:
+                log.error("slices_not_published", error=bounded(self.dra_problem))
+            return
         if self.cdi_spec_dir is not None:
             spec = (
                 build_spec(
@@ -370,6 +409,13 @@ class Rollout:
             if gpu.failed_step is not None:
                 self.metrics.steps.labels(kind=gpu.failed_step.kind.value, result="failed").inc()
 
+    async def withdraw_all(self, uuids: frozenset[str]) -> str:
+        """Offer none of these devices through the front-end in service and confirm it; why not, or ""."""
+        self.withheld = {}
+        problem = await self._withdraw(uuids, showing=Inventory())
+        self.advertised = Inventory()
+        return problem
+
     def forget(self) -> None:
         """No config manages the GPUs any more: advertise each as it is."""
         self.effective.clear()
@@ -384,6 +430,9 @@ class Rollout:
         the agent before it advertised.
         """
         await self._publish(withdraw(self.advertised if showing is None else showing, uuids))
+        if self.frontend is Frontend.DRA:
+            # Written once the API server has the slices: no scheduler allocates what they lack.
+            return self.dra_problem or ("" if self.dra is not None else "no DRA front-end in this agent")
         await self.fleet.sync()
         if self.pod_resources is None:
             return ""

@@ -15,7 +15,7 @@ from dataclasses import replace
 from sharing.errors import KubeError
 from sharing.kube import ConfigMapObject, NodeObject, NotFoundError, WatchEvent
 from sharing.kube.api import ConflictError, ResourceClaimObject, ResourceSliceObject, SliceSpec
-from sharing.model import BoundPod
+from sharing.model import BoundPod, ClaimAllocation
 
 # The API server's rules for metadata (k8s.io/apimachinery pkg/util/validation/validation.go:
 # IsQualifiedName, IsValidLabelValue; pkg/api/validation/objectmeta.go: TotalAnnotationSizeLimitB).
@@ -59,6 +59,8 @@ class FakeKube:
         """ResourceSlices by name."""
         self.slice_writes: list[tuple[str, str, int]] = []
         """(create | update | delete, slice name, pool generation) in the order they came."""
+        self.pool_claims: tuple[ClaimAllocation, ...] = ()
+        """What list_pool_claims answers: the claims allocated devices of our pool."""
         self._version = 1
         self._lock = threading.Lock()
         self._queues: dict[tuple[str, ...], queue.Queue[WatchEvent | None]] = {}
@@ -145,6 +147,10 @@ class FakeKube:
     def list_node_pods(self, node: str) -> tuple[BoundPod, ...]:
         self.requests += 1
         return self.bound
+
+    def list_pool_claims(self, driver: str, pool: str) -> tuple[ClaimAllocation, ...]:
+        self.requests += 1
+        return self.pool_claims
 
     def get_resource_claim(self, namespace: str, name: str) -> ResourceClaimObject:
         self.requests += 1

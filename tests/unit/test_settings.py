@@ -71,9 +71,23 @@ def test_kubeconfig_falls_back_to_KUBECONFIG() -> None:
         (["--node-name", "n", "--device-id-strategy", "name"], {}, "the ID strategy uuid or index"),
         (["--node-name", "n", "--http-port", "70000"], {}, "70000 is not a port"),
         (["--node-name", "n", "--allocation-policy", "random"], {}, "'random' is not distributed or packed"),
+        (
+            ["--node-name", "n"],
+            {"SHARING_FRONTEND": "plugins"},
+            "--frontend / SHARING_FRONTEND: 'plugins' is not a front-end: deviceplugin or dra",
+        ),
     ],
-    ids=["no-node", "backend", "env-number", "list-strategy", "id-strategy", "port", "policy"],
+    ids=["no-node", "backend", "env-number", "list-strategy", "id-strategy", "port", "policy", "frontend"],
 )
 def test_bad_settings_name_the_setting(argv: list[str], env: dict[str, str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         parse(argv, env)
+
+
+def test_the_front_end_comes_from_the_flag_or_the_environment() -> None:
+    assert "deviceplugin" == parse(["--node-name", "n"], {}).frontend
+    assert "dra" == parse(["--node-name", "n"], {"SHARING_FRONTEND": "dra"}).frontend
+    assert (
+        "deviceplugin"
+        == parse(["--node-name", "n", "--frontend", "deviceplugin"], {"SHARING_FRONTEND": "dra"}).frontend
+    )

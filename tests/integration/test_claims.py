@@ -1,0 +1,80 @@
+"""ResourceClaims as holders, read from a real kube-apiserver: what the scheduler allocated from our
+pool counts, whatever namespace, prepared or not; other drivers' and other nodes' pools do not."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import lab
+import pytest
+
+from sharing.kube import ApiClient
+from sharing.model import ClaimAllocation
+
+pytestmark = pytest.mark.integration
+
+DRIVER = "gpu.nvidia.com"
+SPEC = {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}
+
+
+def claim(cp: lab.ControlPlane, ns: str, name: str, results: list[dict[str, str]], pods: list[str]) -> str:
+    """A claim with an allocation written into its status as the scheduler writes it; its UID."""
+    body = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}
+        },
+    }
+    cp.kubectl("apply", "-f", "-", input=json.dumps(body), check=True)
+    uid = cp.kubectl("-n", ns, "get", "resourceclaim", name, "-o", "jsonpath={.metadata.uid}", check=True)
+    reserved = [{"resource": "pods", "name": p, "uid": str(uuid.uuid4())} for p in pods]
+    status = {
+        "status": {
+            "allocation": {
+                "devices": {"results": [{"request": "gpu", **r} for r in results]},
+                "nodeSelector": {
+                    "nodeSelectorTerms": [
+                        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}
+                    ]
+                },
+            },
+            "reservedFor": reserved,
+        }
+    }
+    cp.kubectl(
+        "-n", ns, "patch", "resourceclaim", name, "--subresource=status", "--type=merge",
+        "-p", json.dumps(status), check=True,
+    )  # fmt: skip
+    return uid.stdout.strip()
+
+
+def test_the_claims_allocated_from_our_pool_are_listed_with_their_devices_and_pods(
+    control_plane: lab.ControlPlane,
+) -> None:
+    ns = f"claims-{uuid.uuid4().hex[:6]}"
+    pool = f"node-{uuid.uuid4().hex[:6]}"
+    control_plane.kubectl("create", "namespace", ns, check=True)
+    ours = {"driver": DRIVER, "pool": pool}
+    uid = claim(
+        control_plane, ns, "two", [{**ours, "device": "gpu-0-mig-1"}, {**ours, "device": "gpu-1"}], ["p"]
+    )
+    waiting = claim(control_plane, ns, "waiting", [{**ours, "device": "gpu-2"}], [])
+    claim(control_plane, ns, "other-node", [{"driver": DRIVER, "pool": "elsewhere", "device": "gpu-0"}], [])
+    claim(control_plane, ns, "other-driver", [{"driver": "example.com", "pool": pool, "device": "gpu-0"}], [])
+    unallocated = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "pending", "namespace": ns},
+        "spec": {
+            "devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}
+        },
+    }
+    control_plane.kubectl("apply", "-f", "-", input=json.dumps(unallocated), check=True)
+    got = ApiClient(str(control_plane.kubeconfig)).list_pool_claims(DRIVER, pool)
+    assert [
+        ClaimAllocation(ns, "two", uid, ("gpu-0-mig-1", "gpu-1"), (f"{ns}/p",)),
+        ClaimAllocation(ns, "waiting", waiting, ("gpu-2",), ()),
+    ] == sorted(got, key=lambda c: c.name)

@@ -1,0 +1,65 @@
+"""The node's choice of front-end on the real node: a label value that names none is refused.
+
+The session node of tests/node/conftest.py serves through the device plugins; the test puts its
+label back, so every other test finds the node as the session made it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+from lab.helm import NAMESPACE
+
+from tests.node.conftest import EXPECTED, NODE, NodeUnderTest
+from tests.polling import poll
+
+pytestmark = pytest.mark.node
+
+FRONTEND = "nvidia.com/gpu-sharing.frontend"
+STATE = "nvidia.com/mig.config.state"
+
+
+def _events(node: NodeUnderTest, reason: str) -> list[str]:
+    """The Events of this reason about the Node, oldest first."""
+    selector = f"involvedObject.kind=Node,involvedObject.name={NODE},reason={reason}"
+    out = node.kubectl("get", "events", "-n", "default", "--field-selector", selector, "-o", "json")
+    items = sorted(json.loads(out)["items"], key=lambda e: e["metadata"]["name"])
+    return [e["message"] for e in items]
+
+
+def _labels(node: NodeUnderTest) -> dict[str, str]:
+    return dict(node.get("node", NODE)["metadata"].get("labels", {}))
+
+
+@pytest.fixture
+def unlabelled(node: NodeUnderTest) -> Iterator[NodeUnderTest]:
+    """The node; its front-end label removed afterwards, and its devices served again."""
+    try:
+        yield node
+    finally:
+        node.kubectl("label", "node", NODE, f"{FRONTEND}-")
+        poll("state success", lambda: _labels(node).get(STATE), lambda s: s == "success", 60)
+        node.wait_allocatable()
+
+
+def test_a_front_end_label_that_names_none_is_refused_and_the_node_keeps_serving(
+    unlabelled: NodeUnderTest,
+) -> None:
+    node = unlabelled
+    said = len(_events(node, "FrontendRejected"))
+    node.kubectl("label", "node", NODE, f"{FRONTEND}=nvlink", "--overwrite")
+    refused = poll(
+        "the FrontendRejected Event", lambda: _events(node, "FrontendRejected"), lambda m: len(m) > said, 60
+    )
+    assert [
+        f"node label {FRONTEND}=nvlink: 'nvlink' is not a front-end: deviceplugin or dra; the node stays on"
+        " the deviceplugin front-end"
+    ] == refused[said:]
+    assert "failed" == _labels(node)[STATE]
+    assert EXPECTED == node.allocatable()
+    name = node.start_pod("nvidia.com/mig-1g.5gb")
+    node.wait_running(name)
+    log = node.kubectl("-n", NAMESPACE, "logs", "ds/gpu-sharing")
+    assert "Traceback" not in log
