@@ -4,10 +4,12 @@ A node is served by this front-end or by the device plugins (`sharing.deviceplug
 `names` holds the names shared with NVIDIA's DRA driver; `claims` maps a claim's allocation to this
 node's devices and checks its opaque config (pure); `prepare` prepares and unprepares claims, with
 their CDI specs and the checkpoint (`sharing.store.claims`); `service` and `registration` are the
-gRPC services the kubelet calls; `plugin` serves them on the kubelet's sockets.
+gRPC services the kubelet calls; `plugin` serves them on the kubelet's sockets; `ondemand` makes and
+destroys the MIG instances of on-demand devices at prepare and unprepare.
 """
 
 from sharing.dra.claims import ClaimError
+from sharing.dra.ondemand import OnDemand
 from sharing.dra.plugin import DraPaths, DraPlugin, Registration
 from sharing.dra.prepare import ClaimKey, ClaimReader, Prepared, PreparedClaims, Preparer, Recorder
 
@@ -17,6 +19,7 @@ __all__ = [
     "ClaimReader",
     "DraPaths",
     "DraPlugin",
+    "OnDemand",
     "Prepared",
     "PreparedClaims",
     "Preparer",

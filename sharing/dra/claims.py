@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sharing.devices import Device
-from sharing.dra.names import DRIVER
+from sharing.dra.names import DRIVER, parse_ondemand_name
 from sharing.errors import PluginError
 from sharing.kube.api import AllocatedConfig, AllocatedDevice, ResourceClaimObject
 from sharing.text import bounded
@@ -56,7 +56,8 @@ def select(claim: ResourceClaimObject, pool: str, devices: Mapping[str, Device])
     """The claim's results for our driver, each with the device `devices` ({DRA name: device}) has.
 
     ClaimError when the claim is not allocated, a result of our driver is for another pool, or it
-    names a device this node does not have.
+    names a device this node does not have. On-demand devices (made at prepare) are left out: see
+    `ondemand_results`.
     """
     if not claim.allocated:
         raise ClaimError(f"claim {claim_ref(claim)} is not allocated yet (no status.allocation)")
@@ -70,6 +71,8 @@ def select(claim: ResourceClaimObject, pool: str, devices: Mapping[str, Device])
                 f"{where}: device {bounded(result.device, 80)} of pool {bounded(result.pool, 80)} is not "
                 f"on this node (pool {pool})"
             )
+        if parse_ondemand_name(result.device) is not None:
+            continue
         device = devices.get(result.device)
         if device is None:
             raise ClaimError(
@@ -79,6 +82,11 @@ def select(claim: ResourceClaimObject, pool: str, devices: Mapping[str, Device])
             )
         chosen.append(Chosen(result, device))
     return tuple(chosen)
+
+
+def ondemand_results(claim: ResourceClaimObject) -> tuple[AllocatedDevice, ...]:
+    """The claim's results of our driver that name an on-demand MIG device (a slice to make)."""
+    return tuple(r for r in claim.results if r.driver == DRIVER and parse_ondemand_name(r.device) is not None)
 
 
 def check_config(claim: ResourceClaimObject, chosen: Sequence[Chosen]) -> None:

@@ -18,8 +18,9 @@ from pathlib import Path
 import grpc
 import structlog
 
-from sharing.devices import Inventory
+from sharing.devices import HealthState, Inventory
 from sharing.dra.names import CHECKPOINT, DRA_SOCKET, DRIVER, REGISTRATION_SOCKET
+from sharing.dra.ondemand import OnDemand
 from sharing.dra.prepare import ClaimReader, PreparedClaims, Preparer, Recorder
 from sharing.dra.registration import RegistrationService
 from sharing.dra.service import DraService, HealthFeed, HealthService, health_of
@@ -85,9 +86,12 @@ class DraPlugin:
         paths: DraPaths = DraPaths(),
         recorder: Recorder | None = None,
         health_resend_s: float = 10.0,
+        ondemand: OnDemand | None = None,
+        gpu_health: Callable[[], HealthState] | None = None,
     ) -> None:
         self.paths = paths
         self._inventory = inventory
+        self._gpu_health = gpu_health
         self.preparer = Preparer(
             pool=node_name,
             claims=claims,
@@ -97,6 +101,8 @@ class DraPlugin:
             cdi_dir=cdi_dir,
             checkpoint=ClaimCheckpoint(paths.checkpoint),
             recorder=recorder,
+            ondemand=ondemand,
+            changed=self.refresh,
         )
         self.feed = HealthFeed()
         self.health = HealthService(node_name, self.feed, health_resend_s)
@@ -113,8 +119,10 @@ class DraPlugin:
         return self.preparer.prepared()
 
     def refresh(self) -> bool:
-        """The inventory or its health changed: stream the new health; True when it differs."""
-        return self.feed.publish(health_of(self._inventory()))
+        """The inventory, its health or the on-demand devices changed: stream the new health; True
+        when it differs."""
+        gpus = self._gpu_health() if self._gpu_health is not None else HealthState()
+        return self.feed.publish(health_of(self._inventory(), self.prepared().ondemand(), gpus))
 
     async def start(self) -> None:
         """Load the checkpoint, serve the DRA socket, then the registration socket."""

@@ -10,6 +10,12 @@ NodePrepareResourcesResponse").
 Order keeps a crash harmless: prepare writes the CDI spec, then the checkpoint, and only then answers;
 unprepare removes the spec, then the checkpoint entry. A claim in the checkpoint holds its devices
 (the rollout never destroys them) until its unprepare finished.
+
+An on-demand MIG device (`sharing.dra.ondemand`) is made at prepare: the claim goes into the
+checkpoint as pending first, then the instance is made, then the spec and the finished checkpoint
+entry are written. Unprepare destroys it first (refused while it has processes: the claim's error,
+and the kubelet retries), then removes the spec and the entry. At start, the instances the
+checkpoint owns are adopted and a pending prepare is rolled forward or back; nothing else is touched.
 """
 
 from __future__ import annotations
@@ -19,21 +25,29 @@ import contextlib
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
 import structlog
 
 from sharing.devices import Device, Inventory
-from sharing.dra.claims import ClaimError, check_config, select
+from sharing.dra.claims import Chosen, ClaimError, check_config, ondemand_results, select
+from sharing.dra.instances import Made, destroy_owned, made_device, mig_device, recover, undo
 from sharing.dra.names import CDI_KIND, claim_cdi_file, claim_cdi_name, pool_device_name
+from sharing.dra.ondemand import OnDemand, occupant, placement_of
 from sharing.errors import KubeError
 from sharing.gpu import build_named_spec, write_spec
 from sharing.gpu.devfiles import DeviceFiles
-from sharing.kube.api import NotFoundError, ResourceClaimObject
-from sharing.model import NodeState
-from sharing.store import CheckpointError, ClaimCheckpoint, PreparedClaim, PreparedDevice, PreparedPod
+from sharing.kube.api import AllocatedDevice, NotFoundError, ResourceClaimObject
+from sharing.model import MigUuid, NodeState
+from sharing.store import (
+    CheckpointError,
+    ClaimCheckpoint,
+    PreparedClaim,
+    PreparedDevice,
+    PreparedPod,
+)
 from sharing.text import bounded
 
 log = structlog.get_logger(__name__)
@@ -84,7 +98,11 @@ class PreparedClaims:
 
     def held(self) -> frozenset[str]:
         """The container UUIDs (GPU or MIG) the prepared claims hold; meaningless while `unknown`."""
-        return frozenset(d.uuid for c in self.claims for d in c.devices)
+        return frozenset(d.uuid for c in self.claims for d in c.devices if d.uuid)
+
+    def ondemand(self) -> tuple[PreparedDevice, ...]:
+        """The on-demand devices the prepared claims hold (their instances made for them)."""
+        return tuple(d for c in self.claims for d in c.devices if d.instance is not None and d.uuid)
 
 
 class Preparer:
@@ -101,8 +119,13 @@ class Preparer:
         cdi_dir: Path,
         checkpoint: ClaimCheckpoint,
         recorder: Recorder | None = None,
+        ondemand: OnDemand | None = None,
+        changed: Callable[[], object] | None = None,
     ) -> None:
         self.pool = pool
+        self.ondemand = ondemand
+        """Makes on-demand MIG devices; None: this node makes none (such a claim fails)."""
+        self._changed = changed
         self._reader = claims
         self._inventory = inventory
         self._node = node
@@ -112,6 +135,9 @@ class Preparer:
         self._recorder = recorder
         self._claims: dict[str, PreparedClaim] = {}
         self._unknown = ""
+        self._unrecovered = ""
+        """Why the on-demand instances the checkpoint owns could not be checked at start ("": they
+        were); retried before each call, and until then nothing is prepared or unprepared."""
         self._lock = asyncio.Lock()
 
     async def load(self) -> None:
@@ -124,9 +150,45 @@ class Preparer:
                 self._claims, self._unknown = {}, str(err)
                 log.error("dra_checkpoint_unreadable", path=str(self.checkpoint.path), error=str(err))
             else:
-                await asyncio.to_thread(self._remove_stale_specs)
+                if self.ondemand is not None:
+                    self._unrecovered = await self._recover(self.ondemand)
+                if not self._unrecovered:
+                    await asyncio.to_thread(self._remove_stale_specs)
             self._count()
         log.info("dra_checkpoint_loaded", claims=len(self._claims))
+
+    async def _recover(self, ondemand: OnDemand) -> str:
+        """Settle the on-demand instances the checkpoint owns (`instances.recover`); why it could not
+        be done, or ""."""
+        if any(d.instance is not None for c in self._claims.values() for d in c.devices):
+            try:
+                claims, settled = await recover(ondemand, self._claims)
+            except ClaimError as err:
+                log.error("ondemand_recovery_failed", error=str(err))
+                return f"the on-demand MIG instances of the checkpoint cannot be checked: {err}"
+            for uid in settled:  # a spec written before the kill may lack devices: the retry writes it
+                with contextlib.suppress(OSError):
+                    await asyncio.to_thread(write_spec, self.cdi_dir, None, claim_cdi_file(uid))
+            if claims != self._claims:
+                try:
+                    await asyncio.to_thread(self.checkpoint.save, claims)
+                except CheckpointError as err:
+                    log.error("dra_checkpoint_unwritable", error=str(err))
+                    return str(err)
+                self._claims = claims
+        try:
+            await ondemand.forget_crashed_step()
+        except ClaimError as err:  # harmless: the next step's journal replaces it
+            log.warning("ondemand_journal_not_recovered", error=str(err))
+        return ""
+
+    async def _recovered(self) -> str:
+        """ "" once the instances the checkpoint owns were checked (tried again now if they were not)."""
+        if self._unrecovered and self.ondemand is not None:
+            self._unrecovered = await self._recover(self.ondemand)
+            if not self._unrecovered:
+                await asyncio.to_thread(self._remove_stale_specs)
+        return self._unrecovered
 
     def _remove_stale_specs(self) -> None:
         """Remove the CDI specs of claims the checkpoint does not hold: a crash between writing a
@@ -144,16 +206,24 @@ class Preparer:
 
     def prepared(self) -> PreparedClaims:
         """The claims prepared now (for the rollout's holders and for `sharing status`)."""
-        return PreparedClaims(tuple(self._claims[u] for u in sorted(self._claims)), self._unknown)
+        making = next((c for c in self._claims.values() if c.pending), None)
+        unknown = self._unknown or self._unrecovered
+        if not unknown and making is not None:
+            # Its instance may exist before its MIG UUID is recorded: hold everything meanwhile.
+            unknown = f"claim {making.namespace}/{making.name} is being prepared (MIG instances being made)"
+        return PreparedClaims(tuple(self._claims[u] for u in sorted(self._claims)), unknown)
 
     async def prepare(self, keys: Sequence[ClaimKey]) -> dict[str, Prepared]:
         """{claim UID: its devices or its error} for every claim asked for."""
         answers = {}
         loop = asyncio.get_running_loop()
         async with self._lock:
+            unrecovered = await self._recovered()
             for key in keys:
                 started = loop.time()
                 try:
+                    if unrecovered:
+                        raise ClaimError(f"claim {key.namespace}/{key.name} is not prepared: {unrecovered}")
                     answers[key.uid] = Prepared(await self._prepare(key))
                 except ClaimError as err:
                     log.warning("claim_not_prepared", claim=f"{key.namespace}/{key.name}", error=str(err))
@@ -161,20 +231,27 @@ class Preparer:
                 if self._recorder is not None:
                     self._recorder.prepare_seconds(loop.time() - started)
             self._count()
+        if self._changed is not None:
+            self._changed()
         return answers
 
     async def unprepare(self, keys: Sequence[ClaimKey]) -> dict[str, str]:
         """{claim UID: "" or why it failed} for every claim asked for."""
         answers = {}
         async with self._lock:
+            unrecovered = await self._recovered()
             for key in keys:
                 try:
+                    if unrecovered:
+                        raise ClaimError(f"claim {key.namespace}/{key.name} is not unprepared: {unrecovered}")
                     await self._unprepare(key)
                     answers[key.uid] = ""
                 except ClaimError as err:
                     log.warning("claim_not_unprepared", claim=f"{key.namespace}/{key.name}", error=str(err))
                     answers[key.uid] = bounded(str(err), 1000)
             self._count()
+        if self._changed is not None:
+            self._changed()
         return answers
 
     async def _prepare(self, key: ClaimKey) -> tuple[PreparedDevice, ...]:
@@ -192,6 +269,9 @@ class Preparer:
             return known.devices  # prepared before (a kubelet retry, or after a restart)
         claim = await self._read(key)
         chosen = select(claim, self.pool, devices_by_name(self._inventory()))
+        wanted = ondemand_results(claim)
+        if wanted:
+            return await self._prepare_ondemand(key, claim, chosen, wanted)
         check_config(claim, chosen)
         prepared = tuple(
             PreparedDevice(
@@ -232,9 +312,109 @@ class Preparer:
         )  # fmt: skip
         return prepared
 
+    async def _prepare_ondemand(
+        self,
+        key: ClaimKey,
+        claim: ResourceClaimObject,
+        chosen: Sequence[Chosen],
+        wanted: Sequence[AllocatedDevice],
+    ) -> tuple[PreparedDevice, ...]:
+        """Make the claim's on-demand MIG devices (or find those made for it before), then its spec."""
+        ref = f"{key.namespace}/{key.name}"
+        od = self.ondemand
+        if od is None:
+            raise ClaimError(
+                f"claim {ref}: device {bounded(wanted[0].device, 80)} is an on-demand MIG device, and "
+                "this node makes none (no rule with `mig: dynamic`); delete the claim so that it is "
+                "allocated again"
+            )
+        state = await od.observe()
+        places = []
+        for result in wanted:
+            try:
+                places.append((result, placement_of(state, result.device)))
+            except ClaimError as err:
+                raise ClaimError(f"claim {ref}: {err}") from None
+        mine = {r.device: occupant(p, self._claims, key.uid, ref) for r, p in places}
+        check_config(
+            claim, (*chosen, *(Chosen(r, mig_device(p, MigUuid("(made at prepare)"))) for r, p in places))
+        )
+        static = tuple(self._device(key.uid, c) for c in chosen)
+        pods = tuple(PreparedPod(p.name, p.uid) for p in claim.reserved_for)
+        before = self._claims.get(key.uid)
+        intent = PreparedClaim(
+            key.namespace, key.name, key.uid,
+            static + tuple(made_device(key.uid, r, p, mine[r.device]) for r, p in places),
+            pods, pending=True,
+        )  # fmt: skip
+        await self._save({**self._claims, key.uid: intent}, ref)
+        made: list[Made] = []
+        try:
+            for result, place in places:
+                gi = mine[result.device]
+                if gi is None or not gi.compute_instances:
+                    made.append((result, place, await od.create(ref, place), gi is None))
+                else:
+                    made.append((result, place, gi, False))
+            after = await od.observe()
+            devices = static + tuple(made_device(key.uid, r, p, gi) for r, p, gi, _ in made)
+            entries = [(claim_cdi_name(key.uid, c.result.device), c.device) for c in chosen] + [
+                (claim_cdi_name(key.uid, r.device), mig_device(p, gi.compute_instances[0].uuid, gi))
+                for r, p, gi, _ in made
+            ]
+            await self._write_spec(ref, key.uid, entries, after)
+            record = PreparedClaim(key.namespace, key.name, key.uid, devices, pods)
+            await self._save({**self._claims, key.uid: record}, ref)
+        except ClaimError:
+            left = await undo(od, ref, key.uid, made)
+            await self._forget(
+                ref, key.uid, before if not left else replace(intent, devices=left, pending=False)
+            )
+            raise
+        log.info(
+            "claim_prepared", claim=ref, uid=key.uid, devices=[d.device for d in devices],
+            made=[p.where for _, p, _, new in made if new], pods=[p.name for p in pods],
+        )  # fmt: skip
+        return devices
+
+    def _device(self, uid: str, c: Chosen) -> PreparedDevice:
+        return PreparedDevice(
+            requests=(c.result.request.partition("/")[0],),
+            pool=c.result.pool,
+            device=c.result.device,
+            uuid=c.device.uuid,
+            gpu_uuid=c.device.gpu_uuid,
+            cdi_ids=(f"{CDI_KIND}={claim_cdi_name(uid, c.result.device)}",),
+            share_id=c.result.share_id,
+            admin_access=c.result.admin_access,
+        )
+
+    async def _forget(self, ref: str, uid: str, record: PreparedClaim | None) -> None:
+        """After a failed prepare: the claim's spec gone, its checkpoint entry back to `record`."""
+        with contextlib.suppress(OSError):
+            await asyncio.to_thread(write_spec, self.cdi_dir, None, claim_cdi_file(uid))
+        claims = {u: c for u, c in self._claims.items() if u != uid}
+        if record is not None:
+            claims[uid] = record
+        try:
+            await asyncio.to_thread(self.checkpoint.save, claims)
+            self._claims = claims
+        except CheckpointError as err:  # the intent stays: the next start settles it from the GPUs
+            log.error("dra_checkpoint_unwritable", claim=ref, error=str(err))
+
+    async def _save(self, claims: dict[str, PreparedClaim], ref: str) -> None:
+        try:
+            await asyncio.to_thread(self.checkpoint.save, claims)
+        except CheckpointError as err:
+            raise ClaimError(f"claim {ref} is not prepared: {err}") from err
+        self._claims = claims
+
     async def _unprepare(self, key: ClaimKey) -> None:
         ref = f"{key.namespace}/{key.name}"
         _check_uid(key)
+        known = self._claims.get(key.uid)
+        if known is not None:
+            await destroy_owned(self.ondemand, ref, known)
         try:
             await asyncio.to_thread(write_spec, self.cdi_dir, None, claim_cdi_file(key.uid))
         except OSError as err:
@@ -267,8 +447,10 @@ class Preparer:
             )
         return claim
 
-    async def _write_spec(self, ref: str, uid: str, entries: Sequence[tuple[str, Device]]) -> None:
-        node = self._node()
+    async def _write_spec(
+        self, ref: str, uid: str, entries: Sequence[tuple[str, Device]], node: NodeState | None = None
+    ) -> None:
+        node = node if node is not None else self._node()
         spec = build_named_spec(CDI_KIND, entries, node, self._files)
         try:
             await asyncio.to_thread(write_spec, self.cdi_dir, spec, claim_cdi_file(uid))

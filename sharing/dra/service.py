@@ -20,11 +20,13 @@ from dataclasses import dataclass
 import grpc
 import structlog
 
-from sharing.devices import Health, Inventory
+from sharing.devices import Health, HealthState, Inventory
 from sharing.dra.names import pool_device_name
 from sharing.dra.prepare import ClaimKey, Preparer
 from sharing.kubelet.api import dra_v1_pb2 as dra
 from sharing.kubelet.api import drahealth_v1alpha1_pb2 as health
+from sharing.model import GpuUuid, MigUuid
+from sharing.store import PreparedDevice
 
 log = structlog.get_logger(__name__)
 
@@ -85,14 +87,23 @@ class DeviceHealthState:
     healthy: bool
 
 
-def health_of(inventory: Inventory) -> tuple[DeviceHealthState, ...]:
+def health_of(
+    inventory: Inventory,
+    ondemand: Iterable[PreparedDevice] = (),
+    gpus: HealthState | None = None,
+) -> tuple[DeviceHealthState, ...]:
     """Every device of the pool with its health (the inventory's health overlay), sorted by name; a
-    replicated device is one device, unhealthy when any of its replicas is."""
+    replicated device is one device, unhealthy when any of its replicas is. The on-demand MIG devices
+    made for claims are unhealthy when the backend reported an XID on their GPU or on them."""
     found: dict[str, bool] = {}
     for _, devices in inventory.resources:
         for d in devices:
             name = pool_device_name(d)
             found[name] = found.get(name, True) and d.health is Health.HEALTHY
+    gpus = gpus if gpus is not None else HealthState()
+    for p in ondemand:
+        gpu, mig = GpuUuid(p.gpu_uuid), MigUuid(p.uuid)
+        found[p.device] = gpu not in gpus.unhealthy_gpus and (gpu, mig) not in gpus.unhealthy_migs
     return tuple(DeviceHealthState(n, found[n]) for n in sorted(found))
 
 

@@ -8,12 +8,13 @@ from sharing.store.claims import (
     CheckpointCorruptError,
     CheckpointError,
     ClaimCheckpoint,
+    OwnedInstance,
     PreparedClaim,
     PreparedDevice,
     PreparedPod,
 )
 from sharing.store.journal import DEFAULT_PATH as DEFAULT_JOURNAL
-from sharing.store.journal import Journal, JournalCorruptError, JournalError, Unfinished
+from sharing.store.journal import Journal, JournalCorruptError, JournalError, JournalLockedError, Unfinished
 from sharing.store.memory import LastGood, LastGoodError, Remembered
 
 __all__ = [
@@ -24,8 +25,10 @@ __all__ = [
     "Journal",
     "JournalCorruptError",
     "JournalError",
+    "JournalLockedError",
     "LastGood",
     "LastGoodError",
+    "OwnedInstance",
     "PreparedClaim",
     "PreparedDevice",
     "PreparedPod",

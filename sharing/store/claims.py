@@ -39,6 +39,23 @@ class CheckpointCorruptError(CheckpointError):
 
 
 @dataclass(frozen=True, slots=True)
+class OwnedInstance:
+    """A MIG instance the agent created for a claim (an on-demand device): the checkpoint is the
+    authority on which instances are the agent's, so nothing else is ever destroyed.
+
+    `gi_id` is None while the instance is being made: the intent is on disk before the NVML call, so
+    a crash in between is rolled forward (the instance is complete: adopted) or back (half-built:
+    destroyed) from what the GPU really has at `start`."""
+
+    gpu_uuid: str
+    profile: str
+    start: int
+    size: int
+    gi_id: int | None = None
+    ci_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class PreparedDevice:
     """One device of a prepared claim: the allocation result, the device it maps to, its CDI names."""
 
@@ -52,6 +69,8 @@ class PreparedDevice:
     cdi_ids: tuple[str, ...]
     share_id: str | None = None
     admin_access: bool = False
+    instance: OwnedInstance | None = None
+    """The MIG instance made for this device at prepare (on-demand devices only)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +90,9 @@ class PreparedClaim:
     uid: str
     devices: tuple[PreparedDevice, ...]
     pods: tuple[PreparedPod, ...] = ()
+    pending: bool = False
+    """Its prepare was making instances and has not finished: written before the first NVML call,
+    so an agent killed in the middle finds out at start what to roll forward or back."""
 
 
 class ClaimCheckpoint:
@@ -142,11 +164,20 @@ def _claim_json(claim: PreparedClaim) -> dict[str, Any]:
                 "cdiDeviceIDs": list(d.cdi_ids),
                 "shareID": d.share_id,
                 "adminAccess": d.admin_access,
+                **({"instance": _instance_json(d.instance)} if d.instance is not None else {}),
             }
             for d in claim.devices
         ],
         "pods": [{"name": p.name, "uid": p.uid} for p in claim.pods],
+        **({"pending": True} if claim.pending else {}),
     }
+
+
+def _instance_json(i: OwnedInstance) -> dict[str, Any]:
+    return {
+        "gpuUUID": i.gpu_uuid, "profile": i.profile, "start": i.start, "size": i.size,
+        "gpuInstance": i.gi_id, "computeInstance": i.ci_id,
+    }  # fmt: skip
 
 
 def _parse(raw: bytes) -> dict[str, PreparedClaim]:
@@ -172,7 +203,10 @@ def _parse(raw: bytes) -> dict[str, PreparedClaim]:
             for p in (_dict(x, f"{where}.pods") for x in _list(_get(entry, "pods", where), f"{where}.pods"))
         )
         namespace, name = _str(entry, "namespace", where), _str(entry, "name", where)
-        claims[uid] = PreparedClaim(namespace, name, uid, devices, pods)
+        pending = entry.get("pending", False)
+        if not isinstance(pending, bool):
+            raise TypeError(f"{where}.pending is not a boolean")
+        claims[uid] = PreparedClaim(namespace, name, uid, devices, pods, pending)
     return claims
 
 
@@ -192,7 +226,34 @@ def _device(d: dict[str, Any], where: str) -> PreparedDevice:
         cdi_ids=_strs(_get(d, "cdiDeviceIDs", where), f"{where}.cdiDeviceIDs"),
         share_id=share,
         admin_access=admin,
+        instance=_instance(d["instance"], f"{where}.instance") if "instance" in d else None,
     )
+
+
+def _instance(value: Any, where: str) -> OwnedInstance:
+    i = _dict(value, where)
+    ids = [_get(i, k, where) for k in ("gpuInstance", "computeInstance")]
+    if not all(x is None or _is_int(x) for x in ids):
+        raise TypeError(f"{where}: gpuInstance/computeInstance is not an integer")
+    return OwnedInstance(
+        gpu_uuid=_str(i, "gpuUUID", where),
+        profile=_str(i, "profile", where),
+        start=_int(i, "start", where),
+        size=_int(i, "size", where),
+        gi_id=ids[0],
+        ci_id=ids[1],
+    )
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int(obj: dict[str, Any], key: str, where: str) -> int:
+    value = _get(obj, key, where)
+    if not _is_int(value):
+        raise TypeError(f"{where}.{key} is not an integer")
+    return int(value)
 
 
 def _dict(value: Any, where: str) -> dict[str, Any]:

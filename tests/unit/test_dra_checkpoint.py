@@ -18,6 +18,7 @@ from sharing.store import (
     CheckpointCorruptError,
     CheckpointError,
     ClaimCheckpoint,
+    OwnedInstance,
     PreparedClaim,
     PreparedDevice,
     PreparedPod,
@@ -35,27 +36,47 @@ CLAIM = PreparedClaim(
     ),
     (PreparedPod("p", "pod-uid"),),
 )
+MADE = PreparedClaim(
+    "ns",
+    "m",
+    "1c8e7a5f-1111-2222-3333-444455556666",
+    (
+        PreparedDevice(
+            ("mig",), "node-a", "gpu-0-mig-3g-20gb-at-4", "MIG-1", "GPU-0", ("k8s.gpu.nvidia.com/claim=x",),
+            instance=OwnedInstance("GPU-0", "3g.20gb", 4, 4, 2, 0),
+        ),
+        PreparedDevice(
+            ("mig",), "node-a", "gpu-0-mig-1g-5gb-at-0", "", "GPU-0", ("k8s.gpu.nvidia.com/claim=1c8e-y",),
+            instance=OwnedInstance("GPU-0", "1g.5gb", 0, 1),
+        ),
+    ),
+    pending=True,
+)  # fmt: skip
+"""A claim whose prepare was making its on-demand instances: one made, one not yet."""
 NODE = NodeState((Gpu(0, GpuUuid("GPU-0"), "NVIDIA A100-SXM4-40GB", 40960, True, False, False, minor=0),))
 
 
 def test_round_trip(tmp_path: Path) -> None:
     checkpoint = ClaimCheckpoint(tmp_path / "claims.json")
     assert {} == checkpoint.load()
-    checkpoint.save({CLAIM.uid: CLAIM})
-    assert {CLAIM.uid: CLAIM} == ClaimCheckpoint(tmp_path / "claims.json").load()
+    checkpoint.save({CLAIM.uid: CLAIM, MADE.uid: MADE})
+    assert {CLAIM.uid: CLAIM, MADE.uid: MADE} == ClaimCheckpoint(tmp_path / "claims.json").load()
     checkpoint.save({})
     assert {} == checkpoint.load()
     assert ["claims.json"] == sorted(p.name for p in tmp_path.iterdir())  # no temp file left
 
 
+DEVICE = {
+    "requests": ["gpu"], "pool": "node-a", "device": "gpu-0", "uuid": "GPU-0", "gpuUUID": "GPU-0",
+    "cdiDeviceIDs": [], "shareID": None, "adminAccess": False,
+}  # fmt: skip
+INSTANCE = {
+    "gpuUUID": "GPU-0", "profile": "3g.20gb", "start": 4, "size": 4, "gpuInstance": 1, "computeInstance": 0
+}  # fmt: skip
+
+
 def entry(**changes: object) -> bytes:
-    good = {
-        "namespace": "ns", "name": "c", "pods": [],
-        "devices": [{
-            "requests": ["gpu"], "pool": "node-a", "device": "gpu-0", "uuid": "GPU-0", "gpuUUID": "GPU-0",
-            "cdiDeviceIDs": [], "shareID": None, "adminAccess": False,
-        }],
-    }  # fmt: skip
+    good = {"namespace": "ns", "name": "c", "pods": [], "devices": [DEVICE]}
     good.update(changes)
     return json.dumps({"version": 1, "claims": {"uid-1": good}}).encode()
 
@@ -69,6 +90,17 @@ def entry(**changes: object) -> bytes:
         pytest.param(entry(name=3), "claims.uid-1.name is not a string", id="wrong-type"),
         pytest.param(entry(devices=[{}]), "claims.uid-1.devices[0]: shareID is missing", id="missing-key"),
         pytest.param(entry(pods={}), "claims.uid-1.pods is not a list", id="pods-not-a-list"),
+        pytest.param(entry(pending="yes"), "claims.uid-1.pending is not a boolean", id="pending-not-a-bool"),
+        pytest.param(
+            entry(devices=[{**DEVICE, "instance": {**INSTANCE, "start": "4"}}]),
+            "claims.uid-1.devices[0].instance.start is not an integer",
+            id="instance-start",
+        ),
+        pytest.param(
+            entry(devices=[{**DEVICE, "instance": {**INSTANCE, "gpuInstance": True}}]),
+            "claims.uid-1.devices[0].instance: gpuInstance/computeInstance is not an integer",
+            id="instance-id",
+        ),
     ],
 )
 def test_a_corrupt_checkpoint_is_an_error_that_names_it_and_keeps_it(

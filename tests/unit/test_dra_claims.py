@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from sharing.devices.inventory import Device, DeviceId, Health
-from sharing.dra.claims import ClaimError, check_config, select
+from sharing.dra.claims import ClaimError, check_config, ondemand_results, select
 from sharing.dra.names import DRIVER
 from sharing.kube.api import AllocatedConfig, AllocatedDevice, ResourceClaimObject
 from sharing.model import GpuUuid, MigUuid
@@ -30,6 +30,19 @@ def test_select_takes_our_results_and_maps_them_to_devices() -> None:
     other = AllocatedDevice("nic", "net.example.com", "node-a", "eth0")
     chosen = select(claim(ours("gpu-0"), other, ours("gpu-1-mig-0", "mig")), "node-a", DEVICES)
     assert [("gpu", GPU), ("mig", MIG)] == [(c.result.request, c.device) for c in chosen]
+
+
+def test_on_demand_devices_are_left_to_be_made() -> None:
+    made = ours("gpu-1-mig-3g-20gb-at-4", "mig")
+    other = AllocatedDevice("mig", "net.example.com", "node-a", "gpu-1-mig-1g-5gb-at-0")
+    value = claim(ours("gpu-0"), made, other)
+    assert ([GPU], (made,)) == ([c.device for c in select(value, "node-a", DEVICES)], ondemand_results(value))
+
+
+def test_an_on_demand_device_of_another_pool_is_refused() -> None:
+    with pytest.raises(ClaimError) as err:
+        select(claim(ours("gpu-0-mig-1g-5gb-at-0", pool="node-b")), "node-a", DEVICES)
+    assert "device gpu-0-mig-1g-5gb-at-0 of pool node-b is not on this node (pool node-a)" in str(err.value)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,165 @@
+"""The claims' side of on-demand MIG instances: what the checkpoint keeps of each, how a failed or
+killed prepare is undone, and how unprepare destroys them.
+
+The checkpoint (`sharing.store.claims`) is the authority: an instance is destroyed only when it is
+the one recorded for the claim (same GPU, profile, placement and IDs, and the recorded MIG device),
+never while processes run on it. At start, `recover` adopts what the checkpoint owns and settles a
+prepare a killed agent left pending: a complete instance is rolled forward (kept for the claim; the
+kubelet's retried prepare finds it), a GPU instance without its compute instance is rolled back
+(destroyed; the retry makes it again), and what could not be destroyed stays owned, so it is never
+lost. Nothing else on the GPUs is touched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+
+import structlog
+
+from sharing.devices import Device, DeviceId, Health
+from sharing.dra.claims import ClaimError
+from sharing.dra.names import CDI_KIND, claim_cdi_name
+from sharing.dra.ondemand import InstanceBusyError, OnDemand, Placement, find
+from sharing.kube.api import AllocatedDevice
+from sharing.model import GpuInstance, MigUuid
+from sharing.store import OwnedInstance, PreparedClaim, PreparedDevice
+
+log = structlog.get_logger(__name__)
+
+Made = tuple[AllocatedDevice, Placement, GpuInstance, bool]
+"""An on-demand device of a prepare: its result, placement, instance, and whether this prepare made it."""
+
+
+def made_device(
+    uid: str, result: AllocatedDevice, place: Placement, gi: GpuInstance | None
+) -> PreparedDevice:
+    """An on-demand device as the checkpoint keeps it; without `gi` (or its compute instance) it is the
+    intent to make it."""
+    ci = gi.compute_instances[0] if gi is not None and gi.compute_instances else None
+    return PreparedDevice(
+        requests=(result.request.partition("/")[0],),
+        pool=result.pool,
+        device=result.device,
+        uuid="" if ci is None else ci.uuid,
+        gpu_uuid=place.gpu.uuid,
+        cdi_ids=(f"{CDI_KIND}={claim_cdi_name(uid, result.device)}",),
+        share_id=result.share_id,
+        admin_access=result.admin_access,
+        instance=OwnedInstance(
+            place.gpu.uuid,
+            place.profile.name,
+            place.start,
+            place.profile.size,
+            None if gi is None else gi.id,
+            None if ci is None else ci.id,
+        ),
+    )
+
+
+def mig_device(place: Placement, mig: MigUuid, gi: GpuInstance | None = None) -> Device:
+    """The inventory's view of an on-demand MIG device (for the claim checks and the CDI spec)."""
+    ci = gi.compute_instances[0] if gi is not None and gi.compute_instances else None
+    index = "" if ci is None or ci.mig_index is None else f"{place.gpu.index}:{ci.mig_index}"
+    return Device(
+        DeviceId(mig), Health.HEALTHY, place.gpu.numa_node, place.gpu.uuid, mig_uuid=mig, index=index
+    )
+
+
+async def undo(ondemand: OnDemand, ref: str, uid: str, made: Sequence[Made]) -> tuple[PreparedDevice, ...]:
+    """A prepare that failed half-way: destroy what it made; the devices that could not be destroyed."""
+    left = []
+    for result, place, gi, new in made:
+        if not new:
+            continue
+        try:
+            await ondemand.destroy(ref, place.gpu.uuid, gi)
+        except ClaimError as err:
+            log.error("ondemand_undo_failed", claim=ref, device=result.device, error=str(err))
+            left.append(made_device(uid, result, place, gi))
+    return tuple(left)
+
+
+async def destroy_owned(ondemand: OnDemand | None, ref: str, claim: PreparedClaim) -> None:
+    """Destroy the instances made for the claim, never one with processes (then ClaimError: the
+    kubelet retries the unprepare), never one the checkpoint does not give it."""
+    owned = [d for d in claim.devices if d.instance is not None]
+    if not owned:
+        return
+    if ondemand is None:
+        raise ClaimError(
+            f"claim {ref}: it holds on-demand MIG devices ({', '.join(d.device for d in owned)}) "
+            "and this agent makes none now; they are kept until an agent that makes them "
+            "unprepares the claim"
+        )
+    state = await ondemand.observe()
+    for d in owned:
+        assert d.instance is not None
+        gi = find(state, d.instance, d.uuid)
+        if gi is None:
+            log.info("ondemand_instance_gone", claim=ref, device=d.device, mig=d.uuid)
+            continue
+        if any(ci.busy for ci in gi.compute_instances):
+            raise ClaimError(busy_message(ref, d))
+        try:
+            await ondemand.destroy(ref, d.instance.gpu_uuid, gi)
+        except InstanceBusyError:
+            raise ClaimError(busy_message(ref, d)) from None
+
+
+def busy_message(ref: str, d: PreparedDevice) -> str:
+    where = "" if d.instance is None else f" ({d.instance.profile} at slot {d.instance.start})"
+    return (
+        f"claim {ref}: its MIG device {d.uuid or d.device}{where} still has processes running on it; "
+        "it is not destroyed while they run, and the kubelet retries the unprepare until they have ended"
+    )
+
+
+async def recover(
+    ondemand: OnDemand, claims: Mapping[str, PreparedClaim]
+) -> tuple[dict[str, PreparedClaim], tuple[str, ...]]:
+    """The checkpoint after adopting what it owns and settling pending prepares, and the UIDs of the
+    claims settled (their CDI specs may lack devices). ClaimError when the GPUs cannot be read."""
+    state = await ondemand.observe()
+    after = dict(claims)
+    settled = []
+    for uid, claim in claims.items():
+        ref = f"{claim.namespace}/{claim.name}"
+        if not claim.pending:
+            for d in claim.devices:
+                if d.instance is None:
+                    continue
+                gi = find(state, d.instance, d.uuid)
+                event = (
+                    "ondemand_instance_lost" if gi is None
+                    else "ondemand_instance_adopted" if gi.compute_instances
+                    else "ondemand_unprepare_unfinished"  # the kubelet's retried unprepare ends it
+                )  # fmt: skip
+                log.info(event, claim=ref, device=d.device, mig=d.uuid)
+            continue
+        if any(d.instance is not None and state.gpu(d.instance.gpu_uuid) is None for d in claim.devices):
+            # Its GPU cannot be read now: what is there is unknown, so the intent stays as it is.
+            log.warning("ondemand_recovery_deferred", claim=ref)
+            continue
+        kept = []
+        for d in claim.devices:
+            gi = None if d.instance is None else find(state, d.instance)
+            if d.instance is None or gi is None:
+                continue
+            if gi.compute_instances:
+                ci = gi.compute_instances[0]
+                kept.append(replace(d, uuid=ci.uuid, instance=replace(d.instance, gi_id=gi.id, ci_id=ci.id)))
+                log.warning("ondemand_prepare_rolled_forward", claim=ref, device=d.device)
+                continue
+            try:
+                await ondemand.destroy(ref, d.instance.gpu_uuid, gi)
+                log.warning("ondemand_prepare_rolled_back", claim=ref, device=d.device)
+            except ClaimError as err:  # still there: keep it owned, so it is never lost
+                kept.append(replace(d, instance=replace(d.instance, gi_id=gi.id)))
+                log.error("ondemand_rollback_failed", claim=ref, device=d.device, error=str(err))
+        if kept:
+            after[uid] = replace(claim, devices=tuple(kept), pending=False)
+        else:
+            del after[uid]
+        settled.append(uid)
+    return after, tuple(settled)

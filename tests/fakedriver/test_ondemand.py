@@ -1,0 +1,213 @@
+"""On-demand MIG instances over the real pynvml and the fake driver: made at an exact placement,
+destroyed only when free, and a prepare a killed agent left half-done rolled forward or back from
+the claim checkpoint at start (the instances it owns adopted, nothing else touched)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sharing.devices import Inventory
+from sharing.dra import ClaimError, OnDemand, Preparer
+from sharing.dra.ondemand import InstanceBusyError, Placement, occupant, placement_of
+from sharing.gpu import simstate
+from sharing.gpu.devfiles import DriverFiles
+from sharing.gpu.nvml import NvmlBackend
+from sharing.gpu.nvmlapi import Nvml
+from sharing.kube.api import ResourceClaimObject
+from sharing.mig import Target
+from sharing.mig.catalog import default_catalog
+from sharing.model import GpuUuid, NodeState
+from sharing.store import ClaimCheckpoint, Journal, OwnedInstance, PreparedClaim, PreparedDevice
+from tests.fakedriver.conftest import make_gpu_instance
+
+CATALOG = default_catalog()
+PROFILE_ID = {"1g.5gb": 19, "2g.10gb": 14, "3g.20gb": 9, "7g.40gb": 0}
+"""nvidia-smi IDs on an A100-SXM4-40GB (NVIDIA MIG user guide, supported profiles)."""
+
+
+@pytest.fixture
+async def backend(state: Path, nvml: Nvml) -> AsyncIterator[NvmlBackend]:
+    simstate.init_state(state, [simstate.resolve_product(CATALOG, "A100-SXM4-40GB")] * 2)
+    b = NvmlBackend(nvml, CATALOG, event_poll_s=0.01)
+    for gpu in (await b.observe()).gpus:
+        assert await b.set_mig_mode(gpu.uuid, True) is False
+    yield b
+    await b.close()
+
+
+@pytest.fixture
+def ondemand(backend: NvmlBackend, tmp_path: Path) -> OnDemand:
+    return OnDemand(backend, Journal(tmp_path / "journal.jsonl"), lock_wait_s=0.5)
+
+
+def instances(state: Path) -> list[list[tuple[int, int, int]]]:
+    """Per GPU, (profile id, start, size) of every GPU instance, from the fake driver's own state."""
+    data = json.loads(state.read_text())
+    return [
+        sorted((g["profileId"], g["start"], g["size"]) for g in gpu["gpuInstances"]) for gpu in data["gpus"]
+    ]
+
+
+async def place(ondemand: OnDemand, device: str) -> Placement:
+    return placement_of(await ondemand.observe(), device)
+
+
+async def test_made_at_exactly_the_allocated_placement(ondemand: OnDemand, state: Path) -> None:
+    gi = await ondemand.create("ns/a", await place(ondemand, "gpu-1-mig-3g-20gb-at-4"))
+    await ondemand.create("ns/b", await place(ondemand, "gpu-1-mig-1g-5gb-at-2"))
+    assert ((gi.profile, gi.start, gi.size), len(gi.compute_instances)) == (("3g.20gb", 4, 4), 1)
+    assert instances(state) == [[], sorted([(9, 4, 4), (19, 2, 1)])]
+    assert not Journal(ondemand.journal.path).path.exists()
+
+
+@pytest.mark.parametrize(
+    ("device", "error"),
+    [
+        ("gpu-0-mig-3g-20gb-at-2", "3g.20gb cannot start at slot 2 on GPU 0 (the driver's placements: 0, 4)"),
+        ("gpu-0-mig-5g-25gb-at-0", "GPU 0 has no MIG profile 5g-25gb (it has"),
+        ("gpu-7-mig-1g-5gb-at-0", "this node has no GPU 7"),
+    ],
+    ids=["invalid-start", "unknown-profile", "no-such-gpu"],
+)
+async def test_a_placement_the_driver_does_not_offer_is_refused(
+    ondemand: OnDemand, state: Path, device: str, error: str
+) -> None:
+    with pytest.raises(ClaimError) as err:
+        await place(ondemand, device)
+    assert error in str(err.value)
+    assert instances(state) == [[], []]
+
+
+async def test_a_taken_placement_is_the_claims_error_and_nothing_is_destroyed(
+    ondemand: OnDemand, state: Path, nvml: Nvml
+) -> None:
+    make_gpu_instance(nvml, 0, PROFILE_ID["2g.10gb"], 4, 2)  # not ours: no claim owns it
+    where = await place(ondemand, "gpu-0-mig-3g-20gb-at-4")
+    with pytest.raises(ClaimError) as err:
+        occupant(where, {}, "uid-a", "ns/a")
+    assert "is taken: GPU instance 0 (2g.10gb at slot 4) is there, held by no claim of this agent" in str(
+        err.value
+    )
+    # The driver refuses the overlap too (INSUFFICIENT_RESOURCES), and the instance stays.
+    with pytest.raises(ClaimError):
+        await ondemand.create("ns/a", where)
+    assert instances(state) == [[(14, 4, 2)], []]
+
+
+async def test_an_instance_with_processes_is_not_destroyed(ondemand: OnDemand, state: Path) -> None:
+    gi = await ondemand.create("ns/a", await place(ondemand, "gpu-0-mig-1g-5gb-at-6"))
+    gpu = (await ondemand.observe()).gpus[0].uuid
+    simstate.set_busy(state, gi.compute_instances[0].uuid, True)
+    with pytest.raises(InstanceBusyError):
+        await ondemand.destroy("ns/a", gpu, gi)
+    assert instances(state) == [[(19, 6, 1)], []]
+    simstate.set_busy(state, gi.compute_instances[0].uuid, False)
+    await ondemand.destroy("ns/a", gpu, gi)
+    assert instances(state) == [[], []]
+
+
+class NoApiServer:
+    """Start-up recovery works from the checkpoint and the GPUs alone: it reads no claim."""
+
+    def get_resource_claim(self, namespace: str, name: str) -> ResourceClaimObject:
+        raise AssertionError(f"recovery read claim {namespace}/{name}")
+
+
+def preparer(ondemand: OnDemand, tmp_path: Path, node: NodeState) -> Preparer:
+    return Preparer(
+        pool="node-a",
+        claims=NoApiServer(),
+        inventory=Inventory,
+        node=lambda: node,
+        files=DriverFiles(tmp_path / "driver"),
+        cdi_dir=tmp_path / "cdi",
+        checkpoint=ClaimCheckpoint(tmp_path / "claims.json"),
+        ondemand=ondemand,
+    )
+
+
+def intent(uid: str, gpu: GpuUuid, profile: str, start: int, size: int, **ids: Any) -> PreparedClaim:
+    """A claim whose prepare was killed after its intent reached the checkpoint."""
+    device = PreparedDevice(
+        requests=("mig",), pool="node-a", device=f"gpu-0-mig-{profile.replace('.', '-')}-at-{start}",
+        uuid=ids.pop("uuid", ""), gpu_uuid=gpu, cdi_ids=(f"k8s.gpu.nvidia.com/claim={uid}-x",),
+        instance=OwnedInstance(gpu, profile, start, size, **ids),
+    )  # fmt: skip
+    return PreparedClaim("ns", uid, uid, (device,), pending=not device.uuid)
+
+
+async def test_restart_rolls_back_a_half_built_instance_and_forward_a_complete_one(
+    ondemand: OnDemand, state: Path, nvml: Nvml, tmp_path: Path
+) -> None:
+    node = await ondemand.observe()
+    gpu, other = node.gpus[0].uuid, node.gpus[1].uuid
+    # Killed after the GPU instance, before its compute instance: half-built at 0.
+    make_gpu_instance(nvml, 0, PROFILE_ID["3g.20gb"], 0, 4)
+    # Killed after both, before the checkpoint had their IDs: complete at 4.
+    done = await ondemand.create("ns/b", placement_of(node, "gpu-0-mig-2g-10gb-at-4"))
+    # Killed before the first NVML call: nothing at 6. And one not ours at slot 6 of GPU 1.
+    make_gpu_instance(nvml, 1, PROFILE_ID["1g.5gb"], 6, 1)
+    # Prepared before the restart, with its instance: adopted.
+    adopted = await ondemand.create("ns/d", placement_of(node, "gpu-1-mig-1g-5gb-at-0"))
+    checkpoint = ClaimCheckpoint(tmp_path / "claims.json")
+    mig = adopted.compute_instances[0]
+    checkpoint.save({
+        "a": intent("a", gpu, "3g.20gb", 0, 4),
+        "b": intent("b", gpu, "2g.10gb", 4, 2),
+        "c": intent("c", gpu, "1g.5gb", 6, 1),
+        "d": intent("d", other, "1g.5gb", 0, 1, uuid=mig.uuid, gi_id=adopted.id, ci_id=mig.id),
+    })  # fmt: skip
+    p = preparer(ondemand, tmp_path, node)
+    await p.load()
+
+    assert instances(state) == [[(14, 4, 2)], [(19, 0, 1), (19, 6, 1)]]
+    claims = checkpoint.load()
+    assert sorted(claims) == ["b", "d"]
+    b = claims["b"].devices[0]
+    assert (claims["b"].pending, b.uuid, b.instance) == (
+        False,
+        done.compute_instances[0].uuid,
+        OwnedInstance(gpu, "2g.10gb", 4, 2, done.id, done.compute_instances[0].id),
+    )
+    assert claims["d"] == intent("d", other, "1g.5gb", 0, 1, uuid=mig.uuid, gi_id=adopted.id, ci_id=mig.id)
+    assert p.prepared().held() == {b.uuid, mig.uuid}
+
+
+async def test_no_step_runs_while_the_rollout_changes_the_gpus(ondemand: OnDemand, state: Path) -> None:
+    where = await place(ondemand, "gpu-0-mig-1g-5gb-at-0")
+    # The rollout (or `sharing apply`) runs its steps.
+    with Journal(ondemand.journal.path).locked(), pytest.raises(ClaimError) as err:
+        await ondemand.create("ns/a", where)
+    assert "the GPUs are being changed: another process (pid " in str(err.value)
+    # A rollout killed half-way left its journal: its change is finished first.
+    Journal(ondemand.journal.path).begin({GpuUuid(where.gpu.uuid): Target(True, (("7g.40gb", 1),))})
+    with pytest.raises(ClaimError) as err:
+        await ondemand.create("ns/a", where)
+    assert "waits for the GPU change a killed agent left half-done" in str(err.value)
+    assert (instances(state), Journal(ondemand.journal.path).unfinished() is not None) == ([[], []], True)
+
+
+async def test_a_pending_prepare_on_a_gpu_that_cannot_be_read_is_left_as_it_is(
+    ondemand: OnDemand, state: Path, nvml: Nvml, tmp_path: Path
+) -> None:
+    node = await ondemand.observe()
+    gpu = node.gpus[1].uuid
+    make_gpu_instance(nvml, 1, PROFILE_ID["3g.20gb"], 4, 4)  # half-built by a killed prepare
+    checkpoint = ClaimCheckpoint(tmp_path / "claims.json")
+    checkpoint.save({"a": intent("a", gpu, "3g.20gb", 4, 4)})
+    simstate.set_lost(state, 1, True)
+    p = preparer(ondemand, tmp_path, node)
+    await p.load()
+    simstate.set_lost(state, 1, False)
+
+    # GPU 0 was read, so only the claim on GPU 1 waits; while it does, every device counts as held.
+    assert "claim ns/a is being prepared (MIG instances being made)" == p.prepared().unknown
+    assert ({"a": intent("a", gpu, "3g.20gb", 4, 4)}, [[], [(9, 4, 4)]]) == (
+        checkpoint.load(),
+        instances(state),
+    )
