@@ -154,6 +154,7 @@ def _action(rule: Rule) -> str:
             MigMode.DISABLED: "MIG off",
             MigMode.ENABLED: "MIG on, no instances",
             MigMode.UNCHANGED: "MIG as is",
+            MigMode.DYNAMIC: "MIG on, instances made per claim (DRA)",
         }[rule.mig]
     if rule.sharing is Sharing.MPS:
         return text + _mps(rule)

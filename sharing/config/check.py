@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from sharing.config.mps import check_mps
 from sharing.config.node import NodeGpu, catalog_targets, layout_problems
-from sharing.config.problems import Report
+from sharing.config.problems import Report, key
 from sharing.config.rules import GPU, check_rename, check_replicas, check_strategy, covers, reachability
 from sharing.config.spec import (
     MigMode,
@@ -89,6 +89,7 @@ def finish(
     for rule in draft.rules:
         targets = _targets(report, draft, rule, catalog, node)
         _check_mig(report, draft, rule, catalog, targets, offline=node is None)
+        _check_dynamic(report, draft, rule, targets)
         check_replicas(report, name, draft.strategy, rule, catalog, targets=targets, lenient=draft.nvidia)
         check_rename(report, name, draft.strategy, rule)
         if rule.sharing is Sharing.MPS:
@@ -167,6 +168,37 @@ def _targets(
             config=draft.name,
         )
     return targets
+
+
+DYNAMIC_FRONTEND = (
+    "mig: dynamic makes MIG devices per claim and works only on the DRA front-end: on a node served by "
+    "the device plugins these GPUs get MIG mode on and offer nothing"
+)
+
+
+def _check_dynamic(
+    report: Report, draft: DraftConfig, rule: DraftRule, targets: list[NodeGpu] | None
+) -> None:
+    """`mig: dynamic`: MIG on and nothing made ahead, so nothing to replicate, share or rename."""
+    if rule.mig is not MigMode.DYNAMIC:
+        return
+    name = draft.name
+    why = "MIG devices made on demand are given whole to one claim each"
+    if rule.sharing is Sharing.MPS:
+        report.error(rule.sharing_path or rule.path, f"MPS is not available with mig: dynamic: {why}",
+                     config=name)  # fmt: skip
+    if rule.replicas_default > 1:
+        report.error(key(rule.path, "replicas"), f"replicas are not available with mig: dynamic: {why}",
+                     config=name)  # fmt: skip
+    for _, path in rule.replicas.values():
+        if rule.sharing is not Sharing.MPS:
+            report.error(path, f"replicas are not available with mig: dynamic: {why}", config=name)
+    for _, path in rule.rename.values():
+        report.error(path, f"nothing to rename with mig: dynamic: {why}", config=name)
+    for target in targets or ():
+        if target.known and target.geometry is None and not rule.skip_without_mig:
+            report.error(rule.mig_path, f"{target.name} has no MIG (not a MIG product)", config=name)
+    report.warn(rule.mig_path, DYNAMIC_FRONTEND, config=name)
 
 
 def _check_mig(

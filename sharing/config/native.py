@@ -14,7 +14,7 @@ from sharing.config.spec import MigMode, MigStrategy, Selector, Sharing
 MAX_REPLICAS = 256
 MAX_GPU_INDEX = 255
 STRATEGIES = tuple(s.value for s in MigStrategy)
-MIG_WORDS = ("disabled", "enabled", "unchanged")
+MIG_WORDS = ("disabled", "enabled", "unchanged", "dynamic")
 
 
 def read_native(report: Report, name: str, doc: dict[str, Any]) -> DraftConfig:
@@ -134,7 +134,7 @@ def read_devices(report: Report, path: str, value: object) -> Selector | None:
 
 
 def read_mig(report: Report, rule: DraftRule, value: object) -> None:
-    """`{profile: count}`, `{}` or one of the words disabled, enabled, unchanged."""
+    """`{profile: count}`, `{}` or one of the words disabled, enabled, unchanged, dynamic."""
     path = rule.mig_path
     if isinstance(value, str) and value in MIG_WORDS:
         rule.mig = MigMode(value)

@@ -198,4 +198,6 @@ def target_for(config: SharingConfig, gpu: Gpu, catalog: Catalog) -> Target | No
         return None  # mig-parted skips GPUs without MIG that an entry matches
     if rule.mig is MigMode.DISABLED:
         return Target(mig_enabled=False)
+    if rule.mig is MigMode.DYNAMIC:
+        return Target(mig_enabled=True, dynamic=True)  # the instances are the claims' (DRA front-end)
     return Target(mig_enabled=True, instances=rule.instances)

@@ -15,7 +15,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import NewType
 
-from sharing.config import MigStrategy, Sharing, SharingConfig, identity
+from sharing.config import MigMode, MigStrategy, Sharing, SharingConfig, identity
 from sharing.devices.xids import APPLICATION_XIDS
 from sharing.errors import PluginError
 from sharing.mig import Catalog, default_catalog
@@ -241,6 +241,8 @@ def _devices_of(
     warnings: list[str],
 ) -> Iterable[tuple[ResourceName, Device]]:
     rule = config.rule_matching(identity(gpu, catalog)) if config else None
+    if rule is not None and rule.mig is MigMode.DYNAMIC:
+        return  # its MIG devices are made per claim: the DRA front-end offers them (sharing.dra.partitions)
     rename = _Rename(config is not None and config.rename_by_default, dict(rule.rename) if rule else {})
     if gpu.mig_enabled and strategy is MigStrategy.NONE:
         # A GPU in MIG mode runs nothing as a whole GPU: handing it out would give a pod a GPU it

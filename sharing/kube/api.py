@@ -151,6 +151,15 @@ class DeviceTaint:
 
 
 @dataclass(frozen=True, slots=True)
+class CounterSet:
+    """A named set of counters (`spec.sharedCounters[]`, `consumesCounters[]`: KEP-4815 partitionable
+    devices); each counter's value a quantity in canonical form, sorted by counter name."""
+
+    name: str
+    counters: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True, slots=True)
 class SliceDevice:
     """One device of a ResourceSlice (`spec.devices[]`); attributes and capacities sorted by name."""
 
@@ -159,6 +168,8 @@ class SliceDevice:
     capacity: tuple[tuple[str, Capacity], ...] = ()
     taints: tuple[DeviceTaint, ...] = ()
     allow_multiple_allocations: bool = False
+    consumes_counters: tuple[CounterSet, ...] = ()
+    """What allocating the device takes from the pool's counter sets (`consumesCounters`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +182,9 @@ class SliceSpec:
     generation: int
     slice_count: int
     devices: tuple[SliceDevice, ...]
+    shared_counters: tuple[CounterSet, ...] = ()
+    """The counter sets this slice declares (`sharedCounters`); since Kubernetes 1.35 a slice holds
+    either devices or counter sets, never both (resource.k8s.io/v1 types.go, `ResourceSliceSpec`)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,7 @@ from sharing.kube.api import (
     Capacity,
     ConfigMapObject,
     ConflictError,
+    CounterSet,
     DeviceTaint,
     GoneError,
     NodeObject,
@@ -460,7 +461,7 @@ def _text(obj: Mapping[str, Any], key: str) -> str:
 
 def slice_body(spec: SliceSpec, owner: NodeObject) -> dict[str, Any]:
     """The JSON of a ResourceSlice (resource.k8s.io/v1) with `spec`, controlled by the Node `owner`."""
-    return {
+    body: dict[str, Any] = {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceSlice",
         "metadata": {
@@ -476,9 +477,17 @@ def slice_body(spec: SliceSpec, owner: NodeObject) -> dict[str, Any]:
                 "generation": spec.generation,
                 "resourceSliceCount": spec.slice_count,
             },
-            "devices": [_device_body(d) for d in spec.devices],
         },
     }
+    if spec.shared_counters:  # a slice of counters has no devices (Kubernetes 1.35+)
+        body["spec"]["sharedCounters"] = [_counter_set_body(c) for c in spec.shared_counters]
+    else:
+        body["spec"]["devices"] = [_device_body(d) for d in spec.devices]
+    return body
+
+
+def _counter_set_body(counters: CounterSet) -> dict[str, Any]:
+    return {"name": counters.name, "counters": {name: {"value": value} for name, value in counters.counters}}
 
 
 def _device_body(device: SliceDevice) -> dict[str, Any]:
@@ -494,6 +503,11 @@ def _device_body(device: SliceDevice) -> dict[str, Any]:
         ]
     if device.allow_multiple_allocations:
         body["allowMultipleAllocations"] = True
+    if device.consumes_counters:
+        body["consumesCounters"] = [
+            {"counterSet": c.name, "counters": {name: {"value": value} for name, value in c.counters}}
+            for c in device.consumes_counters
+        ]
     return body
 
 
@@ -531,6 +545,9 @@ def resource_slice(obj: Mapping[str, Any]) -> ResourceSliceObject:
             generation=int(pool.get("generation") or 0),
             slice_count=int(pool.get("resourceSliceCount") or 0),
             devices=tuple(_device(d) for d in spec.get("devices") or ()),
+            shared_counters=tuple(
+                _counter_set(c.get("name", ""), c) for c in spec.get("sharedCounters") or ()
+            ),
         ),
         owners=tuple(o.get("uid", "") for o in meta.get("ownerReferences") or () if o.get("controller")),
     )
@@ -546,6 +563,16 @@ def _device(obj: Mapping[str, Any]) -> SliceDevice:
             for t in obj.get("taints") or ()
         ),
         allow_multiple_allocations=bool(obj.get("allowMultipleAllocations")),
+        consumes_counters=tuple(
+            _counter_set(c.get("counterSet", ""), c) for c in obj.get("consumesCounters") or ()
+        ),
+    )
+
+
+def _counter_set(name: str, obj: Mapping[str, Any]) -> CounterSet:
+    counters = obj.get("counters") or {}
+    return CounterSet(
+        str(name), tuple(sorted((k, str((v or {}).get("value", ""))) for k, v in counters.items()))
     )
 
 

@@ -25,15 +25,26 @@ from dataclasses import dataclass, replace
 import structlog
 
 from sharing.errors import KubeError
-from sharing.kube.api import GoneError, KubeClient, ResourceSliceObject, SliceDevice, SliceSpec
+from sharing.kube.api import CounterSet, GoneError, KubeClient, ResourceSliceObject, SliceDevice, SliceSpec
 from sharing.text import bounded
 
 log = structlog.get_logger(__name__)
+Content = tuple[tuple[SliceDevice, ...], tuple[CounterSet, ...]]
+"""What a slice holds: its devices and its counter sets."""
+
+
+def content(spec: SliceSpec) -> Content:
+    """The devices and counter sets of a slice, as the pool compares them."""
+    return spec.devices, spec.shared_counters
+
+
 BACKOFF_MAX_S = 30.0
 GATES = {
     "taints": "DRADeviceTaints",
     "allowMultipleAllocations": "DRAConsumableCapacity",
     "requestPolicy": "DRAConsumableCapacity",
+    "sharedCounters": "DRAPartitionableDevices",
+    "consumesCounters": "DRAPartitionableDevices",
 }
 """The feature gate (kube-apiserver) without which the API server drops a field (types.go +featureGate)."""
 
@@ -54,14 +65,14 @@ def plan_pool(
     *,
     floor: int,
     owner_uid: str,
-    stored: dict[tuple[SliceDevice, ...], tuple[SliceDevice, ...]] | None = None,
+    stored: dict[Content, Content] | None = None,
 ) -> PoolPlan | None:
     """None when `existing` already is the wanted pool; else the writes, at a generation above
-    `floor` and above every existing one. `stored` maps wanted devices to the form the API server
+    `floor` and above every existing one. `stored` maps wanted contents to the form the API server
     stores them in (after it dropped fields)."""
     stored = stored or {}
-    held = Counter(s.spec.devices for s in existing)
-    expected = Counter(stored.get(w.devices, w.devices) for w in wanted)
+    held = Counter(content(s.spec) for s in existing)
+    expected = Counter(stored.get(content(w), content(w)) for w in wanted)
     generations = {s.spec.generation for s in existing}
     if (
         held == expected
@@ -98,6 +109,10 @@ def dropped(written: SliceSpec, stored: SliceSpec) -> list[str]:
             found.append(f"requestPolicy of {device.name}")
         if dict(device.attributes).keys() - dict(back.attributes).keys():
             found.append(f"attributes of {device.name}")
+        if device.consumes_counters and not back.consumes_counters:
+            found.append(f"consumesCounters of {device.name}")
+    if written.shared_counters and not stored.shared_counters:
+        found.append("sharedCounters")
     if not found and written != stored:
         found.append("fields")
     return found
@@ -120,7 +135,7 @@ class SlicePublisher:
         self.problems: tuple[str, ...] = ()
         """What the API server dropped of the pool last written, one sentence each."""
         self._wanted: tuple[SliceSpec, ...] | None = None
-        self._stored: dict[tuple[SliceDevice, ...], tuple[SliceDevice, ...]] = {}
+        self._stored: dict[Content, Content] = {}
         self._wake = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopped = threading.Event()
@@ -220,7 +235,7 @@ class SlicePublisher:
         self._written.add(stored.resource_version)
         if stored.spec != spec:
             problems += [f"{stored.name}: {p}" for p in dropped(spec, stored.spec)]
-            self._stored[spec.devices] = stored.spec.devices
+            self._stored[content(spec)] = content(stored.spec)
         return stored
 
     def _watch(self) -> None:

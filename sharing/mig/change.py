@@ -25,6 +25,8 @@ class Target:
 
     mig_enabled: bool
     instances: tuple[tuple[str, int], ...] = ()
+    dynamic: bool = False
+    """MIG on and the instances left alone: they are made and destroyed per claim (DRA front-end)."""
 
 
 class Outcome(enum.Enum):
@@ -164,6 +166,20 @@ def plan_change(
     elif not gpu.mig_pending:  # on now, but set to go off at the next reset: keep it on
         steps.append(Step(StepKind.ENABLE_MIG))
     instances = gpu.instances if gpu.mig_enabled else ()
+    if target.dynamic:  # every instance on it belongs to a claim, or waits for the operator
+        layout = tuple(Placement(gi.profile, gi.start, gi.size) for gi in instances)
+        return GpuChange(gpu, target, tuple(steps), layout=layout)
+    if gpu.mig_enabled and gpu.uuid in busy_uuids:
+        # Held as a whole while MIG is on: a claim is allocated a device of it that is not made yet
+        # (an on-demand MIG device of a dynamic GPU), so nothing may be made or destroyed around it.
+        return GpuChange(
+            gpu,
+            target,
+            failure=Outcome.BLOCKED,
+            reason="the GPU is held (a claim is allocated a MIG device on it that is not made yet, or "
+            "which devices pods hold cannot be read); its MIG layout changes once it is free",
+            blockers=(gpu.uuid,),
+        )
     existing = [
         Existing(
             gi.profile,
@@ -196,7 +212,7 @@ def verify(change: GpuChange, after: Gpu | None) -> str | None:
     assert change.target is not None
     if after.mig_enabled != change.target.mig_enabled:
         return f"MIG is {'on' if after.mig_enabled else 'off'} after applying"
-    if not change.target.mig_enabled:
+    if not change.target.mig_enabled or change.target.dynamic:
         return None
     have = sorted((gi.profile, gi.start) for gi in after.instances)
     want = sorted((p.profile, p.start) for p in change.layout)

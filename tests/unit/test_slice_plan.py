@@ -73,7 +73,10 @@ def test_the_stored_form_of_a_pool_counts_as_published() -> None:
     existing = (held("s1", kept, count=1),)
     assert plan_pool((spec(shared, count=1),), existing, floor=0, owner_uid="u") is not None
     assert (
-        plan_pool((spec(shared, count=1),), existing, floor=0, owner_uid="u", stored={shared: kept}) is None
+        plan_pool(
+            (spec(shared, count=1),), existing, floor=0, owner_uid="u", stored={(shared, ()): (kept, ())}
+        )
+        is None
     )
 
 
