@@ -1,0 +1,157 @@
+"""On-demand MIG on the real node: the A100s of the session node under `mig: dynamic`, served through DRA.
+
+The module takes the node's A100s to MIG on with no instances (`mig: {}`), then to `mig: dynamic`
+with the node on the DRA front-end, and puts the session's config and front-end back at its end, so
+every other module finds the node as the session made it. Each test deletes its claims and pods and
+waits until no instance is left on the A100s (unprepare destroys them), so each starts from two empty
+dynamic GPUs. What exists on the GPUs is read with `sharing export` in the agent's pod (the fake
+driver's state through the real pynvml).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from lab.helm import lab_values
+
+from sharing.dra.names import parse_ondemand_name
+from sharing.mig import Placement, default_catalog
+from sharing.mig.policy import plain
+from tests.node.conftest import ALL_KINDS, CONFIG, EXPECTED, NODE, NodeUnderTest
+from tests.node.test_dra import FRONTEND, DraNode, _published
+from tests.polling import poll
+
+pytestmark = pytest.mark.node
+
+A100 = "NVIDIA A100-SXM4-40GB"
+H100S = """  - devices: [2]
+    mig: disabled
+  - devices: [3]
+    mig: disabled
+"""
+EMPTY = f"version: v1\nmigStrategy: mixed\ngpus:\n{H100S}  - devices: {{product: A100-SXM4-40GB}}\n    mig: {{}}\n"
+DYNAMIC = f"version: v1\nmigStrategy: mixed\ngpus:\n{H100S}  - devices: {{product: A100-SXM4-40GB}}\n    mig: dynamic\n"
+PRODUCT = next(p for p in default_catalog().products if p.name == "A100-SXM4-40GB")
+
+
+def _a100s(node: NodeUnderTest) -> dict[int, list[dict[str, Any]]]:
+    """{GPU index: its instances per `sharing export`} of the A100s with MIG on."""
+    return {
+        g["index"]: g["instances"] for g in node.export()["gpus"] if g["product"] == A100 and g["migEnabled"]
+    }
+
+
+def _empty(a100s: dict[int, list[dict[str, Any]]]) -> bool:
+    return len(a100s) == 2 and not any(a100s.values())
+
+
+def _ondemand(node: NodeUnderTest) -> set[int]:
+    """The GPU indexes with on-demand devices in the pool."""
+    return {p[0] for name in _published(node) if (p := parse_ondemand_name(name)) is not None}
+
+
+@pytest.fixture(scope="module")
+def ondemand_session(real_node: NodeUnderTest) -> Iterator[NodeUnderTest]:
+    node = real_node
+    node.delete_pods()
+    try:
+        # MIG on and nothing made first: a dynamic GPU keeps whatever instances it has (the claims').
+        node.helm.upgrade_install(lab_values({CONFIG: EMPTY}, dra={"enabled": True}))
+        node.running_agent()
+        poll("the A100s in MIG mode, empty", lambda: _a100s(node), _empty, 180)
+        node.kubectl("label", "node", NODE, f"{FRONTEND}=dra", "--overwrite")
+        node.helm.upgrade_install(lab_values({CONFIG: DYNAMIC}, dra={"enabled": True}))
+        node.running_agent()
+        poll("on-demand devices of both A100s", lambda: _ondemand(node), lambda g: g == {0, 1}, 180)
+        yield node
+    finally:
+        node.kubectl("label", "node", NODE, f"{FRONTEND}-")
+        node.helm.upgrade_install(lab_values({CONFIG: ALL_KINDS}))
+        node.running_agent()
+        node.wait_allocatable(EXPECTED, timeout=180)
+
+
+@pytest.fixture
+def dra(ondemand_session: NodeUnderTest) -> Iterator[DraNode]:
+    under = DraNode(ondemand_session)
+    poll("no instance on the A100s", lambda: _a100s(ondemand_session), _empty, 120)
+    try:
+        yield under
+    finally:
+        under.cleanup()
+        poll("every instance destroyed", lambda: _a100s(ondemand_session), _empty, 120)
+
+
+def _profile_claim(dra: DraNode, profile: str) -> str:
+    return dra.claim([{"name": "mig", "exactly": {"deviceClassName": f"mig-{profile}.nvidia.com"}}])
+
+
+def _placements(instances: list[dict[str, Any]]) -> list[tuple[str, int]]:
+    return sorted((i["profile"], i["start"]) for i in instances)
+
+
+def test_small_slices_pack_onto_one_gpu_the_other_stays_whole_and_freed_room_fits_a_larger_one(
+    dra: DraNode,
+) -> None:
+    claims = [_profile_claim(dra, "1g.5gb") for _ in range(7)]
+    pods = [dra.pod(c) for c in claims]
+    for pod in pods:
+        dra.node.wait_running(pod)
+    a100s = _a100s(dra.node)
+    counts = {i: Counter(x["profile"] for x in instances) for i, instances in a100s.items()}
+    (packed,) = [i for i, c in counts.items() if c]
+    (other,) = [i for i in a100s if i != packed]
+    assert {packed: Counter({"1g.5gb": 7}), other: Counter()} == counts
+    for pod in pods:  # each container sees exactly one of them
+        (seen,) = dra.seen(pod)
+        assert seen in {x["uuid"] for x in a100s[packed]}
+
+    whole = dra.pod(_profile_claim(dra, "7g.40gb"))
+    dra.node.wait_running(whole)
+    assert [("7g.40gb", 0)] == _placements(_a100s(dra.node)[other])
+
+    # Four leave: those on memory slices 0-3, so that a 3g.20gb (4 slices) has room on the packed GPU.
+    starts = {c: parse_ondemand_name(dev) for c in claims for dev in dra.allocated(c)}
+    leaving = [i for i, c in enumerate(claims) if (p := starts[c]) is not None and p[2] < 4]
+    assert 4 == len(leaving)
+    dra.node.kubectl("delete", "pod", "--timeout=60s", *(pods[i] for i in leaving))
+    dra.node.kubectl("delete", "resourceclaim", "--timeout=60s", *(claims[i] for i in leaving))
+    poll(
+        "three 1g.5gb left",
+        lambda: _placements(_a100s(dra.node)[packed]),
+        lambda p: p == [("1g.5gb", 4), ("1g.5gb", 5), ("1g.5gb", 6)],
+        120,
+    )
+
+    larger = _profile_claim(dra, "3g.20gb")
+    pod = dra.pod(larger)
+    dra.node.wait_running(pod)
+    (device,) = dra.allocated(larger)
+    parsed = parse_ondemand_name(device)
+    assert parsed is not None and parsed[0] == packed
+    made = _placements(_a100s(dra.node)[packed])
+    assert [("1g.5gb", 4), ("1g.5gb", 5), ("1g.5gb", 6), ("3g.20gb", 0)] == made
+    assert parsed[2] in PRODUCT.require_profile("3g.20gb").placements
+    (seen,) = dra.seen(pod)
+    assert "3g.20gb" == next(x["profile"] for x in _a100s(dra.node)[packed] if x["uuid"] == seen)
+    occupied = [Placement("1g.5gb", s, 1) for s in (4, 5, 6)]
+    first_plain = next(
+        r.placement for r in plain(PRODUCT, occupied) if r.placement.profile == "3g.20gb" and r.free
+    )
+    print(f"3g.20gb made at {parsed[2]}; plain placement order's first free one: {first_plain.start}")
+
+
+def test_a_pod_with_profile_limits_and_no_claim_gets_a_new_instance_made_for_it(dra: DraNode) -> None:
+    pod = dra.pod(limits={"nvidia.com/mig-3g.20gb": "1"})
+    got = dra.node.wait_running(pod)
+    claim = got["status"]["extendedResourceClaimStatus"]["resourceClaimName"]
+    (device,) = dra.allocated(claim)
+    parsed = parse_ondemand_name(device)
+    assert parsed is not None
+    made = _a100s(dra.node)
+    assert [("3g.20gb", parsed[2])] == _placements(made[parsed[0]])
+    (seen,) = dra.seen(pod)
+    assert [seen] == [x["uuid"] for x in made[parsed[0]]]
