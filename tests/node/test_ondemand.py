@@ -1,6 +1,6 @@
 """On-demand MIG on the real node: the A100s of the session node under `mig: dynamic`, served through DRA.
 
-The module takes the node's A100s to MIG on with no instances (`mig: {}`), then to `mig: dynamic`
+The module takes the node's A100s to MIG on with no instances (`mig: enabled`), then to `mig: dynamic`
 with the node on the DRA front-end, and puts the session's config and front-end back at its end, so
 every other module finds the node as the session made it. Each test deletes its claims and pods and
 waits until no instance is left on the A100s (unprepare destroys them), so each starts from two empty
@@ -32,8 +32,9 @@ H100S = """  - devices: [2]
   - devices: [3]
     mig: disabled
 """
-EMPTY = f"version: v1\nmigStrategy: mixed\ngpus:\n{H100S}  - devices: {{product: A100-SXM4-40GB}}\n    mig: {{}}\n"
-DYNAMIC = f"version: v1\nmigStrategy: mixed\ngpus:\n{H100S}  - devices: {{product: A100-SXM4-40GB}}\n    mig: dynamic\n"
+A100S = "  - devices: {product: A100-SXM4-40GB}\n    mig: "
+EMPTY = f"version: v1\nmigStrategy: mixed\ngpus:\n{H100S}{A100S}enabled\n"
+DYNAMIC = f"version: v1\nmigStrategy: mixed\ngpus:\n{H100S}{A100S}dynamic\n"
 PRODUCT = next(p for p in default_catalog().products if p.name == "A100-SXM4-40GB")
 
 
@@ -131,7 +132,8 @@ def test_small_slices_pack_onto_one_gpu_the_other_stays_whole_and_freed_room_fit
     dra.node.wait_running(pod)
     (device,) = dra.allocated(larger)
     parsed = parse_ondemand_name(device)
-    assert parsed is not None and parsed[0] == packed
+    assert parsed is not None
+    assert packed == parsed[0]
     made = _placements(_a100s(dra.node)[packed])
     assert [("1g.5gb", 4), ("1g.5gb", 5), ("1g.5gb", 6), ("3g.20gb", 0)] == made
     assert parsed[2] in PRODUCT.require_profile("3g.20gb").placements
