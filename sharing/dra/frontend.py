@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import structlog
 
 from sharing.devices import HealthState, Inventory
+from sharing.dra.fragmentation import Fragmented, fragmented_claims
 from sharing.dra.holds import ClaimHold
 from sharing.dra.names import DRIVER
 from sharing.dra.ondemand import OnDemand
@@ -42,6 +43,9 @@ from sharing.model import NodeState
 from sharing.text import bounded
 
 log = structlog.get_logger(__name__)
+
+EventSink = Callable[[str, str, str], Awaitable[None]]
+"""(type, reason, message) -> an Event on the Node."""
 
 
 class DraFrontEnd:
@@ -69,6 +73,11 @@ class DraFrontEnd:
         self.allocated: tuple[str, ...] = ()
         """Device names of our pool that claims are allocated (sorted), as last read."""
         self.claims_every_s = claims_every_s
+        self.fragmented: tuple[Fragmented, ...] = ()
+        """Pending claims whose MIG profile fits a dynamic GPU's free memory and compute but no
+        placement (`sharing.dra.fragmentation`), as of the last read."""
+        self.event: EventSink | None = None
+        """Where to say that a claim waits on fragmentation (the agent's Events on the Node)."""
         self.plugin = DraPlugin(
             node_name=node_name,
             claims=kube,
@@ -126,14 +135,26 @@ class DraFrontEnd:
         )
 
     async def _read_allocations(self) -> bool:
-        """Read the device names allocated from our pool; True when they changed."""
+        """Read the device names allocated from our pool and the claims still pending; True when the
+        allocations changed. A pending claim newly found waiting on fragmentation is an Event."""
         try:
-            claims = await asyncio.to_thread(self.kube.list_pool_claims, DRIVER, self.node_name)
+            claims, pending = await asyncio.to_thread(self.kube.list_claims_of_pool, DRIVER, self.node_name)
         except SharingError as err:
             log.warning("pool_claims_not_read", error=bounded(str(err)))
             return False
         allocated = tuple(sorted({d for c in claims for d in c.devices}))
         changed, self.allocated = allocated != self.allocated, allocated
+        before = {(f.namespace, f.name, f.profile) for f in self.fragmented}
+        self.fragmented = fragmented_claims(
+            self.node, self.inventory.dynamic, self.catalog, allocated=allocated, pending=pending
+        )
+        for f in self.fragmented:
+            if (f.namespace, f.name, f.profile) not in before:
+                log.warning(
+                    "claim_waits_on_fragmentation", claim=f"{f.namespace}/{f.name}", profile=f.profile
+                )
+                if self.event is not None:
+                    await self.event("Warning", "MigFragmented", f.describe())
         return changed
 
     async def follow_allocations(self) -> bool:

@@ -106,6 +106,7 @@ class Reporter:
             },
             claims=holders.claims,
             frontend=self.rollout.frontend.value,
+            fragmented=self.rollout.dra.fragmented if self.rollout.dra is not None else (),
         )
         self.metrics.snapshot(document, ((p.resource, p.registered) for p in self.fleet.status()))
         self._cached = (loop.time(), document)
