@@ -250,9 +250,6 @@ class KubeClient(Protocol):
         """The pods bound to this node that have not ended (spec.nodeName), with what they ask for."""
         ...
 
-    def get_resource_claim(self, namespace: str, name: str) -> ResourceClaimObject:
-        """Read a ResourceClaim (resource.k8s.io/v1); NotFoundError when there is none."""
-
     def list_pool_claims(self, driver: str, pool: str) -> tuple[ClaimAllocation, ...]:
         """The ResourceClaims that have devices of this driver's pool allocated."""
         ...
@@ -261,6 +258,10 @@ class KubeClient(Protocol):
         self, driver: str, pool: str
     ) -> tuple[tuple[ClaimAllocation, ...], tuple[PendingClaim, ...]]:
         """In one read: the claims allocated devices of this pool, and the claims not allocated yet."""
+        ...
+
+    def get_resource_claim(self, namespace: str, name: str) -> ResourceClaimObject:
+        """Read a ResourceClaim (resource.k8s.io/v1); NotFoundError when there is none."""
         ...
 
     def list_resource_slices(self, driver: str, node: str) -> tuple[ResourceSliceObject, ...]:

@@ -154,17 +154,6 @@ class ApiClient:
         )
         return tuple(_bound_pod(item) for item in answer.get("items") or ())
 
-    def get_resource_claim(self, namespace: str, name: str) -> ResourceClaimObject:
-        """Read a ResourceClaim (resource.k8s.io/v1, served by default since 1.34); NotFoundError when
-        there is none, KubeError when what comes back is not a claim."""
-        what = f"read resourceclaim {namespace}/{name}"
-        path = f"/apis/resource.k8s.io/v1/namespaces/{quote(namespace)}/resourceclaims/{quote(name)}"
-        obj = self._json(what, "GET", path)
-        try:
-            return _resource_claim(obj)
-        except (TypeError, ValueError, AttributeError, KeyError) as err:
-            raise KubeError(f"{what}: not a ResourceClaim as resource.k8s.io/v1 writes it ({err})") from err
-
     def list_pool_claims(self, driver: str, pool: str) -> tuple[ClaimAllocation, ...]:
         """The ResourceClaims (every namespace) with devices of `driver`'s pool `pool` allocated.
 
@@ -189,6 +178,17 @@ class ApiClient:
         allocated = (_claim_allocation(item, driver, pool) for item in items)
         pending = (_pending_claim(item) for item in items)
         return tuple(c for c in allocated if c is not None), tuple(c for c in pending if c is not None)
+
+    def get_resource_claim(self, namespace: str, name: str) -> ResourceClaimObject:
+        """Read a ResourceClaim (resource.k8s.io/v1, served by default since 1.34); NotFoundError when
+        there is none, KubeError when what comes back is not a claim."""
+        what = f"read resourceclaim {namespace}/{name}"
+        path = f"/apis/resource.k8s.io/v1/namespaces/{quote(namespace)}/resourceclaims/{quote(name)}"
+        obj = self._json(what, "GET", path)
+        try:
+            return _resource_claim(obj)
+        except (TypeError, ValueError, AttributeError, KeyError) as err:
+            raise KubeError(f"{what}: not a ResourceClaim as resource.k8s.io/v1 writes it ({err})") from err
 
     def list_resource_slices(self, driver: str, node: str) -> tuple[ResourceSliceObject, ...]:
         """The ResourceSlices of `driver` on `node`."""

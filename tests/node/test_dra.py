@@ -521,3 +521,27 @@ def test_sharing_status_shows_the_claim_and_its_pod_beside_the_device(dra: DraNo
     assert [[{"namespace": "default", "name": claim, "pods": [f"default/{pod}"]}]] == claims(document)
     table = dra.node.kubectl("-n", NAMESPACE, "exec", "ds/gpu-sharing", "--", "sharing", "status")
     assert f"claim default/{claim} (pod default/{pod})" in table
+
+
+def test_the_metrics_count_prepared_claims_and_time_their_prepare(dra: DraNode) -> None:
+    script = "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:9402/metrics').read().decode())"
+
+    def metrics() -> dict[str, float]:
+        out = dra.node.kubectl("-n", NAMESPACE, "exec", "ds/gpu-sharing", "--", "python3", "-c", script)
+        values = {}
+        for line in out.splitlines():
+            name, _, value = line.partition(" ")
+            if name.startswith("gpu_sharing_dra_"):
+                values[name] = float(value)
+        return values
+
+    before = metrics()
+    claim = dra.claim([{"name": "gpu", "exactly": {"deviceClassName": "mig.nvidia.com"}}])
+    pod = dra.pod(claim)
+    dra.node.wait_running(pod)
+    # /metrics renders at most once a second: look until it shows the claim.
+    after = poll(
+        "the prepared claim in /metrics", metrics, lambda m: m["gpu_sharing_dra_prepared_claims"] == 1, 30
+    )
+    count = "gpu_sharing_dra_prepare_duration_seconds_count"
+    assert after[count] > before.get(count, 0)

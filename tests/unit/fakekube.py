@@ -54,13 +54,13 @@ class FakeKube:
         self.bound: tuple[BoundPod, ...] = ()
         """The pods bound to the node (none: the tests' pods exist only in the fake kubelet)."""
         self.claims: dict[tuple[str, str], ResourceClaimObject] = {}
+        self.pool_claims: tuple[ClaimAllocation, ...] = ()
+        """What list_pool_claims answers: the claims allocated devices of our pool."""
         """ResourceClaims by (namespace, name)."""
         self.slices: dict[str, ResourceSliceObject] = {}
         """ResourceSlices by name."""
         self.slice_writes: list[tuple[str, str, int]] = []
         """(create | update | delete, slice name, pool generation) in the order they came."""
-        self.pool_claims: tuple[ClaimAllocation, ...] = ()
-        """What list_pool_claims answers: the claims allocated devices of our pool."""
         self.pending_claims: tuple[PendingClaim, ...] = ()
         """The claims not allocated yet (list_claims_of_pool)."""
         self._version = 1
