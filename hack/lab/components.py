@@ -68,6 +68,9 @@ def scheduler_args(bins: Binaries, kubeconfig: Path) -> list[str]:
         f"--authentication-kubeconfig={kubeconfig}",
         f"--authorization-kubeconfig={kubeconfig}",
         "--leader-elect=false",
+        # No health/metrics port: tests read pods and claims, and a fixed port (10259) is taken by the
+        # scheduler of any other control plane on the machine ("If 0, don't serve HTTPS at all").
+        "--secure-port=0",
     ]
 
 

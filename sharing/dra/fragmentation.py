@@ -4,10 +4,10 @@ dynamic GPU would hold, but no placement does (pure: no I/O).
 The kube-scheduler allocates a device only where its counters fit (KEP-4815), so such a claim stays
 Pending and the scheduler says only that no device fits. Nobody moves running instances to make the
 room whole; what the agent can do is say so: this finds those claims from the pool as it is now (the
-placements allocated to claims and the instances that exist, `sharing.dra.partitions`) with the
-placement policy's check (`sharing.mig.policy.fit`). A claim names a profile through its per-profile
-DeviceClass `mig-<profile>.nvidia.com` (`+` written `.`, as the chart names them); claims of other
-classes ask for something this cannot judge and are left out.
+placements allocated to claims and the instances that exist) with the placement policy's check
+(`sharing.dra.partitions.request_fit`). A claim names a profile through its per-profile DeviceClass
+`mig-<profile>.nvidia.com` (`+` written `.`, as the chart names them); claims of other classes ask
+for something this cannot judge and are left out.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
-from sharing.dra.partitions import allocated_placements
+from sharing.dra.partitions import request_fit
 from sharing.kube.api import PendingClaim
-from sharing.mig import Catalog, Placement, Product, geometry
-from sharing.mig.policy import Fit, fit
+from sharing.mig import Catalog, Product, geometry
+from sharing.mig.policy import Fit
 from sharing.model import NodeState
 
 
@@ -56,30 +56,21 @@ def fragmented_claims(
     allocated: Iterable[str],
     pending: Sequence[PendingClaim],
 ) -> tuple[Fragmented, ...]:
-    """The pending claims whose profile fits no dynamic GPU but is FRAGMENTED on at least one."""
+    """The pending claims whose profile fits no dynamic GPU but is FRAGMENTED on at least one
+    (`sharing.dra.partitions.request_fit`)."""
     allocated = tuple(allocated)
-    gpus: list[tuple[int, Product, tuple[Placement, ...]]] = []
-    for gpu in node.gpus:
-        product = geometry(gpu, catalog) if gpu.uuid in dynamic and gpu.mig_enabled else None
-        if product is None or not product.profiles:
-            continue
-        existing = {Placement(gi.profile, gi.start, gi.size) for gi in gpu.instances}
-        occupied = tuple(sorted(existing | set(allocated_placements(product, gpu.index, allocated))))
-        gpus.append((gpu.index, product, occupied))
+    products = [
+        product
+        for gpu in node.gpus
+        if gpu.uuid in dynamic and gpu.mig_enabled and (product := geometry(gpu, catalog)) is not None
+    ]
     found: list[Fragmented] = []
     for claim in pending:
         for device_class in claim.classes:
-            verdicts = [
-                (index, fit(product, occupied, profile))
-                for index, product, occupied in gpus
-                if (profile := class_profile(device_class, product)) is not None
-            ]
-            if not verdicts or any(v is Fit.FITS for _, v in verdicts):
+            profile = next((p for product in products if (p := class_profile(device_class, product))), None)
+            if profile is None:
                 continue
-            where = tuple(i for i, v in verdicts if v is Fit.FRAGMENTED)
-            if where:
-                profile = next(
-                    p for _, product, _ in gpus if (p := class_profile(device_class, product)) is not None
-                )
-                found.append(Fragmented(claim.namespace, claim.name, profile, where))
+            kind, gpus = request_fit(node, dynamic, profile, catalog, allocated=allocated)
+            if kind is Fit.FRAGMENTED:
+                found.append(Fragmented(claim.namespace, claim.name, profile, gpus))
     return tuple(found)

@@ -54,7 +54,7 @@ from sharing.dra.slices import (
 )
 from sharing.kube.api import AttributeValue, Capacity, CounterSet, DeviceTaint, SliceDevice, SliceSpec
 from sharing.mig import Catalog, Placement, Product, Profile, default_catalog, geometry
-from sharing.mig.policy import ranked
+from sharing.mig.policy import Fit, fit, ranked
 from sharing.model import Gpu, NodeState
 
 MAX_COUNTER_SETS = 8
@@ -159,10 +159,11 @@ def ondemand_gpu(
     whole_gpu: bool = False,
 ) -> OnDemandGpu:
     """The counters and devices of one dynamic GPU, given the device names allocated from our pool."""
+    allocated = tuple(allocated)
     claimed = allocated_placements(product, gpu.index, allocated)
     existing = tuple(Placement(gi.profile, gi.start, gi.size) for gi in gpu.instances)
     foreign = [p for p in existing if p not in claimed]
-    occupied = tuple(sorted(set(claimed) | set(existing)))
+    occupied = occupied_placements(gpu, product, allocated)
     base = _gpu_attributes(gpu, node.driver) | {"parentUUID": gpu.uuid, "parentIndex": gpu.index}
     taints = (taint,) if taint is not None else ()
     devices: list[SliceDevice] = []
@@ -215,6 +216,54 @@ def ondemand_gpu(
             )
         )
     return OnDemandGpu(gpu.index, whole, tuple(devices), occupied, tuple(withdrawn))
+
+
+def held_by(device: str, node: NodeState) -> frozenset[str] | None:
+    """The UUIDs an allocated on-demand device holds, for the safe change protocol; None when
+    `device` is not an on-demand name. Made already: the MIG devices of the GPU instance at its
+    placement. Not made yet (allocated, not prepared): the whole GPU and every MIG device on it, so
+    nothing is made or destroyed where the claim's instance is to go (fail closed)."""
+    parsed = parse_ondemand_name(device)
+    if parsed is None:
+        return None
+    gpu = next((g for g in node.gpus if g.index == parsed[0]), None)
+    if gpu is None:
+        return frozenset()
+    for gi in gpu.instances:
+        if profile_slug(gi.profile) == parsed[1] and gi.start == parsed[2] and gi.compute_instances:
+            return frozenset(ci.uuid for ci in gi.compute_instances)
+    return frozenset({gpu.uuid, *(ci.uuid for _, ci in gpu.mig_devices)})
+
+
+def occupied_placements(gpu: Gpu, product: Product, allocated: Iterable[str]) -> tuple[Placement, ...]:
+    """The placements of a dynamic GPU taken now: allocated to claims, or held by an instance."""
+    existing = {Placement(gi.profile, gi.start, gi.size) for gi in gpu.instances}
+    return tuple(sorted(existing | set(allocated_placements(product, gpu.index, allocated))))
+
+
+def request_fit(
+    node: NodeState,
+    dynamic: Collection[str],
+    profile: str,
+    catalog: Catalog | None = None,
+    *,
+    allocated: Iterable[str] = (),
+) -> tuple[Fit, tuple[int, ...]]:
+    """Whether one more `profile` fits a dynamic GPU of the node, and the GPUs that say so: FITS with
+    the GPUs that have a free placement; else FRAGMENTED with the GPUs whose free memory and compute
+    would hold it but no placement does (for `sharing status`, an Event and a metric); else FULL."""
+    catalog = catalog if catalog is not None else default_catalog()
+    allocated = tuple(allocated)
+    found: dict[Fit, list[int]] = {Fit.FITS: [], Fit.FRAGMENTED: [], Fit.FULL: []}
+    for gpu in node.gpus:
+        product = geometry(gpu, catalog) if gpu.uuid in dynamic and gpu.mig_enabled else None
+        if product is None or product.profile(profile) is None:
+            continue
+        found[fit(product, occupied_placements(gpu, product, allocated), profile)].append(gpu.index)
+    for kind in (Fit.FITS, Fit.FRAGMENTED):
+        if found[kind]:
+            return kind, tuple(found[kind])
+    return Fit.FULL, tuple(found[Fit.FULL])
 
 
 def device_name_of_gpu(gpu_index: int) -> str:
@@ -340,10 +389,13 @@ __all__ = [
     "counter_set_name",
     "counters",
     "device_name_of_gpu",
+    "held_by",
     "memory_slice",
     "named",
+    "occupied_placements",
     "ondemand_gpu",
     "partitionable_slices",
     "pool",
+    "request_fit",
     "withdrawn_static",
 ]

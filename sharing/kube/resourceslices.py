@@ -84,12 +84,30 @@ def plan_pool(
     generation = max([floor, *generations]) + 1
     ordered = sorted(existing, key=lambda s: s.name)
     specs = [replace(w, generation=generation, slice_count=len(wanted)) for w in wanted]
+    # A slice keeps what it held (the same devices or counter sets, in another order or form): the
+    # scheduler tries slices in name order (first fit), so what was first stays first.
+    free = list(ordered)
+    pairs: list[tuple[ResourceSliceObject, SliceSpec]] = []
+    rest: list[SliceSpec] = []
+    for spec in specs:
+        same = next((s for s in free if _identity(s.spec) == _identity(spec)), None)
+        if same is None:
+            rest.append(spec)
+        else:
+            free.remove(same)
+            pairs.append((same, spec))
+    pairs += zip(free, rest, strict=False)
     return PoolPlan(
         generation,
-        updates=tuple(zip(ordered, specs, strict=False)),
-        creates=tuple(specs[len(ordered) :]),
-        deletes=tuple(ordered[len(specs) :]),
+        updates=tuple(sorted(pairs, key=lambda pair: pair[0].name)),
+        creates=tuple(rest[len(free) :]),
+        deletes=tuple(free[len(rest) :]),
     )
+
+
+def _identity(spec: SliceSpec) -> frozenset[str]:
+    """What a slice is about: the names of its devices and counter sets."""
+    return frozenset(d.name for d in spec.devices) | frozenset(c.name for c in spec.shared_counters)
 
 
 def dropped(written: SliceSpec, stored: SliceSpec) -> list[str]:
@@ -134,6 +152,8 @@ class SlicePublisher:
         self.published: tuple[ResourceSliceObject, ...] = ()
         self.problems: tuple[str, ...] = ()
         """What the API server dropped of the pool last written, one sentence each."""
+        self.counters_dropped = False
+        """The API server dropped counters once: devices that consume counters are not published."""
         self._wanted: tuple[SliceSpec, ...] | None = None
         self._stored: dict[Content, Content] = {}
         self._wake = asyncio.Event()
@@ -180,54 +200,81 @@ class SlicePublisher:
 
     def sync(self) -> PoolPlan | None:
         """Make the API server hold the wanted pool (blocking); the plan it took, None when in sync."""
-        wanted = self._wanted
-        if wanted is None:
+        if self._wanted is None:
             return None
         with self._lock:
-            existing = self.kube.list_resource_slices(self.driver, self.node)
-            owner = self.kube.get_node(self.node)  # afresh: a Node made again has a new UID
-            plan = plan_pool(
-                wanted, existing, floor=self.generation, owner_uid=owner.uid, stored=self._stored
-            )
-            if plan is None:
-                self.published = tuple(existing)
-                return None
-            results: list[ResourceSliceObject] = []
-            problems: list[str] = []
-            self._written = set()  # only this round's writes: the watch has seen the older ones
-            for old, spec in plan.updates:
-                results.append(
-                    self._written_as(
-                        spec,
-                        self.kube.update_resource_slice(old.name, old.resource_version, spec, owner),
-                        problems,
-                    )
+            seen = self.counters_dropped
+            plan = self._sync(self._safe(self._wanted))
+            if self.counters_dropped and not seen:
+                # Devices without their counters could be allocated together where the hardware
+                # cannot hold them (overlapping MIG placements): take them all back at once.
+                log.error(
+                    "partitionable_devices_withdrawn",
+                    hint="the API server drops counters (feature gate DRAPartitionableDevices off): "
+                    "on-demand MIG devices are not offered; turn the gate on and restart the agent",
                 )
-            for spec in plan.creates:
-                results.append(self._written_as(spec, self.kube.create_resource_slice(spec, owner), problems))
-            for old in plan.deletes:
-                self.kube.delete_resource_slice(old.name)
-            self.generation = plan.generation
-            self.published = tuple(results)
-            if problems and tuple(problems) != self.problems:
-                gates = sorted({g for field, g in GATES.items() if any(field in p for p in problems)})
-                log.warning(
-                    "resourceslice_fields_dropped",
-                    dropped=bounded("; ".join(problems)),
-                    feature_gates=",".join(gates) or "unknown",
-                    hint="the API server lacks these features: turn the gates on (API server, scheduler)",
-                )
-            self.problems = tuple(problems)
-            log.info(
-                "resourceslices_published",
-                generation=plan.generation,
-                slices=len(results),
-                devices=sum(len(s.devices) for s in wanted),
-                updated=len(plan.updates),
-                created=len(plan.creates),
-                deleted=len(plan.deletes),
-            )
+                plan = self._sync(self._safe(self._wanted))
             return plan
+
+    def _safe(self, wanted: tuple[SliceSpec, ...]) -> tuple[SliceSpec, ...]:
+        """The wanted pool, without counters and the devices that consume them once the API server
+        was seen to drop them (fail closed)."""
+        if not self.counters_dropped:
+            return wanted
+        kept = [
+            replace(s, devices=tuple(d for d in s.devices if not d.consumes_counters))
+            for s in wanted
+            if not s.shared_counters
+        ]
+        kept = [s for s in kept if s.devices]
+        return tuple(replace(s, slice_count=len(kept)) for s in kept)
+
+    def _sync(self, wanted: tuple[SliceSpec, ...]) -> PoolPlan | None:
+        """One round of writes towards `wanted` (the caller holds the lock)."""
+        existing = self.kube.list_resource_slices(self.driver, self.node)
+        owner = self.kube.get_node(self.node)  # afresh: a Node made again has a new UID
+        plan = plan_pool(wanted, existing, floor=self.generation, owner_uid=owner.uid, stored=self._stored)
+        if plan is None:
+            self.published = tuple(existing)
+            return None
+        results: list[ResourceSliceObject] = []
+        problems: list[str] = []
+        self._written = set()  # only this round's writes: the watch has seen the older ones
+        for old, spec in plan.updates:
+            results.append(
+                self._written_as(
+                    spec,
+                    self.kube.update_resource_slice(old.name, old.resource_version, spec, owner),
+                    problems,
+                )
+            )
+        for spec in plan.creates:
+            results.append(self._written_as(spec, self.kube.create_resource_slice(spec, owner), problems))
+        for old in plan.deletes:
+            self.kube.delete_resource_slice(old.name)
+        self.generation = plan.generation
+        self.published = tuple(results)
+        if problems and tuple(problems) != self.problems:
+            gates = sorted({g for field, g in GATES.items() if any(field in p for p in problems)})
+            log.warning(
+                "resourceslice_fields_dropped",
+                dropped=bounded("; ".join(problems)),
+                feature_gates=",".join(gates) or "unknown",
+                hint="the API server lacks these features: turn the gates on (API server, scheduler)",
+            )
+        self.problems = tuple(problems)
+        if any("Counters" in p for p in problems):
+            self.counters_dropped = True
+        log.info(
+            "resourceslices_published",
+            generation=plan.generation,
+            slices=len(results),
+            devices=sum(len(s.devices) for s in wanted),
+            updated=len(plan.updates),
+            created=len(plan.creates),
+            deleted=len(plan.deletes),
+        )
+        return plan
 
     def _written_as(
         self, spec: SliceSpec, stored: ResourceSliceObject, problems: list[str]

@@ -24,6 +24,7 @@ claim that accepts several profiles (by memory, say) gets the smallest that fits
 from __future__ import annotations
 
 import enum
+import functools
 from collections import Counter
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
@@ -60,6 +61,13 @@ def placements(product: Product) -> tuple[Placement, ...]:
 
 def ranked(product: Product, occupied: Collection[Placement]) -> tuple[Ranked, ...]:
     """Every placement of the GPU, the free ones of each profile best first (see the module)."""
+    return _ranked(product, tuple(sorted(set(occupied))))
+
+
+@functools.lru_cache(maxsize=4096)
+def _ranked(product: Product, occupied: tuple[Placement, ...]) -> tuple[Ranked, ...]:
+    """`ranked`, remembered: a node re-publishes its pool on every allocation, mostly in states
+    seen before."""
     taken = _mask_of(occupied)
     counts = Counter(p.profile for p in occupied)
     out: list[Ranked] = []

@@ -251,7 +251,10 @@ def _parse(raw: bytes) -> Unfinished:
 
 
 def _target_json(target: Target) -> dict[str, Any]:
-    return {"mig": target.mig_enabled, "instances": [list(i) for i in target.instances]}
+    found: dict[str, Any] = {"mig": target.mig_enabled, "instances": [list(i) for i in target.instances]}
+    if target.dynamic:  # a crashed run's dynamic GPU stays dynamic: its instances are the claims'
+        found["dynamic"] = True
+    return found
 
 
 def _target(value: Any) -> Target:
@@ -265,9 +268,10 @@ def _target(value: Any) -> Target:
             raise TypeError("instance")
         pairs.append((_str(item[0]), _int(item[1])))
     mig = value["mig"]
-    if not isinstance(mig, bool):
+    dynamic = value.get("dynamic", False)
+    if not isinstance(mig, bool) or not isinstance(dynamic, bool):
         raise TypeError("mig")
-    return Target(mig, tuple(pairs))
+    return Target(mig, tuple(pairs), dynamic=dynamic)
 
 
 def _dict(value: Any) -> dict[str, Any]:

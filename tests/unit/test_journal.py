@@ -128,6 +128,16 @@ def test_only_a_last_line_torn_by_a_crash_is_tolerated(tmp_path: Path) -> None:
     assert f"{GPU}: create 1g.5gb@1" == unfinished.in_flight
 
 
+def test_a_crashed_runs_dynamic_gpu_stays_dynamic(tmp_path: Path) -> None:
+    """Read back as a static target without instances, it would destroy the claims' instances."""
+    journal = Journal(tmp_path / "journal.jsonl")
+    journal.begin({GPU: Target(True, dynamic=True)})
+    journal.step(GPU, "enable MIG")
+    unfinished = journal.unfinished()
+    assert unfinished is not None
+    assert {GPU: Target(True, dynamic=True)} == unfinished.targets
+
+
 def test_the_agent_and_sharing_apply_never_run_at_the_same_time(tmp_path: Path) -> None:
     one, two = Journal(tmp_path / "journal.jsonl"), Journal(tmp_path / "journal.jsonl")
     with one.locked():

@@ -17,9 +17,11 @@ from sharing.dra.names import DRIVER, ondemand_device_name
 from sharing.dra.partitions import (
     MAX_COUNTER_SETS,
     counters,
+    held_by,
     named,
     partitionable_slices,
     pool,
+    request_fit,
     withdrawn_static,
 )
 from sharing.dra.slices import MAX_DEVICES_WITH_TAINTS
@@ -384,3 +386,24 @@ def test_fragmentation_is_free_memory_and_compute_without_a_placement(
     taken = [Placement(p, s, A100.require_profile(p).size) for p, s in occupied]
     assert fit(A100, taken, profile) is expected
     assert (profile in fragmented(A100, taken)) is (expected is Fit.FRAGMENTED)
+
+
+def test_an_allocated_on_demand_device_holds_its_instance_or_the_whole_gpu_until_it_is_made() -> None:
+    made = GpuInstance(1, "1g.5gb", 6, 1, (ComputeInstance(0, MigUuid("MIG-a")),))
+    other = GpuInstance(2, "3g.20gb", 0, 4, (ComputeInstance(0, MigUuid("MIG-b")),))
+    node = node_of(gpu(0, A100, (made, other)))
+    assert held_by("gpu-0-mig-1g-5gb-at-6", node) == {"MIG-a"}
+    assert held_by("gpu-0-mig-2g-10gb-at-4", node) == {"GPU-0", "MIG-a", "MIG-b"}
+    assert held_by("gpu-0-mig-1", node) is None  # a static device's name: not ours to resolve
+    assert held_by("gpu-5-mig-1g-5gb-at-0", node) == frozenset()
+
+
+def test_a_request_that_fits_free_memory_and_compute_but_no_placement_is_fragmentation() -> None:
+    holes = [f"gpu-0-mig-1g-5gb-at-{s}" for s in (1, 3, 5)]
+    full = [f"gpu-1-mig-3g-20gb-at-{s}" for s in (0, 4)]
+    node = node_of(gpu(0, A100), gpu(1, A100))
+    both = {"GPU-0", "GPU-1"}
+    assert request_fit(node, both, "3g.20gb", CATALOG, allocated=holes + full) == (Fit.FRAGMENTED, (0,))
+    assert request_fit(node, both, "1g.10gb", CATALOG, allocated=holes + full) == (Fit.FITS, (0,))
+    assert request_fit(node, both, "7g.40gb", CATALOG, allocated=holes + full) == (Fit.FULL, (0, 1))
+    assert request_fit(node, both, "3g.20gb", CATALOG, allocated=holes) == (Fit.FITS, (1,))

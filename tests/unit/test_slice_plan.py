@@ -7,7 +7,16 @@ from dataclasses import replace
 
 import pytest
 
-from sharing.kube.api import Capacity, DeviceTaint, RequestPolicy, ResourceSliceObject, SliceDevice, SliceSpec
+from sharing.kube.api import (
+    Capacity,
+    CounterSet,
+    DeviceTaint,
+    NodeObject,
+    RequestPolicy,
+    ResourceSliceObject,
+    SliceDevice,
+    SliceSpec,
+)
 from sharing.kube.resourceslices import PoolPlan, SlicePublisher, dropped, plan_pool
 from tests.polling import poll
 from tests.unit.fakekube import FakeKube
@@ -116,3 +125,48 @@ async def test_a_burst_of_wanted_pools_is_one_sync_of_the_newest() -> None:
         task.cancel()
         kube.close()
         await asyncio.gather(task, return_exceptions=True)
+
+
+def test_a_slice_keeps_what_it_held_when_the_order_of_its_devices_changes() -> None:
+    """The scheduler tries slices in name order: a GPU's devices stay in the slice they were in."""
+    existing = (held("s1", B), held("s2", A))
+    reordered = (SliceDevice("gpu-1"), SliceDevice("gpu-0"))
+    plan = plan_pool((spec(reordered), spec(B)), existing, floor=0, owner_uid="u")
+    assert plan == PoolPlan(4, updates=((existing[0], spec(B, 4)), (existing[1], spec(reordered, 4))))
+
+
+class NoCounters(FakeKube):
+    """An API server with DRAPartitionableDevices off: it stores slices without any counter."""
+
+    @staticmethod
+    def _strip(spec: SliceSpec) -> SliceSpec:
+        devices = tuple(replace(d, consumes_counters=()) for d in spec.devices)
+        return replace(spec, devices=devices, shared_counters=())
+
+    def create_resource_slice(self, spec: SliceSpec, owner: NodeObject) -> ResourceSliceObject:
+        return super().create_resource_slice(self._strip(spec), owner)
+
+    def update_resource_slice(
+        self, name: str, resource_version: str, spec: SliceSpec, owner: NodeObject
+    ) -> ResourceSliceObject:
+        return super().update_resource_slice(name, resource_version, self._strip(spec), owner)
+
+
+def test_devices_whose_counters_the_api_server_drops_are_taken_back_at_once() -> None:
+    """Without their counters, overlapping MIG placements could be allocated together: fail closed."""
+    counted = CounterSet("gpu-0-counters", (("memory-slice-0", "1"),))
+    partitionable = (
+        SliceSpec("gpu.nvidia.com", "n", "n", 0, 3, (), (counted,)),
+        spec((SliceDevice("gpu-0-mig-1g-5gb-at-0", consumes_counters=(counted,)),), count=3),
+        spec(B, count=3),
+    )
+    kube = NoCounters("n", {})
+    publisher = SlicePublisher(kube, "n", "gpu.nvidia.com")
+    publisher.want(partitionable)
+    publisher.sync()
+    assert publisher.counters_dropped
+    assert [s.spec.devices for s in kube.slices.values()] == [B]
+    assert [(s.spec.generation, s.spec.slice_count) for s in kube.slices.values()] == [(2, 1)]
+    publisher.sync()
+    assert [w[0] for w in kube.slice_writes] == ["create", "create", "create", "update", "delete", "delete"]
+    kube.close()
