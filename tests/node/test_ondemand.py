@@ -1,7 +1,8 @@
 """On-demand MIG on the real node: the A100s of the session node under `mig: dynamic`, served through DRA.
 
-The module takes the node's A100s to MIG on with no instances (`mig: enabled`), then to `mig: dynamic`
-with the node on the DRA front-end, and puts the session's config and front-end back at its end, so
+The module adds two configs to the user's ConfigMap and takes the node's A100s to MIG on with no
+instances (`mig: enabled`), then, with the node on the DRA front-end (the chart's DRA on, the node's
+label), to `mig: dynamic`; it puts the session's config, chart values and front-end back at its end, so
 every other module finds the node as the session made it. Each test deletes its claims and pods and
 waits until no instance is left on the A100s (unprepare destroys them), so each starts from two empty
 dynamic GPUs. What exists on the GPUs is read with `sharing export` in the agent's pod (the fake
@@ -10,17 +11,18 @@ driver's state through the real pynvml).
 
 from __future__ import annotations
 
+import json
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from lab.helm import lab_values
+from lab.helm import NAMESPACE, lab_values
 
 from sharing.dra.names import parse_ondemand_name
 from sharing.mig import Placement, default_catalog
 from sharing.mig.policy import plain
-from tests.node.conftest import ALL_KINDS, CONFIG, EXPECTED, NODE, NodeUnderTest
+from tests.node.conftest import ALL_KINDS, CONFIG, CONFIG_LABEL, EXPECTED, NODE, NodeUnderTest
 from tests.node.test_dra import FRONTEND, DraNode, _published
 from tests.polling import poll
 
@@ -54,36 +56,64 @@ def _ondemand(node: NodeUnderTest) -> set[int]:
     return {p[0] for name in _published(node) if (p := parse_ondemand_name(name)) is not None}
 
 
+def _until(
+    node: NodeUnderTest, what: str, read: Callable[[], Any], ok: Callable[[Any], bool], timeout: float
+) -> Any:
+    """`poll`, with the agent's last log lines and the node's state label when it is not reached."""
+    try:
+        return poll(what, read, ok, timeout)
+    except TimeoutError as err:
+        labels = node.get("node", NODE)["metadata"].get("labels", {})
+        state = {k: v for k, v in labels.items() if "gpu-sharing" in k or "mig.config" in k}
+        raise AssertionError(f"{err}\nlabels: {state}\nagent log:\n{node.agent_log()[-6000:]}") from None
+
+
+def _put(node: NodeUnderTest, data: dict[str, str | None]) -> None:
+    """Add or remove configs in the user's ConfigMap (the chart makes it once; it is theirs after)."""
+    patch = json.dumps({"data": data})
+    node.kubectl("-n", NAMESPACE, "patch", "configmap", "gpu-sharing-config", "--type=merge", "-p", patch)
+
+
+def _config(node: NodeUnderTest, name: str) -> None:
+    node.kubectl("label", "node", NODE, f"{CONFIG_LABEL}={name}", "--overwrite")
+
+
 @pytest.fixture(scope="module")
 def ondemand_session(real_node: NodeUnderTest) -> Iterator[NodeUnderTest]:
     node = real_node
     node.delete_pods()
+    (old,) = node.agent_pods()
+    node.helm.upgrade_install(lab_values({CONFIG: ALL_KINDS}, dra={"enabled": True}))
     try:
+        node.running_agent(not_uid=old["metadata"]["uid"])
+        _put(node, {"ondemand-empty": EMPTY, "ondemand-dynamic": DYNAMIC})
         # MIG on and nothing made first: a dynamic GPU keeps whatever instances it has (the claims').
-        node.helm.upgrade_install(lab_values({CONFIG: EMPTY}, dra={"enabled": True}))
-        node.running_agent()
-        poll("the A100s in MIG mode, empty", lambda: _a100s(node), _empty, 180)
+        _config(node, "ondemand-empty")
+        _until(node, "the A100s in MIG mode, empty", lambda: _a100s(node), _empty, 180)
         node.kubectl("label", "node", NODE, f"{FRONTEND}=dra", "--overwrite")
-        node.helm.upgrade_install(lab_values({CONFIG: DYNAMIC}, dra={"enabled": True}))
-        node.running_agent()
-        poll("on-demand devices of both A100s", lambda: _ondemand(node), lambda g: g == {0, 1}, 180)
+        _config(node, "ondemand-dynamic")
+        _until(node, "on-demand devices of both A100s", lambda: _ondemand(node), lambda g: g == {0, 1}, 180)
         yield node
     finally:
         node.kubectl("label", "node", NODE, f"{FRONTEND}-")
+        _config(node, CONFIG)
+        _until(node, "device-plugin resources", node.allocatable, lambda a: a == EXPECTED, 180)
+        _put(node, {"ondemand-empty": None, "ondemand-dynamic": None})
+        (old,) = node.agent_pods()
         node.helm.upgrade_install(lab_values({CONFIG: ALL_KINDS}))
-        node.running_agent()
-        node.wait_allocatable(EXPECTED, timeout=180)
+        node.running_agent(not_uid=old["metadata"]["uid"])
+        node.wait_allocatable()
 
 
 @pytest.fixture
 def dra(ondemand_session: NodeUnderTest) -> Iterator[DraNode]:
     under = DraNode(ondemand_session)
-    poll("no instance on the A100s", lambda: _a100s(ondemand_session), _empty, 120)
+    _until(ondemand_session, "no instance on the A100s", lambda: _a100s(ondemand_session), _empty, 120)
     try:
         yield under
     finally:
         under.cleanup()
-        poll("every instance destroyed", lambda: _a100s(ondemand_session), _empty, 120)
+        _until(ondemand_session, "every instance destroyed", lambda: _a100s(ondemand_session), _empty, 120)
 
 
 def _profile_claim(dra: DraNode, profile: str) -> str:
