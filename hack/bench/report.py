@@ -72,6 +72,8 @@ TARGETS: dict[str, Target] = {
     "resourceslice_update_s_p95": Target("s", "< 1 s", lambda v: v < 1),
     "dra_pod_start_vs_deviceplugin_p50": Target("x", "<= 1.2", lambda v: v <= 1.2),
     "dra_agent_rss_mb": Target("MB", "< 100 MB", lambda v: v < 100),
+    "ondemand_pod_start_vs_premade_p50": Target("x", "<= 1.5", lambda v: v <= 1.5),
+    "ondemand_create_share": Target("", "-"),
 }
 
 
