@@ -65,7 +65,25 @@ def _until(
     except TimeoutError as err:
         labels = node.get("node", NODE)["metadata"].get("labels", {})
         state = {k: v for k, v in labels.items() if "gpu-sharing" in k or "mig.config" in k}
-        raise AssertionError(f"{err}\nlabels: {state}\nagent log:\n{node.agent_log()[-6000:]}") from None
+        slices = [
+            (x["spec"]["pool"]["generation"], [d["name"] for d in x["spec"].get("devices", [])][:8])
+            for x in node.get("resourceslices")["items"]
+        ]
+        raise AssertionError(
+            f"{err}\nlabels: {state}\nslices (generation, first devices): {slices}\n"
+            f"agent log:\n{node.agent_log()[-8000:]}"
+        ) from None
+
+
+def _run(dra: DraNode, pod: str) -> None:
+    """The pod Running and ready (with the agent's log and the slices when it is not)."""
+    _until(dra.node, f"pod {pod} Running", lambda: dra.node.pod(pod), _ready, 90)
+
+
+def _ready(pod: dict[str, Any]) -> bool:
+    status = pod.get("status", {})
+    ready = all(c.get("ready") for c in status.get("containerStatuses", [{}]))
+    return status.get("phase") == "Running" and ready
 
 
 def _put(node: NodeUnderTest, data: dict[str, str | None]) -> None:
@@ -127,10 +145,11 @@ def _placements(instances: list[dict[str, Any]]) -> list[tuple[str, int]]:
 def test_small_slices_pack_onto_one_gpu_the_other_stays_whole_and_freed_room_fits_a_larger_one(
     dra: DraNode,
 ) -> None:
-    claims = [_profile_claim(dra, "1g.5gb") for _ in range(7)]
-    pods = [dra.pod(c) for c in claims]
-    for pod in pods:
-        dra.node.wait_running(pod)
+    claims, pods = [], []
+    for _ in range(7):  # one after the other, as pods arrive
+        claims.append(_profile_claim(dra, "1g.5gb"))
+        pods.append(dra.pod(claims[-1]))
+        _run(dra, pods[-1])
     a100s = _a100s(dra.node)
     counts = {i: Counter(x["profile"] for x in instances) for i, instances in a100s.items()}
     (packed,) = [i for i, c in counts.items() if c]
@@ -141,7 +160,7 @@ def test_small_slices_pack_onto_one_gpu_the_other_stays_whole_and_freed_room_fit
         assert seen in {x["uuid"] for x in a100s[packed]}
 
     whole = dra.pod(_profile_claim(dra, "7g.40gb"))
-    dra.node.wait_running(whole)
+    _run(dra, whole)
     assert [("7g.40gb", 0)] == _placements(_a100s(dra.node)[other])
 
     # Four leave: those on memory slices 0-3, so that a 3g.20gb (4 slices) has room on the packed GPU.
@@ -159,7 +178,7 @@ def test_small_slices_pack_onto_one_gpu_the_other_stays_whole_and_freed_room_fit
 
     larger = _profile_claim(dra, "3g.20gb")
     pod = dra.pod(larger)
-    dra.node.wait_running(pod)
+    _run(dra, pod)
     (device,) = dra.allocated(larger)
     parsed = parse_ondemand_name(device)
     assert parsed is not None
@@ -178,7 +197,8 @@ def test_small_slices_pack_onto_one_gpu_the_other_stays_whole_and_freed_room_fit
 
 def test_a_pod_with_profile_limits_and_no_claim_gets_a_new_instance_made_for_it(dra: DraNode) -> None:
     pod = dra.pod(limits={"nvidia.com/mig-3g.20gb": "1"})
-    got = dra.node.wait_running(pod)
+    _run(dra, pod)
+    got = dra.node.pod(pod)
     claim = got["status"]["extendedResourceClaimStatus"]["resourceClaimName"]
     (device,) = dra.allocated(claim)
     parsed = parse_ondemand_name(device)
