@@ -220,9 +220,10 @@ def ondemand_gpu(
 
 def held_by(device: str, node: NodeState) -> frozenset[str] | None:
     """The UUIDs an allocated on-demand device holds, for the safe change protocol; None when
-    `device` is not an on-demand name. Made already: the MIG devices of the GPU instance at its
-    placement. Not made yet (allocated, not prepared): the whole GPU and every MIG device on it, so
-    nothing is made or destroyed where the claim's instance is to go (fail closed)."""
+    `device` is not an on-demand name. Always the whole GPU, so no other layout is made around a
+    claim's instance (a static layout keeping it would advertise it a second time), plus the MIG
+    devices of the GPU instance at its placement once it is made, or every MIG device of the GPU
+    while it is not (fail closed)."""
     parsed = parse_ondemand_name(device)
     if parsed is None:
         return None
@@ -231,7 +232,7 @@ def held_by(device: str, node: NodeState) -> frozenset[str] | None:
         return frozenset()
     for gi in gpu.instances:
         if profile_slug(gi.profile) == parsed[1] and gi.start == parsed[2] and gi.compute_instances:
-            return frozenset(ci.uuid for ci in gi.compute_instances)
+            return frozenset({gpu.uuid, *(ci.uuid for ci in gi.compute_instances)})
     return frozenset({gpu.uuid, *(ci.uuid for _, ci in gpu.mig_devices)})
 
 

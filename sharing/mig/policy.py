@@ -8,7 +8,10 @@ structured/internal/incubating/pools_incubating.go `GatherPools` -> `sortPoolsBy
 -> `sortSlicesByName` "Because the allocator uses a first-fit search, this allows driver authors to
 influence prioritization through their naming conventions"; allocator_incubating.go `allocateOne`,
 which walks pools, slices and devices in that order and stops at the first solution: "Without
-scoring, we stop and use the first solution"; the stable allocator does the same). Devices allocated
+scoring, we stop and use the first solution". That is the allocator a 1.36 scheduler picks with its
+default gates (`NewAllocator` in structured/allocator.go takes the most stable one that supports the
+enabled features, and DRAConsumableCapacity, beta and on, needs "incubating"); the "stable" one
+walks the devices of a slice in the same order but does not sort the slices). Devices allocated
 already are skipped (`deviceInUse`), and one whose counters no longer fit is skipped
 (`checkAvailableCounters`). So the order a slice lists a GPU's devices in is the placement policy.
 

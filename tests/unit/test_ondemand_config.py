@@ -128,3 +128,8 @@ def test_the_device_plugins_offer_nothing_on_a_dynamic_gpu() -> None:
     assert [(name, [d.uuid for d in devices]) for name, devices in inventory.resources] == [
         ("nvidia.com/mig-3g.20gb", ["MIG-2"])
     ]
+
+
+def test_turning_mig_off_on_a_dynamic_gpu_waits_for_a_claim_not_made_yet() -> None:
+    change = plan_change(a100(0, mig=True), Target(False), CATALOG, busy_uuids={"GPU-0"})
+    assert (change.failure, change.steps, change.blockers) == (Outcome.BLOCKED, (), ("GPU-0",))

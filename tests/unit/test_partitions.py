@@ -392,7 +392,7 @@ def test_an_allocated_on_demand_device_holds_its_instance_or_the_whole_gpu_until
     made = GpuInstance(1, "1g.5gb", 6, 1, (ComputeInstance(0, MigUuid("MIG-a")),))
     other = GpuInstance(2, "3g.20gb", 0, 4, (ComputeInstance(0, MigUuid("MIG-b")),))
     node = node_of(gpu(0, A100, (made, other)))
-    assert held_by("gpu-0-mig-1g-5gb-at-6", node) == {"MIG-a"}
+    assert held_by("gpu-0-mig-1g-5gb-at-6", node) == {"GPU-0", "MIG-a"}
     assert held_by("gpu-0-mig-2g-10gb-at-4", node) == {"GPU-0", "MIG-a", "MIG-b"}
     assert held_by("gpu-0-mig-1", node) is None  # a static device's name: not ours to resolve
     assert held_by("gpu-5-mig-1g-5gb-at-0", node) == frozenset()
