@@ -61,7 +61,7 @@ NODE = NodeState((A100, H100))
         (("gpu-0-mig-1-replica-0", "gpu-0-mig-0"), {"MIG-a", "MIG-b"}),
         (("gpu-0-mig-5",), {"GPU-0", "MIG-a", "MIG-b"}),
         (("gpu-7", "nic-0"), set()),
-        (("gpu-0-mig-1g-5gb-at-4",), {"MIG-b"}),
+        (("gpu-0-mig-1g-5gb-at-4",), {"GPU-0", "MIG-b"}),
         (("gpu-0-mig-1g-5gb-at-5",), {"GPU-0", "MIG-a", "MIG-b"}),
     ],
     ids=[
