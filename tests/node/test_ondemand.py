@@ -207,3 +207,47 @@ def test_a_pod_with_profile_limits_and_no_claim_gets_a_new_instance_made_for_it(
     assert [("3g.20gb", parsed[2])] == _placements(made[parsed[0]])
     (seen,) = dra.seen(pod)
     assert [seen] == [x["uuid"] for x in made[parsed[0]]]
+
+
+def _made(node: NodeUnderTest) -> list[tuple[int, str, int, str]]:
+    """(GPU, profile, start, MIG UUID) of every instance on the A100s."""
+    return sorted(
+        (g, i["profile"], i["start"], i["uuid"]) for g, instances in _a100s(node).items() for i in instances
+    )
+
+
+def test_a_killed_agent_keeps_the_instances_its_claims_own_and_destroys_them_at_unprepare(
+    dra: DraNode,
+) -> None:
+    pods = [dra.pod(_profile_claim(dra, profile)) for profile in ("1g.5gb", "3g.20gb")]
+    for pod in pods:
+        _run(dra, pod)
+    before = _made(dra.node)
+    seen = [dra.seen(pod) for pod in pods]
+    (old,) = dra.node.agent_pods()
+    # The agent's container is killed (its pod deleted at once): a new one starts on the same checkpoint.
+    dra.node.kubectl("-n", NAMESPACE, "delete", "pod", old["metadata"]["name"], "--grace-period=0", "--force")
+    dra.node.running_agent(not_uid=old["metadata"]["uid"])
+    _until(dra.node, "the pool published again", lambda: _ondemand(dra.node), lambda g: g == {0, 1}, 120)
+    assert before == _made(dra.node)  # none lost, none made again
+    assert seen == [dra.seen(pod) for pod in pods]
+    dra.node.kubectl("delete", "pod", "--timeout=60s", *pods)  # returns once unprepared
+    # unprepare destroyed them (none leaked): the fixture waits for the A100s to be empty
+
+
+def test_a_kubelet_restarted_with_claims_prepared_loses_and_leaks_no_instance(dra: DraNode) -> None:
+    pod = dra.pod(_profile_claim(dra, "2g.10gb"))
+    _run(dra, pod)
+    container = dra.node.pod(pod)["status"]["containerStatuses"][0]["containerID"]
+    before, seen = _made(dra.node), dra.seen(pod)
+    dra.node.node.restart_kubelet()
+
+    def exec_env() -> tuple[int, str]:  # the restarted kubelet serves exec once it runs the pod again
+        done = dra.node.node.kubectl("exec", pod, "--", "env")
+        return done.returncode, done.stderr
+
+    _until(dra.node, "exec into the pod", exec_env, lambda d: d[0] == 0, 120)
+    after = dra.node.pod(pod)["status"]["containerStatuses"][0]
+    assert (container, 0) == (after["containerID"], after["restartCount"])
+    assert before == _made(dra.node)
+    assert seen == dra.seen(pod)
