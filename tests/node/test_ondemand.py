@@ -23,7 +23,7 @@ from sharing.dra.names import parse_ondemand_name
 from sharing.mig import Placement, default_catalog
 from sharing.mig.policy import plain
 from tests.node.conftest import ALL_KINDS, CONFIG, CONFIG_LABEL, EXPECTED, NODE, NodeUnderTest
-from tests.node.test_dra import FRONTEND, DraNode, _published
+from tests.node.test_dra import DRIVER, FRONTEND, DraNode, _events, _published
 from tests.polling import poll
 
 pytestmark = pytest.mark.node
@@ -251,3 +251,46 @@ def test_a_kubelet_restarted_with_claims_prepared_loses_and_leaks_no_instance(dr
     assert (container, 0) == (after["containerID"], after["restartCount"])
     assert before == _made(dra.node)
     assert seen == dra.seen(pod)
+
+
+def test_a_claim_that_only_fragmented_room_would_hold_is_an_event_a_metric_and_in_sharing_status(
+    dra: DraNode,
+) -> None:
+    # GPU 0: 1g.5gb on memory slices 0, 2, 4, 6 (placed by CEL), so four slices and three compute
+    # slices are free but no four contiguous ones; GPU 1: taken whole.
+    for start in (0, 2, 4, 6):
+        cel = (
+            f"device.attributes['{DRIVER}'].parentIndex == 0 && "
+            f"device.attributes['{DRIVER}'].placementStart == {start}"
+        )
+        exactly = {"deviceClassName": "mig-1g.5gb.nvidia.com", "selectors": [{"cel": {"expression": cel}}]}
+        _run(dra, dra.pod(dra.claim([{"name": "mig", "exactly": exactly}])))
+    _run(dra, dra.pod(_profile_claim(dra, "7g.40gb")))
+    assert [("1g.5gb", s) for s in (0, 2, 4, 6)] == _placements(_a100s(dra.node)[0])
+
+    big = _profile_claim(dra, "3g.20gb")
+    dra.pod(big)
+    said = (
+        f"claim default/{big} waits for a 3g.20gb MIG device: GPU 0 has the free memory and compute for "
+        "it but no free placement (the free memory slices are not contiguous around the instances in "
+        "use); it fits once instances there are released"
+    )
+    _until(
+        dra.node,
+        "the MigFragmented Event",
+        lambda: _events(dra.node, "MigFragmented"),
+        lambda m: said in m,
+        60,
+    )
+    status = json.loads(
+        dra.node.kubectl("-n", NAMESPACE, "exec", "ds/gpu-sharing", "--", "sharing", "status", "--json")
+    )
+    assert [{"claim": f"default/{big}", "profile": "3g.20gb", "gpus": [0]}] == status["fragmented"]
+    script = "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:9402/metrics').read().decode())"
+    line = 'gpu_sharing_dra_fragmented_claims{profile="3g.20gb"} 1.0'
+
+    def metrics() -> list[str]:  # /metrics renders the status at most once a second
+        out = dra.node.kubectl("-n", NAMESPACE, "exec", "ds/gpu-sharing", "--", "python", "-c", script)
+        return out.splitlines()
+
+    _until(dra.node, "the gauge in /metrics", metrics, lambda m: line in m, 30)
