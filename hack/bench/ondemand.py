@@ -128,7 +128,7 @@ def _claim(name: str, parent: str) -> dict[str, Any]:
 
 def _prepare_totals(node: lab.RealNode) -> tuple[float, float]:
     """(sum, count) of the agent's prepare-time histogram."""
-    done = node.kubectl("-n", NAMESPACE, "exec", "ds/gpu-sharing", "--", "python", "-c", METRICS, check=True)
+    done = node.kubectl("-n", NAMESPACE, "exec", "ds/gpu-sharing", "--", "python3", "-c", METRICS, check=True)
     values = {
         line.split()[0]: float(line.split()[1])
         for line in done.stdout.splitlines()

@@ -290,7 +290,7 @@ def test_a_claim_that_only_fragmented_room_would_hold_is_an_event_a_metric_and_i
     line = 'gpu_sharing_dra_fragmented_claims{profile="3g.20gb"} 1.0'
 
     def metrics() -> list[str]:  # /metrics renders the status at most once a second
-        out = dra.node.kubectl("-n", NAMESPACE, "exec", "ds/gpu-sharing", "--", "python", "-c", script)
+        out = dra.node.kubectl("-n", NAMESPACE, "exec", "ds/gpu-sharing", "--", "python3", "-c", script)
         return out.splitlines()
 
     _until(dra.node, "the gauge in /metrics", metrics, lambda m: line in m, 30)
