@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 
 import structlog
@@ -66,6 +67,7 @@ class DraFrontEnd:
         claims_every_s: float = 1.0,
     ) -> None:
         self.kube = kube
+        self._backend = ondemand.backend if ondemand is not None else None
         self.node_name = node_name
         self.catalog = catalog
         self.inventory = Inventory()
@@ -158,13 +160,43 @@ class DraFrontEnd:
         return changed
 
     async def follow_allocations(self) -> bool:
-        """While the node has a dynamic GPU: re-publish the slices when the allocations changed since
-        last read; True when it did."""
-        if not self.inventory.dynamic or not await self._read_allocations():
+        """While the node has a dynamic GPU: re-publish the slices when the allocations or the
+        instances on the dynamic GPUs changed since last read; True when it did."""
+        if not self.inventory.dynamic:
             return False
-        log.info("pool_allocations_changed", allocated=len(self.allocated))
+        made = await self._observe_instances()
+        allocated = await self._read_allocations()
+        if not (made or allocated):
+            return False
+        log.info("pool_allocations_changed", allocated=len(self.allocated), instances_changed=made)
         self.publisher.want(self.slices())
         await self._sync()
+        return True
+
+    async def _observe_instances(self) -> bool:
+        """Read the GPUs again (prepare makes and unprepare destroys instances without the rollout
+        observing them); True when the instances of a dynamic GPU differ from the node as last
+        known, which is then updated. A GPU that cannot be read keeps its last known state."""
+        if self._backend is None:
+            return False
+        try:
+            observed = await self._backend.observe()
+        except SharingError as err:
+            log.warning("gpus_not_read", error=bounded(str(err)))
+            return False
+
+        def placements(node: NodeState) -> dict[str, list[tuple[str, int, bool]]]:
+            return {
+                g.uuid: sorted((gi.profile, gi.start, bool(gi.compute_instances)) for gi in g.instances)
+                for g in node.gpus
+                if g.uuid in self.inventory.dynamic
+            }
+
+        fresh = {g.uuid: g for g in observed.gpus if g.uuid in self.inventory.dynamic}
+        known = {u: p for u, p in placements(self.node).items() if u in fresh}
+        if placements(observed) == known:
+            return False
+        self.node = replace(self.node, gpus=tuple(fresh.get(g.uuid, g) for g in self.node.gpus))
         return True
 
     async def _follow_allocations(self) -> None:

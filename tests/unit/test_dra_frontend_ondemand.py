@@ -3,17 +3,30 @@ static ones, ordered for what claims are allocated, and re-built when the alloca
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
 from sharing.devices import Inventory
+from sharing.dra import OnDemand
 from sharing.dra.frontend import DraFrontEnd
 from sharing.dra.names import DRIVER
 from sharing.dra.partitions import partitionable_slices
+from sharing.gpu import GpuBackend
 from sharing.gpu.devfiles import DeviceFiles
 from sharing.kube.api import SliceSpec
 from sharing.mig import default_catalog
-from sharing.model import ClaimAllocation, DriverInfo, Gpu, GpuUuid, NodeState
+from sharing.model import (
+    ClaimAllocation,
+    ComputeInstance,
+    DriverInfo,
+    Gpu,
+    GpuInstance,
+    GpuUuid,
+    MigUuid,
+    NodeState,
+)
+from sharing.store import Journal
 from tests.unit.fakekube import FakeKube
 
 CATALOG = default_catalog()
@@ -92,3 +105,43 @@ async def test_a_node_without_dynamic_gpus_reads_no_claims(tmp_path: Path) -> No
     assert "" == await front.publish(Inventory(), NodeState(()))
     assert () == front.allocated
     assert [] == [s for s in kube.slices.values() if s.spec.driver == DRIVER and s.spec.devices]
+
+
+class _Gpus:
+    """The backend's observe() only: what the GPUs hold now."""
+
+    def __init__(self, node: NodeState) -> None:
+        self.node = node
+
+    async def observe(self) -> NodeState:
+        return self.node
+
+
+async def test_an_instance_made_or_destroyed_without_an_allocation_change_re_publishes(
+    tmp_path: Path,
+) -> None:
+    kube = FakeKube(NODE_NAME, {})
+    gpus = _Gpus(NODE)
+    front = DraFrontEnd(
+        kube=cast(Any, kube),
+        node_name=NODE_NAME,
+        files=cast(DeviceFiles, None),
+        cdi_dir=tmp_path,
+        catalog=CATALOG,
+        ondemand=OnDemand(cast(GpuBackend, gpus), Journal(tmp_path / "journal")),
+    )
+    assert "" == await front.publish(DYNAMIC, NODE)
+    assert False is await front.follow_allocations()
+
+    # An instance the allocations do not account for (a claim deallocated, not yet unprepared).
+    ci = ComputeInstance(0, MigUuid("MIG-x"), mig_index=0)
+    gpus.node = replace(
+        NODE, gpus=(replace(NODE.gpus[0], instances=(GpuInstance(1, "1g.5gb", 0, 1, (ci,)),)), NODE.gpus[1])
+    )
+    assert True is await front.follow_allocations()
+    assert _wanted(partitionable_slices(NODE_NAME, gpus.node, DYNAMIC.dynamic, CATALOG)) == _held(kube)
+    assert "gpu-0-mig-1g-5gb-at-0" not in {n for names in _held(kube) for n in names}
+
+    gpus.node = NODE  # unprepare destroyed it
+    assert True is await front.follow_allocations()
+    assert "gpu-0-mig-1g-5gb-at-0" in {n for names in _held(kube) for n in names}
