@@ -294,3 +294,12 @@ def test_a_claim_that_only_fragmented_room_would_hold_is_an_event_a_metric_and_i
         return out.splitlines()
 
     _until(dra.node, "the gauge in /metrics", metrics, lambda m: line in m, 30)
+
+
+def test_seven_pods_arriving_at_once_pack_onto_one_gpu(dra: DraNode) -> None:
+    claims = [_profile_claim(dra, "1g.5gb") for _ in range(7)]
+    pods = [dra.pod(c) for c in claims]
+    for pod in pods:
+        _run(dra, pod)
+    counts = {i: Counter(x["profile"] for x in instances) for i, instances in _a100s(dra.node).items()}
+    assert sorted([Counter({"1g.5gb": 7}), Counter()], key=len) == sorted(counts.values(), key=len)
