@@ -119,6 +119,8 @@ class Agent:
         )
         self.node = watch_node(kube, settings.node_name, settings.watch_timeout_seconds)
         self.node_out = NodePublisher(kube, self.node, catalog)
+        if dra is not None:
+            dra.event = self.node_out.event
         self.drain = Drainer(kube, self.node, self.node_out.event, enabled=settings.drain)
         self.sources = ConfigSources(
             kube,

@@ -5,11 +5,12 @@
 Parts, in order: planner, hostile (parsing hostile ConfigMap keys), mutations, listandwatch,
 cluster (startup, reconcile, configmap, allocate, idle, preferred, restart: the API server's),
 agentrestart (the agent's: how long the kubelet refuses pods), realnode, dra (the DRA front-end
-on a real node), fleet, probes (the HTTP port under a flood), resourceslices (the DRA publisher: a
-changed pool until the API server holds it), trace (a seeded MIG workload on four A100s: the best
-shipped preset and the best static layout in hindsight vs on-demand, through the real
-kube-scheduler). A part that fails is reported and the others still run; the exit code is 1
-when any failed. Ctrl-C or SIGTERM stops everything it started.
+on a real node), ondemand (on-demand MIG against pre-made slices on a real node), fleet, probes
+(the HTTP port under a flood), resourceslices (the DRA publisher: a changed pool until the API
+server holds it), trace (a seeded MIG workload on four A100s: the best shipped preset and the best
+static layout in hindsight vs on-demand, through the real kube-scheduler). A part that fails is
+reported and the others still run; the exit code is 1 when any failed. Ctrl-C or SIGTERM stops
+everything it started.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from bench import (
     idle,
     listandwatch,
     mutations,
+    ondemand,
     planner,
     probes,
     realnode,
@@ -60,6 +62,7 @@ PARTS = (
     "agentrestart",
     "realnode",
     "dra",
+    "ondemand",
     "fleet",
     "probes",
     "resourceslices",
@@ -157,6 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ("agentrestart", lambda: agentrestart_part(tmp / "agentrestart", budget, results)),
             ("realnode", lambda: realnode.bench_real_node(budget, results)),
             ("dra", lambda: dra.bench_dra(budget, results)),
+            ("ondemand", lambda: ondemand.bench_ondemand(budget, results)),
             ("fleet", lambda: fleet.bench_fleet(nodes, budget, results) if nodes else None),
             ("probes", lambda: probes.bench_probes(tmp / "probes", budget, results)),
             ("resourceslices", lambda: resourceslices.bench_resourceslices(tmp / "slices", budget, results)),

@@ -78,6 +78,8 @@ TARGETS: dict[str, Target] = {
     "trace_served_vs_hindsight_static": Target("x", "- (median; vs a layout chosen in hindsight)"),
     "trace_served_vs_plain_min": Target("x", ">= 1 (worst seed)", lambda v: v >= 1),
     "trace_seeds": Target("", ">= 3", lambda v: v >= 3),
+    "ondemand_pod_start_vs_premade_p50": Target("x", "<= 1.5", lambda v: v <= 1.5),
+    "ondemand_create_share": Target("", "-"),
 }
 
 

@@ -56,10 +56,19 @@ async def _serve(config: settings.Settings) -> None:
         ignored_xids=config.ignored_xids,
     )
     metrics = Metrics(__version__)
+    fleet = Fleet(
+        FleetSettings(
+            plugin_dir=config.device_plugin_dir,
+            policy=AllocationPolicy(config.allocation_policy),
+            injection=config.injection(),
+            ignored_xids=frozenset(config.ignored_xids),
+        )
+    )
     dra = None
     if config.dra_available:
-        from sharing.dra import DraPaths
+        from sharing.dra import DraPaths, OnDemand
         from sharing.dra.frontend import DraFrontEnd
+        from sharing.store import Journal
 
         dra = DraFrontEnd(
             kube=kube,
@@ -69,19 +78,15 @@ async def _serve(config: settings.Settings) -> None:
             catalog=catalog,
             paths=DraPaths(config.kubelet_plugins_dir, config.kubelet_registry_dir),
             recorder=metrics,
+            # The rollout's journal file: its lock keeps a prepare's instance step and a GPU change apart.
+            ondemand=OnDemand(backend, Journal(config.journal)),
+            gpu_health=lambda: fleet.health,
         )
     agent = Agent(
         config,
         kube=kube,
         backend=backend,
-        fleet=Fleet(
-            FleetSettings(
-                plugin_dir=config.device_plugin_dir,
-                policy=AllocationPolicy(config.allocation_policy),
-                injection=config.injection(),
-                ignored_xids=frozenset(config.ignored_xids),
-            )
-        ),
+        fleet=fleet,
         catalog=catalog,
         pod_resources=PodResourcesClient(config.pod_resources_socket),
         dra=dra,

@@ -123,6 +123,12 @@ def describe(status: dict[str, Any]) -> str:
         lines.append(
             f"last change {change.get('time', '')} {change.get('reason', '')}: {change.get('message', '')}"
         )
+    for f in status.get("fragmented") or ():
+        gpus = ", ".join(str(g) for g in f["gpus"])
+        lines.append(
+            f"claim {f['claim']} waits for {f['profile']}: fragmented on GPU {gpus} (the free memory and "
+            "compute would hold it, no placement does)"
+        )
     holders = status.get("holders", {})
     if not holders.get("known", True):
         lines.append(f"who holds what is unknown: {holders.get('error', '')}")

@@ -70,6 +70,9 @@ class Inventory:
     resources: tuple[tuple[ResourceName, tuple[Device, ...]], ...] = ()
     fail_requests_greater_than_one: bool = False
     warnings: tuple[str, ...] = ()
+    dynamic: frozenset[str] = frozenset()
+    """UUIDs of the GPUs under `mig: dynamic`: they have no devices here, the DRA front-end offers
+    their placements (`sharing.dra.partitions`)."""
 
     def names(self) -> tuple[ResourceName, ...]:
         """Resource names, sorted."""
@@ -166,8 +169,14 @@ def build_inventory(
         resources=tuple((name, tuple(found[name])) for name in sorted(found)),
         fail_requests_greater_than_one=config is not None and config.fail_requests_greater_than_one,
         warnings=tuple(warnings),
+        dynamic=frozenset(g.uuid for g in node.gpus if _is_dynamic(g, config_of(g.uuid), catalog)),
     )
     return with_health(inventory, health) if health is not None else inventory
+
+
+def _is_dynamic(gpu: Gpu, config: SharingConfig | None, catalog: Catalog) -> bool:
+    rule = config.rule_matching(identity(gpu, catalog)) if config else None
+    return rule is not None and rule.mig is MigMode.DYNAMIC
 
 
 def withdraw(inventory: Inventory, uuids: Collection[str]) -> Inventory:

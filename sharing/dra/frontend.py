@@ -5,31 +5,48 @@ config in effect, go into the pool's slices (`sharing.dra.slices`) and the plugi
 against that same inventory. It returns once the API server holds the slices, so a withdrawal is
 confirmed when it returns: from then on no scheduler allocates what the slices no longer list
 (allocations made before are claims the rollout reads as holders). `withdraw` deletes the slices.
+
+GPUs under `mig: dynamic` (`Inventory.dynamic`) are published as partitionable devices
+(`sharing.dra.partitions`) beside the static ones, in one pool. Their order is the placement policy,
+which depends on what claims are allocated: while the node has a dynamic GPU, the claims allocated
+from the pool are read every `claims_every_s` and the slices re-built when the allocated device
+names change (ResourceClaim has no field selector on its allocation, resource.k8s.io/v1, so a watch
+would carry every claim of the cluster; a stale order is still safe, only less good). The plugin
+makes the instance of an on-demand device at prepare (`sharing.dra.ondemand`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 
 import structlog
 
-from sharing.devices import Inventory
+from sharing.devices import HealthState, Inventory
+from sharing.dra.fragmentation import Fragmented, fragmented_claims
 from sharing.dra.holds import ClaimHold
 from sharing.dra.names import DRIVER
+from sharing.dra.ondemand import OnDemand
+from sharing.dra.partitions import partitionable_slices, pool, withdrawn_static
 from sharing.dra.plugin import DraPaths, DraPlugin
 from sharing.dra.prepare import Recorder
 from sharing.dra.slices import build_slices
 from sharing.errors import SharingError
 from sharing.gpu.devfiles import DeviceFiles
 from sharing.kube import KubeClient
+from sharing.kube.api import SliceSpec
 from sharing.kube.resourceslices import SlicePublisher
 from sharing.mig import Catalog
 from sharing.model import NodeState
 from sharing.text import bounded
 
 log = structlog.get_logger(__name__)
+
+EventSink = Callable[[str, str, str], Awaitable[None]]
+"""(type, reason, message) -> an Event on the Node."""
 
 
 class DraFrontEnd:
@@ -45,11 +62,24 @@ class DraFrontEnd:
         catalog: Catalog,
         paths: DraPaths | None = None,
         recorder: Recorder | None = None,
+        ondemand: OnDemand | None = None,
+        gpu_health: Callable[[], HealthState] | None = None,
+        claims_every_s: float = 1.0,
     ) -> None:
+        self.kube = kube
+        self._backend = ondemand.backend if ondemand is not None else None
         self.node_name = node_name
         self.catalog = catalog
         self.inventory = Inventory()
         self.node = NodeState(())
+        self.allocated: tuple[str, ...] = ()
+        """Device names of our pool that claims are allocated (sorted), as last read."""
+        self.claims_every_s = claims_every_s
+        self.fragmented: tuple[Fragmented, ...] = ()
+        """Pending claims whose MIG profile fits a dynamic GPU's free memory and compute but no
+        placement (`sharing.dra.fragmentation`), as of the last read."""
+        self.event: EventSink | None = None
+        """Where to say that a claim waits on fragmentation (the agent's Events on the Node)."""
         self.plugin = DraPlugin(
             node_name=node_name,
             claims=kube,
@@ -59,9 +89,12 @@ class DraFrontEnd:
             cdi_dir=cdi_dir,
             paths=paths or DraPaths(),
             recorder=recorder,
+            ondemand=ondemand,
+            gpu_health=gpu_health,
         )
         self.publisher = SlicePublisher(kube, node_name, DRIVER)
         self._task: asyncio.Task[None] | None = None
+        self._allocations: asyncio.Task[None] | None = None
         self._problem = ""
 
     async def start(self) -> None:
@@ -69,14 +102,16 @@ class DraFrontEnd:
         if self._task is None:
             await self.plugin.start()
             self._task = asyncio.create_task(self.publisher.run(), name="resourceslices")
+            self._allocations = asyncio.create_task(self._follow_allocations(), name="dra-allocations")
 
     async def stop(self) -> None:
         """Unregister and stop serving; the slices stay until `withdraw`."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        for task in (self._task, self._allocations):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._task = self._allocations = None
         if self.plugin.serving:
             await self.plugin.stop()
 
@@ -84,8 +119,90 @@ class DraFrontEnd:
         """Offer exactly `inventory` in the pool's slices; "" once the API server holds them."""
         self.inventory, self.node = inventory, node
         self.plugin.refresh()
-        self.publisher.want(build_slices(self.node_name, node, inventory, self.catalog))
+        if inventory.dynamic:
+            await self._read_allocations()
+        self.publisher.want(self.slices())
         return await self._sync()
+
+    def slices(self) -> tuple[SliceSpec, ...]:
+        """The pool as wanted now: the static devices, then the dynamic GPUs' counters and placements
+        (ordered for what is allocated now)."""
+        static = build_slices(self.node_name, self.node, self.inventory, self.catalog)
+        dynamic = self.inventory.dynamic
+        if not dynamic:
+            return static
+        return pool(
+            withdrawn_static(static, dynamic),
+            partitionable_slices(self.node_name, self.node, dynamic, self.catalog, allocated=self.allocated),
+        )
+
+    async def _read_allocations(self) -> bool:
+        """Read the device names allocated from our pool and the claims still pending; True when the
+        allocations changed. A pending claim newly found waiting on fragmentation is an Event."""
+        try:
+            claims, pending = await asyncio.to_thread(self.kube.list_claims_of_pool, DRIVER, self.node_name)
+        except SharingError as err:
+            log.warning("pool_claims_not_read", error=bounded(str(err)))
+            return False
+        allocated = tuple(sorted({d for c in claims for d in c.devices}))
+        changed, self.allocated = allocated != self.allocated, allocated
+        before = {(f.namespace, f.name, f.profile) for f in self.fragmented}
+        self.fragmented = fragmented_claims(
+            self.node, self.inventory.dynamic, self.catalog, allocated=allocated, pending=pending
+        )
+        for f in self.fragmented:
+            if (f.namespace, f.name, f.profile) not in before:
+                log.warning(
+                    "claim_waits_on_fragmentation", claim=f"{f.namespace}/{f.name}", profile=f.profile
+                )
+                if self.event is not None:
+                    await self.event("Warning", "MigFragmented", f.describe())
+        return changed
+
+    async def follow_allocations(self) -> bool:
+        """While the node has a dynamic GPU: re-publish the slices when the allocations or the
+        instances on the dynamic GPUs changed since last read; True when it did."""
+        if not self.inventory.dynamic:
+            return False
+        made = await self._observe_instances()
+        allocated = await self._read_allocations()
+        if not (made or allocated):
+            return False
+        log.info("pool_allocations_changed", allocated=len(self.allocated), instances_changed=made)
+        self.publisher.want(self.slices())
+        await self._sync()
+        return True
+
+    async def _observe_instances(self) -> bool:
+        """Read the GPUs again (prepare makes and unprepare destroys instances without the rollout
+        observing them); True when the instances of a dynamic GPU differ from the node as last
+        known, which is then updated. A GPU that cannot be read keeps its last known state."""
+        if self._backend is None:
+            return False
+        try:
+            observed = await self._backend.observe()
+        except SharingError as err:
+            log.warning("gpus_not_read", error=bounded(str(err)))
+            return False
+
+        def placements(node: NodeState) -> dict[str, list[tuple[str, int, bool]]]:
+            return {
+                g.uuid: sorted((gi.profile, gi.start, bool(gi.compute_instances)) for gi in g.instances)
+                for g in node.gpus
+                if g.uuid in self.inventory.dynamic
+            }
+
+        fresh = {g.uuid: g for g in observed.gpus if g.uuid in self.inventory.dynamic}
+        known = {u: p for u, p in placements(self.node).items() if u in fresh}
+        if placements(observed) == known:
+            return False
+        self.node = replace(self.node, gpus=tuple(fresh.get(g.uuid, g) for g in self.node.gpus))
+        return True
+
+    async def _follow_allocations(self) -> None:
+        while True:
+            await asyncio.sleep(self.claims_every_s)
+            await self.follow_allocations()
 
     async def withdraw(self) -> str:
         """Delete the pool's slices; "" once they are gone."""

@@ -17,6 +17,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from sharing.dra import partitions
 from sharing.model import ClaimAllocation, NodeState
 
 _NAME = re.compile(r"^gpu-(?P<gpu>\d+)(?:-mig-(?P<mig>\d+))?(?:-replica-(?P<replica>\d+))?$")
@@ -47,7 +48,11 @@ def claim_holds(claims: Iterable[ClaimAllocation], node: NodeState) -> tuple[Cla
 
 def held_by(device: str, node: NodeState) -> frozenset[str]:
     """The UUIDs one allocated device name holds: its device, or its whole GPU when it names nothing
-    that exists (an unknown name that looks like no device of ours holds nothing: not our pool's)."""
+    that exists (an unknown name that looks like no device of ours holds nothing: not our pool's).
+    An on-demand device (`gpu-0-mig-1g-5gb-at-3`) holds what `sharing.dra.partitions.held_by` says."""
+    ondemand = partitions.held_by(device, node)
+    if ondemand is not None:
+        return ondemand
     found = _NAME.match(device)
     if found is None:
         return frozenset()

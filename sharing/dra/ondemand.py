@@ -119,6 +119,12 @@ def _is(owned: OwnedInstance, gpu: GpuUuid, gi: GpuInstance) -> bool:
     )
 
 
+class SlotHandover(ClaimError):
+    """The placement is held by another claim of this node's that is being released: the scheduler
+    gave its slots to a new claim once the old one was deallocated, and the kubelet unprepares the
+    old one (destroying its instance) when its pod has gone, which can come after."""
+
+
 def occupant(place: Placement, claims: Mapping[str, PreparedClaim], uid: str, ref: str) -> GpuInstance | None:
     """This claim's own instance at the placement (a repeated prepare), None when the slots are free;
     ClaimError naming what holds any of them otherwise."""
@@ -134,7 +140,8 @@ def occupant(place: Placement, claims: Mapping[str, PreparedClaim], uid: str, re
             if owner is not None
             else "no claim of this agent (made by someone else; it is left alone)"
         )
-        raise ClaimError(
+        kind = SlotHandover if owner is not None else ClaimError
+        raise kind(
             f"claim {ref}: {place.where} is taken: GPU instance {gi.id} ({gi.profile} at slot {gi.start}) "
             f"is there, held by {held_by}; delete the claim (or its pod) so that it is allocated again"
         )

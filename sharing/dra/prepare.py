@@ -35,7 +35,7 @@ from sharing.devices import Device, Inventory
 from sharing.dra.claims import Chosen, ClaimError, check_config, ondemand_results, select
 from sharing.dra.instances import Made, destroy_owned, made_device, mig_device, recover, undo
 from sharing.dra.names import CDI_KIND, claim_cdi_file, claim_cdi_name, pool_device_name
-from sharing.dra.ondemand import OnDemand, occupant, placement_of
+from sharing.dra.ondemand import OnDemand, SlotHandover, occupant, placement_of
 from sharing.errors import KubeError
 from sharing.gpu import build_named_spec, write_spec
 from sharing.gpu.devfiles import DeviceFiles
@@ -52,6 +52,9 @@ from sharing.text import bounded
 
 log = structlog.get_logger(__name__)
 
+HANDOVER_WAIT_S = 10.0
+"""How long a prepare whose placement another claim of this node still holds waits for that claim's
+unprepare (each unprepare wakes it) before it fails as before (the kubelet retries the prepare)."""
 _UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,63}$")
 
 
@@ -139,6 +142,8 @@ class Preparer:
         """Why the on-demand instances the checkpoint owns could not be checked at start ("": they
         were); retried before each call, and until then nothing is prepared or unprepared."""
         self._lock = asyncio.Lock()
+        self._released = asyncio.Event()
+        """Set when an unprepare has run: a prepare waiting for a handover looks again."""
 
     async def load(self) -> None:
         """Read the checkpoint (at start); a bad one is logged and fails closed until it is fixed."""
@@ -214,9 +219,36 @@ class Preparer:
         return PreparedClaims(tuple(self._claims[u] for u in sorted(self._claims)), unknown)
 
     async def prepare(self, keys: Sequence[ClaimKey]) -> dict[str, Prepared]:
-        """{claim UID: its devices or its error} for every claim asked for."""
-        answers = {}
+        """{claim UID: its devices or its error} for every claim asked for.
+
+        A claim whose on-demand placement another claim of this node still holds (`SlotHandover`)
+        is tried again after each unprepare, for up to HANDOVER_WAIT_S, outside the lock so that
+        the unprepare can run."""
+        answers: dict[str, Prepared] = {}
         loop = asyncio.get_running_loop()
+        deadline = loop.time() + HANDOVER_WAIT_S
+        todo = list(keys)
+        while True:
+            self._released.clear()
+            waiting = await self._prepare_all(todo, answers, loop)
+            if not waiting or loop.time() >= deadline:
+                break
+            todo = waiting
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._released.wait(), deadline - loop.time())
+        for key in todo if waiting else ():
+            log.warning(
+                "claim_not_prepared", claim=f"{key.namespace}/{key.name}", error=answers[key.uid].error
+            )
+        if self._changed is not None:
+            self._changed()
+        return answers
+
+    async def _prepare_all(
+        self, keys: Sequence[ClaimKey], answers: dict[str, Prepared], loop: asyncio.AbstractEventLoop
+    ) -> list[ClaimKey]:
+        """Prepare each claim into `answers`; the claims that wait for a handover."""
+        waiting = []
         async with self._lock:
             unrecovered = await self._recovered()
             for key in keys:
@@ -225,15 +257,16 @@ class Preparer:
                     if unrecovered:
                         raise ClaimError(f"claim {key.namespace}/{key.name} is not prepared: {unrecovered}")
                     answers[key.uid] = Prepared(await self._prepare(key))
+                except SlotHandover as err:
+                    waiting.append(key)
+                    answers[key.uid] = Prepared(error=bounded(str(err), 1000))
                 except ClaimError as err:
                     log.warning("claim_not_prepared", claim=f"{key.namespace}/{key.name}", error=str(err))
                     answers[key.uid] = Prepared(error=bounded(str(err), 1000))
                 if self._recorder is not None:
                     self._recorder.prepare_seconds(loop.time() - started)
             self._count()
-        if self._changed is not None:
-            self._changed()
-        return answers
+        return waiting
 
     async def unprepare(self, keys: Sequence[ClaimKey]) -> dict[str, str]:
         """{claim UID: "" or why it failed} for every claim asked for."""
@@ -250,6 +283,7 @@ class Preparer:
                     log.warning("claim_not_unprepared", claim=f"{key.namespace}/{key.name}", error=str(err))
                     answers[key.uid] = bounded(str(err), 1000)
             self._count()
+        self._released.set()
         if self._changed is not None:
             self._changed()
         return answers

@@ -111,6 +111,16 @@ class ResourceClaimObject:
 
 
 @dataclass(frozen=True, slots=True)
+class PendingClaim:
+    """A ResourceClaim with no allocation yet, and the DeviceClasses its requests name
+    (`spec.devices.requests[].exactly.deviceClassName`, or those of `firstAvailable`)."""
+
+    namespace: str
+    name: str
+    classes: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Version:
     """A device attribute of type version (semver 2.0.0, as resource.k8s.io/v1 `DeviceAttribute.version`)."""
 
@@ -242,6 +252,12 @@ class KubeClient(Protocol):
 
     def list_pool_claims(self, driver: str, pool: str) -> tuple[ClaimAllocation, ...]:
         """The ResourceClaims that have devices of this driver's pool allocated."""
+        ...
+
+    def list_claims_of_pool(
+        self, driver: str, pool: str
+    ) -> tuple[tuple[ClaimAllocation, ...], tuple[PendingClaim, ...]]:
+        """In one read: the claims allocated devices of this pool, and the claims not allocated yet."""
         ...
 
     def get_resource_claim(self, namespace: str, name: str) -> ResourceClaimObject:

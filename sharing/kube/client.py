@@ -34,6 +34,7 @@ from sharing.kube.api import (
     GoneError,
     NodeObject,
     NotFoundError,
+    PendingClaim,
     PodReference,
     RefusedByBudgetError,
     RequestPolicy,
@@ -164,6 +165,19 @@ class ApiClient:
         )
         claims = (_claim_allocation(item, driver, pool) for item in answer.get("items") or ())
         return tuple(c for c in claims if c is not None)
+
+    def list_claims_of_pool(
+        self, driver: str, pool: str
+    ) -> tuple[tuple[ClaimAllocation, ...], tuple[PendingClaim, ...]]:
+        """The claims with devices of `driver`'s pool `pool` allocated, and those not allocated yet
+        (every namespace, one list: no field selector reaches into a claim's status)."""
+        answer = self._json(
+            f"list ResourceClaims for pool {pool}", "GET", "/apis/resource.k8s.io/v1/resourceclaims"
+        )
+        items = answer.get("items") or ()
+        allocated = (_claim_allocation(item, driver, pool) for item in items)
+        pending = (_pending_claim(item) for item in items)
+        return tuple(c for c in allocated if c is not None), tuple(c for c in pending if c is not None)
 
     def get_resource_claim(self, namespace: str, name: str) -> ResourceClaimObject:
         """Read a ResourceClaim (resource.k8s.io/v1, served by default since 1.34); NotFoundError when
@@ -397,6 +411,22 @@ def _claim_allocation(obj: Mapping[str, Any], driver: str, pool: str) -> ClaimAl
         if r.get("resource") == "pods"
     )
     return ClaimAllocation(namespace, meta.get("name", ""), meta.get("uid", ""), devices, pods)
+
+
+def _pending_claim(obj: Mapping[str, Any]) -> PendingClaim | None:
+    """A claim without `status.allocation`, with the classes its requests name (field names:
+    https://github.com/kubernetes/api/blob/v0.36.0/resource/v1/types.go `DeviceRequest`)."""
+    if (obj.get("status") or {}).get("allocation") is not None:
+        return None
+    meta = obj.get("metadata") or {}
+    classes: list[str] = []
+    for request in ((obj.get("spec") or {}).get("devices") or {}).get("requests") or ():
+        exactly = request.get("exactly") or {}
+        for sub in (exactly, *(request.get("firstAvailable") or ())):
+            name = sub.get("deviceClassName")
+            if isinstance(name, str) and name:
+                classes.append(name)
+    return PendingClaim(str(meta.get("namespace", "")), str(meta.get("name", "")), tuple(classes))
 
 
 def _configmap(obj: Mapping[str, Any]) -> ConfigMapObject:

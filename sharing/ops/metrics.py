@@ -137,6 +137,12 @@ class _State(Collector):
             ["selected", "in_effect"],
             [([config.get("selected") or "", ",".join(config.get("inEffect", []))], 1)] if status else [],
         )  # fmt: skip
+        waiting = Tally(f["profile"] for f in status.get("fragmented", []))
+        yield _gauge(
+            "dra_fragmented_claims",
+            "Pending claims whose MIG profile fits a dynamic GPU's free memory and compute but no placement.",
+            ["profile"], ((([p], n) for p, n in sorted(waiting.items()))),
+        )  # fmt: skip
         daemons = [(g, g["mps"]) for g in gpus if g.get("mps")]
         labels = ["gpu", "uuid"]
         yield _gauge(

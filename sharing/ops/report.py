@@ -92,8 +92,6 @@ class Reporter:
             self.config(),
             holders_error=holders.unknown,
             unhealthy=frozenset(health.unhealthy_gpus),
-            claims=holders.claims,
-            frontend=self.rollout.frontend.value,
             mps={
                 d.gpu: mps_daemon(
                     d.pipe_directory,
@@ -106,6 +104,9 @@ class Reporter:
                 )
                 for d in daemons
             },
+            claims=holders.claims,
+            frontend=self.rollout.frontend.value,
+            fragmented=self.rollout.dra.fragmented if self.rollout.dra is not None else (),
         )
         self.metrics.snapshot(document, ((p.resource, p.registered) for p in self.fleet.status()))
         self._cached = (loop.time(), document)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sharing.devices import REPLICA_SEPARATOR, Device, Inventory
+from sharing.dra.fragmentation import Fragmented
 from sharing.dra.holds import ClaimHold
 from sharing.model import Gpu, GpuUuid, Holding, NodeState
 
@@ -42,15 +43,17 @@ def status_document(
     *,
     holders_error: str = "",
     unhealthy: frozenset[str] = frozenset(),
+    mps: Mapping[GpuUuid, Mapping[str, Any]] | None = None,
     claims: Sequence[ClaimHold] = (),
     frontend: str = "deviceplugin",
-    mps: Mapping[GpuUuid, Mapping[str, Any]] | None = None,
+    fragmented: Sequence[Fragmented] = (),
 ) -> dict[str, Any]:
     """The status of a node; `holders` None means they could not be read (`holders_error` says why).
 
-    `unhealthy` names the GPUs a health event (XID) took down and that have not recovered; `claims`
-    are the ResourceClaims holding devices (DRA front-end), each shown beside its devices; `mps`, per
-    GPU UUID, its MPS control daemon (`mps_daemon`), for the GPUs shared with MPS.
+    `unhealthy` names the GPUs a health event (XID) took down and that have not recovered; `mps`, per
+    GPU UUID, its MPS control daemon (`mps_daemon`), for the GPUs shared with MPS; `claims` are the
+    ResourceClaims holding devices (DRA front-end), each shown beside its devices; `fragmented` the
+    pending claims whose MIG profile fits a dynamic GPU's free memory and compute but no placement.
     """
     owners = _owners(holders or ())
     profiles = {ci.uuid: gi.profile for g in node.gpus for gi, ci in g.mig_devices}
@@ -84,6 +87,10 @@ def status_document(
             for g in node.gpus
         ],
         "unreadable": [{"index": u.index, "uuid": u.uuid, "error": u.error} for u in node.unreadable],
+        "fragmented": [
+            {"claim": f"{f.namespace}/{f.name}", "profile": f.profile, "gpus": list(f.gpus)}
+            for f in fragmented
+        ],
     }
 
 

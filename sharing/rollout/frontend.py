@@ -16,6 +16,7 @@ the API server which one its node wants.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -23,6 +24,7 @@ import structlog
 
 from sharing.config import Frontend
 from sharing.devices import Inventory
+from sharing.dra.fragmentation import Fragmented
 from sharing.dra.holds import ClaimHold
 from sharing.labels import ConfigState
 from sharing.model import NodeState
@@ -35,6 +37,9 @@ log = structlog.get_logger(__name__)
 
 class DraFrontend(Protocol):
     """The DRA front-end (`sharing.dra`): the kubelet plugin and the publisher of the node's slices."""
+
+    event: Callable[[str, str, str], Awaitable[None]] | None
+    """Where it records Events on the Node ((type, reason, message)); set by the agent."""
 
     async def start(self) -> None:
         """Serve the DRA and registration sockets; publish once an inventory is given."""
@@ -54,6 +59,11 @@ class DraFrontend(Protocol):
 
     def health(self) -> tuple[bool, str]:
         """(its servers run, why it is not ready: not registered, slices not written; or "")."""
+        ...
+
+    @property
+    def fragmented(self) -> Sequence[Fragmented]:
+        """Pending claims whose MIG profile fits a dynamic GPU's free memory and compute but no placement."""
         ...
 
     async def prepared(self) -> tuple[tuple[ClaimHold, ...], str]:

@@ -4,6 +4,7 @@ the claim checkpoint at start (the instances it owns adopted, nothing else touch
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -12,13 +13,13 @@ from typing import Any
 import pytest
 
 from sharing.devices import Inventory
-from sharing.dra import ClaimError, OnDemand, Preparer
+from sharing.dra import ClaimError, ClaimKey, OnDemand, Preparer
 from sharing.dra.ondemand import InstanceBusyError, Placement, occupant, placement_of
 from sharing.gpu import simstate
 from sharing.gpu.devfiles import DriverFiles
 from sharing.gpu.nvml import NvmlBackend
 from sharing.gpu.nvmlapi import Nvml
-from sharing.kube.api import ResourceClaimObject
+from sharing.kube.api import AllocatedDevice, ResourceClaimObject
 from sharing.mig import Target
 from sharing.mig.catalog import default_catalog
 from sharing.model import GpuUuid, NodeState
@@ -118,10 +119,10 @@ class NoApiServer:
         raise AssertionError(f"recovery read claim {namespace}/{name}")
 
 
-def preparer(ondemand: OnDemand, tmp_path: Path, node: NodeState) -> Preparer:
+def preparer(ondemand: OnDemand, tmp_path: Path, node: NodeState, claims: Any = None) -> Preparer:
     return Preparer(
         pool="node-a",
-        claims=NoApiServer(),
+        claims=claims or NoApiServer(),
         inventory=Inventory,
         node=lambda: node,
         files=DriverFiles(tmp_path / "driver"),
@@ -211,3 +212,37 @@ async def test_a_pending_prepare_on_a_gpu_that_cannot_be_read_is_left_as_it_is(
         checkpoint.load(),
         instances(state),
     )
+
+
+class Claims:
+    """The claims as the API server holds them (what prepare reads)."""
+
+    def __init__(self, *claims: ResourceClaimObject) -> None:
+        self.objects = {(c.namespace, c.name): c for c in claims}
+
+    def get_resource_claim(self, namespace: str, name: str) -> ResourceClaimObject:
+        return self.objects[(namespace, name)]
+
+
+def allocated(name: str, device: str) -> ResourceClaimObject:
+    result = AllocatedDevice("mig", "gpu.nvidia.com", "node-a", device)
+    return ResourceClaimObject("ns", name, f"uid-{name}", allocated=True, results=(result,))
+
+
+async def test_a_prepare_waits_for_the_unprepare_of_the_claim_its_placement_was_given_from(
+    ondemand: OnDemand, state: Path, tmp_path: Path
+) -> None:
+    """The scheduler hands a deallocated claim's slots to a new claim before the kubelet unprepares
+    the old one: the new prepare waits for that unprepare instead of failing into the kubelet's backoff."""
+    node = await ondemand.observe()
+    claims = Claims(allocated("old", "gpu-0-mig-1g-5gb-at-0"), allocated("new", "gpu-0-mig-1g-5gb-at-0"))
+    p = preparer(ondemand, tmp_path, node, claims)
+    await p.load()
+    assert "" == (await p.prepare([ClaimKey("ns", "old", "uid-old")]))["uid-old"].error
+    new = asyncio.create_task(p.prepare([ClaimKey("ns", "new", "uid-new")]))
+    await asyncio.sleep(0)  # a yield: the new prepare takes the lock and finds the slot held
+    assert {"uid-old": ""} == await p.unprepare([ClaimKey("ns", "old", "uid-old")])
+    answer = (await new)["uid-new"]
+    assert ("", ["gpu-0-mig-1g-5gb-at-0"]) == (answer.error, [d.device for d in answer.devices])
+    assert [[(19, 0, 1)], []] == instances(state)
+    assert ["uid-new"] == [c.uid for c in p.prepared().claims]

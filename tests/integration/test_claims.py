@@ -10,6 +10,7 @@ import lab
 import pytest
 
 from sharing.kube import ApiClient
+from sharing.kube.api import PendingClaim
 from sharing.model import ClaimAllocation
 
 pytestmark = pytest.mark.integration
@@ -78,3 +79,41 @@ def test_the_claims_allocated_from_our_pool_are_listed_with_their_devices_and_po
         ClaimAllocation(ns, "two", uid, ("gpu-0-mig-1", "gpu-1"), (f"{ns}/p",)),
         ClaimAllocation(ns, "waiting", waiting, ("gpu-2",), ()),
     ] == sorted(got, key=lambda c: c.name)
+
+
+def test_one_read_gives_the_pools_claims_and_the_pending_ones_with_their_classes(
+    control_plane: lab.ControlPlane,
+) -> None:
+    ns = f"claims-{uuid.uuid4().hex[:6]}"
+    pool = f"node-{uuid.uuid4().hex[:6]}"
+    control_plane.kubectl("create", "namespace", ns, check=True)
+    uid = claim(
+        control_plane, ns, "small", [{"driver": DRIVER, "pool": pool, "device": "gpu-0-mig-1g-5gb-at-0"}], []
+    )
+    pending = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "big", "namespace": ns},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {"name": "mig", "exactly": {"deviceClassName": "mig-3g.20gb.nvidia.com"}},
+                    {
+                        "name": "either",
+                        "firstAvailable": [
+                            {"name": "large", "deviceClassName": "mig-7g.40gb.nvidia.com"},
+                            {"name": "any", "deviceClassName": "mig.nvidia.com"},
+                        ],
+                    },
+                ]
+            }
+        },
+    }
+    control_plane.kubectl("apply", "-f", "-", input=json.dumps(pending), check=True)
+    allocated, waiting = ApiClient(str(control_plane.kubeconfig)).list_claims_of_pool(DRIVER, pool)
+    assert (ClaimAllocation(ns, "small", uid, ("gpu-0-mig-1g-5gb-at-0",), ()),) == tuple(
+        c for c in allocated if c.namespace == ns
+    )
+    assert (
+        PendingClaim(ns, "big", ("mig-3g.20gb.nvidia.com", "mig-7g.40gb.nvidia.com", "mig.nvidia.com")),
+    ) == tuple(c for c in waiting if c.namespace == ns)

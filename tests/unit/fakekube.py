@@ -14,7 +14,7 @@ from dataclasses import replace
 
 from sharing.errors import KubeError
 from sharing.kube import ConfigMapObject, NodeObject, NotFoundError, WatchEvent
-from sharing.kube.api import ConflictError, ResourceClaimObject, ResourceSliceObject, SliceSpec
+from sharing.kube.api import ConflictError, PendingClaim, ResourceClaimObject, ResourceSliceObject, SliceSpec
 from sharing.model import BoundPod, ClaimAllocation
 
 # The API server's rules for metadata (k8s.io/apimachinery pkg/util/validation/validation.go:
@@ -61,6 +61,8 @@ class FakeKube:
         """ResourceSlices by name."""
         self.slice_writes: list[tuple[str, str, int]] = []
         """(create | update | delete, slice name, pool generation) in the order they came."""
+        self.pending_claims: tuple[PendingClaim, ...] = ()
+        """The claims not allocated yet (list_claims_of_pool)."""
         self._version = 1
         self._lock = threading.Lock()
         self._queues: dict[tuple[str, ...], queue.Queue[WatchEvent | None]] = {}
@@ -151,6 +153,12 @@ class FakeKube:
     def list_pool_claims(self, driver: str, pool: str) -> tuple[ClaimAllocation, ...]:
         self.requests += 1
         return self.pool_claims
+
+    def list_claims_of_pool(
+        self, driver: str, pool: str
+    ) -> tuple[tuple[ClaimAllocation, ...], tuple[PendingClaim, ...]]:
+        self.requests += 1
+        return self.pool_claims, self.pending_claims
 
     def get_resource_claim(self, namespace: str, name: str) -> ResourceClaimObject:
         self.requests += 1

@@ -61,8 +61,19 @@ NODE = NodeState((A100, H100))
         (("gpu-0-mig-1-replica-0", "gpu-0-mig-0"), {"MIG-a", "MIG-b"}),
         (("gpu-0-mig-5",), {"GPU-0", "MIG-a", "MIG-b"}),
         (("gpu-7", "nic-0"), set()),
+        (("gpu-0-mig-1g-5gb-at-4",), {"GPU-0", "MIG-b"}),
+        (("gpu-0-mig-1g-5gb-at-5",), {"GPU-0", "MIG-a", "MIG-b"}),
     ],
-    ids=["mig", "gpu", "replica", "two", "gone-mig-holds-its-gpu", "not-ours"],
+    ids=[
+        "mig",
+        "gpu",
+        "replica",
+        "two",
+        "gone-mig-holds-its-gpu",
+        "not-ours",
+        "made-on-demand",
+        "not-made-yet",
+    ],
 )
 def test_a_claim_holds_the_devices_its_allocation_names(devices: tuple[str, ...], held: set[str]) -> None:
     claim = ClaimAllocation("ml", "c", "u", devices, ("ml/p",))

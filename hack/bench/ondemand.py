@@ -1,0 +1,172 @@
+"""On-demand MIG on a real node (hack/lab, as tests/node brings it up), the chart with dra.enabled.
+
+- ondemand_pod_start_vs_premade_p50: a pod whose claim is allocated an on-demand 1g.5gb device (the
+  instance is made at prepare) over a pod whose claim gets a pre-made 1g.5gb, in the same run and on
+  the same node (A100 0 carved into 7x 1g.5gb ahead, A100 1 under `mig: dynamic`; the claims pick the
+  GPU by `parentUUID`, class mig.nvidia.com). Each sample: the POST of the claim, then of its pod,
+  until a pod watch shows it Running and ready; pod and claim gone before the next (for an
+  on-demand claim, that is also the instance destroyed at unprepare). One untimed start of each first.
+- ondemand_create_share: the share of the on-demand start spent making the instance: (mean
+  NodePrepareResources time of the on-demand claims - that of the pre-made ones, from the agent's
+  `gpu_sharing_dra_prepare_duration_seconds` histogram) / the on-demand start p50.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+import uuid
+from typing import Any
+
+import lab
+from lab import images
+from lab.helm import NAMESPACE, Helm, lab_values
+
+from bench.clients import CONFIG_LABEL, Api, Watch, pod_view
+from bench.dra import DRIVER, FRONTEND_LABEL, _pod, _wait
+from bench.report import Budget, Results, percentile, say
+
+NODE = "bench-ondemand-node"
+CONFIG = "bench-ondemand"
+MIXED = """version: v1
+migStrategy: mixed
+gpus:
+  - devices: [0]
+    mig: {1g.5gb: 7}
+  - devices: [1]
+    mig: dynamic
+  - devices: [2, 3]
+    mig: disabled
+"""
+PREPARE = "gpu_sharing_dra_prepare_duration_seconds"
+METRICS = (
+    "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:9402/metrics').read().decode())"
+)
+
+
+def bench_ondemand(budget: Budget, results: Results) -> None:
+    bins = lab.binaries()
+    say("ondemand: images, then the node up (~30 s)")
+    archives = images.all_images(bins)
+    node = lab.RealNode("benchod", NODE, index=4).up(archives)
+    try:
+        api = Api(f"https://{node.address}:6443", node.state / "control-plane")
+        api.label_node(NODE, {CONFIG_LABEL: CONFIG, FRONTEND_LABEL: "dra"})
+        Helm(node.kubeconfig, binary=bins.helm).upgrade_install(
+            lab_values({CONFIG: MIXED}, dra={"enabled": True})
+        )
+        _wait(lambda: _ready(api), 240, "pre-made 1g.5gb on GPU 0 and on-demand devices of GPU 1")
+        parents = _parents(api)
+        with contextlib.ExitStack() as stack:
+            pods = stack.enter_context(_watching(Watch(api, "/api/v1/namespaces/default/pods", pod_view)))
+            premade, premade_prep = _series(
+                node, api, pods, budget.pod_starts, parent=parents[0], what="pre-made"
+            )
+            made, made_prep = _series(node, api, pods, budget.pod_starts, parent=parents[1], what="on-demand")
+        ratio = percentile(made, 50) / percentile(premade, 50)
+        share = max(0.0, made_prep - premade_prep) / percentile(made, 50)
+        results.add("ondemand_pod_start_vs_premade_p50", ratio)
+        results.add("ondemand_create_share", share)
+        results.note(
+            "ondemand: pod start p50/p95, on-demand / pre-made 1g.5gb; mean prepare on-demand / pre-made",
+            f"{percentile(made, 50):.2f}/{percentile(made, 95):.2f} s / "
+            f"{percentile(premade, 50):.2f}/{percentile(premade, 95):.2f} s; "
+            f"{made_prep * 1000:.0f} / {premade_prep * 1000:.0f} ms",
+        )
+    finally:
+        node.down()
+
+
+@contextlib.contextmanager
+def _watching(watch: Watch) -> Any:
+    watch.start()
+    try:
+        yield watch
+    finally:
+        watch.stop()
+
+
+def _devices(api: Api) -> dict[str, dict[str, Any]]:
+    items = api.request("GET", "/apis/resource.k8s.io/v1/resourceslices")["items"]
+    return {
+        d["name"]: {k: next(iter(v.values())) for k, v in d.get("attributes", {}).items()}
+        for s in items
+        if s["spec"]["driver"] == DRIVER and s["spec"].get("nodeName") == NODE
+        for d in s["spec"].get("devices", [])
+    }
+
+
+def _ready(api: Api) -> bool:
+    devices = _devices(api)
+    premade = [a for a in devices.values() if a.get("profile") == "1g.5gb" and "uuid" in a]
+    ondemand = [a for a in devices.values() if a.get("profile") == "1g.5gb" and "placementStart" in a]
+    return len(premade) == 7 and len(ondemand) == 7
+
+
+def _parents(api: Api) -> tuple[str, str]:
+    """(the pre-made 1g.5gb devices' GPU UUID, the on-demand ones' GPU UUID)."""
+    devices = [a for a in _devices(api).values() if a.get("profile") == "1g.5gb"]
+    premade = next(str(a["parentUUID"]) for a in devices if "uuid" in a)
+    ondemand = next(str(a["parentUUID"]) for a in devices if "placementStart" in a)
+    return premade, ondemand
+
+
+def _claim(name: str, parent: str) -> dict[str, Any]:
+    cel = (
+        f"device.attributes['{DRIVER}'].profile == '1g.5gb' && "
+        f"device.attributes['{DRIVER}'].parentUUID == '{parent}'"
+    )
+    exactly = {"deviceClassName": "mig.nvidia.com", "selectors": [{"cel": {"expression": cel}}]}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"devices": {"requests": [{"name": "mig", "exactly": exactly}]}},
+    }
+
+
+def _prepare_totals(node: lab.RealNode) -> tuple[float, float]:
+    """(sum, count) of the agent's prepare-time histogram."""
+    done = node.kubectl("-n", NAMESPACE, "exec", "ds/gpu-sharing", "--", "python3", "-c", METRICS, check=True)
+    values = {
+        line.split()[0]: float(line.split()[1])
+        for line in done.stdout.splitlines()
+        if line.startswith(PREPARE) and not line.startswith("#")
+    }
+    return values.get(f"{PREPARE}_sum", 0.0), values.get(f"{PREPARE}_count", 0.0)
+
+
+def _start(api: Api, pods: Watch, parent: str) -> float:
+    name = f"bench-{uuid.uuid4().hex[:8]}"
+    since = pods.mark()
+    start = time.monotonic()
+    api.create("/apis/resource.k8s.io/v1/namespaces/default/resourceclaims", _claim(name, parent))
+    api.create("/api/v1/namespaces/default/pods", _pod(name, name))
+    running = pods.wait(name, lambda v: v["running"], since, 120) - start
+    since = pods.mark()
+    api.request("DELETE", f"/api/v1/namespaces/default/pods/{name}?gracePeriodSeconds=0")
+    deadline = time.monotonic() + 60
+    while not any(kind == "DELETED" and who == name for _, kind, who, _ in pods.since(since)):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"pod {name} not gone within 60 s")
+        time.sleep(0.05)
+    api.request("DELETE", f"/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/{name}")
+    return running
+
+
+def _series(
+    node: lab.RealNode, api: Api, pods: Watch, count: int, *, parent: str, what: str
+) -> tuple[list[float], float]:
+    """`count` timed starts on the GPU `parent`, and the mean prepare time over them."""
+    say(f"ondemand: {count} pods with a {what} 1g.5gb")
+    _start(api, pods, parent)
+    time.sleep(1.1)  # /metrics renders at most once a second: the untimed start out of the totals
+    before = _prepare_totals(node)
+    took = [_start(api, pods, parent) for _ in range(count)]
+    time.sleep(1.1)
+    after = _prepare_totals(node)
+    calls = after[1] - before[1]
+    mean = (after[0] - before[0]) / calls if calls else 0.0
+    say(f"ondemand: {what}: {json.dumps([round(t, 3) for t in took])}")
+    return took, mean

@@ -1,0 +1,305 @@
+"""On-demand MIG on the real node: the A100s of the session node under `mig: dynamic`, served through DRA.
+
+The module adds two configs to the user's ConfigMap and takes the node's A100s to MIG on with no
+instances (`mig: enabled`), then, with the node on the DRA front-end (the chart's DRA on, the node's
+label), to `mig: dynamic`; it puts the session's config, chart values and front-end back at its end, so
+every other module finds the node as the session made it. Each test deletes its claims and pods and
+waits until no instance is left on the A100s (unprepare destroys them), so each starts from two empty
+dynamic GPUs. What exists on the GPUs is read with `sharing export` in the agent's pod (the fake
+driver's state through the real pynvml).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from lab.helm import NAMESPACE, lab_values
+
+from sharing.dra.names import parse_ondemand_name
+from sharing.mig import Placement, default_catalog
+from sharing.mig.policy import plain
+from tests.node.conftest import ALL_KINDS, CONFIG, CONFIG_LABEL, EXPECTED, NODE, NodeUnderTest
+from tests.node.test_dra import DRIVER, FRONTEND, DraNode, _events, _published
+from tests.polling import poll
+
+pytestmark = pytest.mark.node
+
+A100 = "NVIDIA A100-SXM4-40GB"
+H100S = """  - devices: [2]
+    mig: disabled
+  - devices: [3]
+    mig: disabled
+"""
+A100S = "  - devices: {product: A100-SXM4-40GB}\n    mig: "
+EMPTY = f"version: v1\nmigStrategy: mixed\ngpus:\n{H100S}{A100S}enabled\n"
+DYNAMIC = f"version: v1\nmigStrategy: mixed\ngpus:\n{H100S}{A100S}dynamic\n"
+PRODUCT = next(p for p in default_catalog().products if p.name == "A100-SXM4-40GB")
+
+
+def _a100s(node: NodeUnderTest) -> dict[int, list[dict[str, Any]]]:
+    """{GPU index: its instances per `sharing export`} of the A100s with MIG on."""
+    return {
+        g["index"]: g["instances"] for g in node.export()["gpus"] if g["product"] == A100 and g["migEnabled"]
+    }
+
+
+def _empty(a100s: dict[int, list[dict[str, Any]]]) -> bool:
+    return len(a100s) == 2 and not any(a100s.values())
+
+
+def _ondemand(node: NodeUnderTest) -> set[int]:
+    """The GPU indexes with on-demand devices in the pool."""
+    return {p[0] for name in _published(node) if (p := parse_ondemand_name(name)) is not None}
+
+
+def _until(
+    node: NodeUnderTest, what: str, read: Callable[[], Any], ok: Callable[[Any], bool], timeout: float
+) -> Any:
+    """`poll`, with the agent's last log lines and the node's state label when it is not reached."""
+    try:
+        return poll(what, read, ok, timeout)
+    except TimeoutError as err:
+        labels = node.get("node", NODE)["metadata"].get("labels", {})
+        state = {k: v for k, v in labels.items() if "gpu-sharing" in k or "mig.config" in k}
+        slices = [
+            (x["spec"]["pool"]["generation"], [d["name"] for d in x["spec"].get("devices", [])][:8])
+            for x in node.get("resourceslices")["items"]
+        ]
+        raise AssertionError(
+            f"{err}\nlabels: {state}\nslices (generation, first devices): {slices}\n"
+            f"agent log:\n{node.agent_log()[-8000:]}"
+        ) from None
+
+
+def _run(dra: DraNode, pod: str) -> None:
+    """The pod Running and ready (with the agent's log and the slices when it is not)."""
+    _until(dra.node, f"pod {pod} Running", lambda: dra.node.pod(pod), _ready, 90)
+
+
+def _ready(pod: dict[str, Any]) -> bool:
+    status = pod.get("status", {})
+    ready = all(c.get("ready") for c in status.get("containerStatuses", [{}]))
+    return status.get("phase") == "Running" and ready
+
+
+def _put(node: NodeUnderTest, data: dict[str, str | None]) -> None:
+    """Add or remove configs in the user's ConfigMap (the chart makes it once; it is theirs after)."""
+    patch = json.dumps({"data": data})
+    node.kubectl("-n", NAMESPACE, "patch", "configmap", "gpu-sharing-config", "--type=merge", "-p", patch)
+
+
+def _config(node: NodeUnderTest, name: str) -> None:
+    node.kubectl("label", "node", NODE, f"{CONFIG_LABEL}={name}", "--overwrite")
+
+
+@pytest.fixture(scope="module")
+def ondemand_session(real_node: NodeUnderTest) -> Iterator[NodeUnderTest]:
+    node = real_node
+    node.delete_pods()
+    (old,) = node.agent_pods()
+    node.helm.upgrade_install(lab_values({CONFIG: ALL_KINDS}, dra={"enabled": True}))
+    try:
+        node.running_agent(not_uid=old["metadata"]["uid"])
+        _put(node, {"ondemand-empty": EMPTY, "ondemand-dynamic": DYNAMIC})
+        # MIG on and nothing made first: a dynamic GPU keeps whatever instances it has (the claims').
+        _config(node, "ondemand-empty")
+        _until(node, "the A100s in MIG mode, empty", lambda: _a100s(node), _empty, 180)
+        node.kubectl("label", "node", NODE, f"{FRONTEND}=dra", "--overwrite")
+        _config(node, "ondemand-dynamic")
+        _until(node, "on-demand devices of both A100s", lambda: _ondemand(node), lambda g: g == {0, 1}, 180)
+        yield node
+    finally:
+        node.kubectl("label", "node", NODE, f"{FRONTEND}-")
+        _config(node, CONFIG)
+        _until(node, "device-plugin resources", node.allocatable, lambda a: a == EXPECTED, 180)
+        _put(node, {"ondemand-empty": None, "ondemand-dynamic": None})
+        (old,) = node.agent_pods()
+        node.helm.upgrade_install(lab_values({CONFIG: ALL_KINDS}))
+        node.running_agent(not_uid=old["metadata"]["uid"])
+        node.wait_allocatable()
+
+
+@pytest.fixture
+def dra(ondemand_session: NodeUnderTest) -> Iterator[DraNode]:
+    under = DraNode(ondemand_session)
+    _until(ondemand_session, "no instance on the A100s", lambda: _a100s(ondemand_session), _empty, 120)
+    try:
+        yield under
+    finally:
+        under.cleanup()
+        _until(ondemand_session, "every instance destroyed", lambda: _a100s(ondemand_session), _empty, 120)
+
+
+def _profile_claim(dra: DraNode, profile: str) -> str:
+    return dra.claim([{"name": "mig", "exactly": {"deviceClassName": f"mig-{profile}.nvidia.com"}}])
+
+
+def _placements(instances: list[dict[str, Any]]) -> list[tuple[str, int]]:
+    return sorted((i["profile"], i["start"]) for i in instances)
+
+
+def test_small_slices_pack_onto_one_gpu_the_other_stays_whole_and_freed_room_fits_a_larger_one(
+    dra: DraNode,
+) -> None:
+    claims, pods = [], []
+    for _ in range(7):  # one after the other, as pods arrive
+        claims.append(_profile_claim(dra, "1g.5gb"))
+        pods.append(dra.pod(claims[-1]))
+        _run(dra, pods[-1])
+    a100s = _a100s(dra.node)
+    counts = {i: Counter(x["profile"] for x in instances) for i, instances in a100s.items()}
+    (packed,) = [i for i, c in counts.items() if c]
+    (other,) = [i for i in a100s if i != packed]
+    assert {packed: Counter({"1g.5gb": 7}), other: Counter()} == counts
+    for pod in pods:  # each container sees exactly one of them
+        (seen,) = dra.seen(pod)
+        assert seen in {x["uuid"] for x in a100s[packed]}
+
+    whole = dra.pod(_profile_claim(dra, "7g.40gb"))
+    _run(dra, whole)
+    assert [("7g.40gb", 0)] == _placements(_a100s(dra.node)[other])
+
+    # Four leave: those on memory slices 0-3, so that a 3g.20gb (4 slices) has room on the packed GPU.
+    starts = {c: parse_ondemand_name(dev) for c in claims for dev in dra.allocated(c)}
+    leaving = [i for i, c in enumerate(claims) if (p := starts[c]) is not None and p[2] < 4]
+    assert 4 == len(leaving)
+    dra.node.kubectl("delete", "pod", "--timeout=60s", *(pods[i] for i in leaving))
+    dra.node.kubectl("delete", "resourceclaim", "--timeout=60s", *(claims[i] for i in leaving))
+    poll(
+        "three 1g.5gb left",
+        lambda: _placements(_a100s(dra.node)[packed]),
+        lambda p: p == [("1g.5gb", 4), ("1g.5gb", 5), ("1g.5gb", 6)],
+        120,
+    )
+
+    larger = _profile_claim(dra, "3g.20gb")
+    pod = dra.pod(larger)
+    _run(dra, pod)
+    (device,) = dra.allocated(larger)
+    parsed = parse_ondemand_name(device)
+    assert parsed is not None
+    assert packed == parsed[0]
+    made = _placements(_a100s(dra.node)[packed])
+    assert [("1g.5gb", 4), ("1g.5gb", 5), ("1g.5gb", 6), ("3g.20gb", 0)] == made
+    assert parsed[2] in PRODUCT.require_profile("3g.20gb").placements
+    (seen,) = dra.seen(pod)
+    assert "3g.20gb" == next(x["profile"] for x in _a100s(dra.node)[packed] if x["uuid"] == seen)
+    occupied = [Placement("1g.5gb", s, 1) for s in (4, 5, 6)]
+    first_plain = next(
+        r.placement for r in plain(PRODUCT, occupied) if r.placement.profile == "3g.20gb" and r.free
+    )
+    print(f"3g.20gb made at {parsed[2]}; plain placement order's first free one: {first_plain.start}")
+
+
+def test_a_pod_with_profile_limits_and_no_claim_gets_a_new_instance_made_for_it(dra: DraNode) -> None:
+    pod = dra.pod(limits={"nvidia.com/mig-3g.20gb": "1"})
+    _run(dra, pod)
+    got = dra.node.pod(pod)
+    claim = got["status"]["extendedResourceClaimStatus"]["resourceClaimName"]
+    (device,) = dra.allocated(claim)
+    parsed = parse_ondemand_name(device)
+    assert parsed is not None
+    made = _a100s(dra.node)
+    assert [("3g.20gb", parsed[2])] == _placements(made[parsed[0]])
+    (seen,) = dra.seen(pod)
+    assert [seen] == [x["uuid"] for x in made[parsed[0]]]
+
+
+def _made(node: NodeUnderTest) -> list[tuple[int, str, int, str]]:
+    """(GPU, profile, start, MIG UUID) of every instance on the A100s."""
+    return sorted(
+        (g, i["profile"], i["start"], i["uuid"]) for g, instances in _a100s(node).items() for i in instances
+    )
+
+
+def test_a_killed_agent_keeps_the_instances_its_claims_own_and_destroys_them_at_unprepare(
+    dra: DraNode,
+) -> None:
+    pods = [dra.pod(_profile_claim(dra, profile)) for profile in ("1g.5gb", "3g.20gb")]
+    for pod in pods:
+        _run(dra, pod)
+    before = _made(dra.node)
+    seen = [dra.seen(pod) for pod in pods]
+    (old,) = dra.node.agent_pods()
+    # The agent's container is killed (its pod deleted at once): a new one starts on the same checkpoint.
+    dra.node.kubectl("-n", NAMESPACE, "delete", "pod", old["metadata"]["name"], "--grace-period=0", "--force")
+    dra.node.running_agent(not_uid=old["metadata"]["uid"])
+    _until(dra.node, "the pool published again", lambda: _ondemand(dra.node), lambda g: g == {0, 1}, 120)
+    assert before == _made(dra.node)  # none lost, none made again
+    assert seen == [dra.seen(pod) for pod in pods]
+    dra.node.kubectl("delete", "pod", "--timeout=60s", *pods)  # returns once unprepared
+    # unprepare destroyed them (none leaked): the fixture waits for the A100s to be empty
+
+
+def test_a_kubelet_restarted_with_claims_prepared_loses_and_leaks_no_instance(dra: DraNode) -> None:
+    pod = dra.pod(_profile_claim(dra, "2g.10gb"))
+    _run(dra, pod)
+    container = dra.node.pod(pod)["status"]["containerStatuses"][0]["containerID"]
+    before, seen = _made(dra.node), dra.seen(pod)
+    dra.node.node.restart_kubelet()
+
+    def exec_env() -> tuple[int, str]:  # the restarted kubelet serves exec once it runs the pod again
+        done = dra.node.node.kubectl("exec", pod, "--", "env")
+        return done.returncode, done.stderr
+
+    _until(dra.node, "exec into the pod", exec_env, lambda d: d[0] == 0, 120)
+    after = dra.node.pod(pod)["status"]["containerStatuses"][0]
+    assert (container, 0) == (after["containerID"], after["restartCount"])
+    assert before == _made(dra.node)
+    assert seen == dra.seen(pod)
+
+
+def test_a_claim_that_only_fragmented_room_would_hold_is_an_event_a_metric_and_in_sharing_status(
+    dra: DraNode,
+) -> None:
+    # GPU 0: 1g.5gb on memory slices 0, 2, 4, 6 (placed by CEL), so four slices and three compute
+    # slices are free but no four contiguous ones; GPU 1: taken whole.
+    for start in (0, 2, 4, 6):
+        cel = (
+            f"device.attributes['{DRIVER}'].parentIndex == 0 && "
+            f"device.attributes['{DRIVER}'].placementStart == {start}"
+        )
+        exactly = {"deviceClassName": "mig-1g.5gb.nvidia.com", "selectors": [{"cel": {"expression": cel}}]}
+        _run(dra, dra.pod(dra.claim([{"name": "mig", "exactly": exactly}])))
+    _run(dra, dra.pod(_profile_claim(dra, "7g.40gb")))
+    assert [("1g.5gb", s) for s in (0, 2, 4, 6)] == _placements(_a100s(dra.node)[0])
+
+    big = _profile_claim(dra, "3g.20gb")
+    dra.pod(big)
+    said = (
+        f"claim default/{big} waits for a 3g.20gb MIG device: GPU 0 has the free memory and compute for "
+        "it but no free placement (the free memory slices are not contiguous around the instances in "
+        "use); it fits once instances there are released"
+    )
+    _until(
+        dra.node,
+        "the MigFragmented Event",
+        lambda: _events(dra.node, "MigFragmented"),
+        lambda m: said in m,
+        60,
+    )
+    status = json.loads(
+        dra.node.kubectl("-n", NAMESPACE, "exec", "ds/gpu-sharing", "--", "sharing", "status", "--json")
+    )
+    assert [{"claim": f"default/{big}", "profile": "3g.20gb", "gpus": [0]}] == status["fragmented"]
+    script = "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:9402/metrics').read().decode())"
+    line = 'gpu_sharing_dra_fragmented_claims{profile="3g.20gb"} 1.0'
+
+    def metrics() -> list[str]:  # /metrics renders the status at most once a second
+        out = dra.node.kubectl("-n", NAMESPACE, "exec", "ds/gpu-sharing", "--", "python3", "-c", script)
+        return out.splitlines()
+
+    _until(dra.node, "the gauge in /metrics", metrics, lambda m: line in m, 30)
+
+
+def test_seven_pods_arriving_at_once_pack_onto_one_gpu(dra: DraNode) -> None:
+    claims = [_profile_claim(dra, "1g.5gb") for _ in range(7)]
+    pods = [dra.pod(c) for c in claims]
+    for pod in pods:
+        _run(dra, pod)
+    counts = {i: Counter(x["profile"] for x in instances) for i, instances in _a100s(dra.node).items()}
+    assert sorted([Counter({"1g.5gb": 7}), Counter()], key=len) == sorted(counts.values(), key=len)

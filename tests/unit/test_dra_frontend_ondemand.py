@@ -1,0 +1,147 @@
+"""The DRA front-end with `mig: dynamic` GPUs: their partitionable devices go into the pool beside the
+static ones, ordered for what claims are allocated, and re-built when the allocations change."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, cast
+
+from sharing.devices import Inventory
+from sharing.dra import OnDemand
+from sharing.dra.frontend import DraFrontEnd
+from sharing.dra.names import DRIVER
+from sharing.dra.partitions import partitionable_slices
+from sharing.gpu import GpuBackend
+from sharing.gpu.devfiles import DeviceFiles
+from sharing.kube.api import SliceSpec
+from sharing.mig import default_catalog
+from sharing.model import (
+    ClaimAllocation,
+    ComputeInstance,
+    DriverInfo,
+    Gpu,
+    GpuInstance,
+    GpuUuid,
+    MigUuid,
+    NodeState,
+)
+from sharing.store import Journal
+from tests.unit.fakekube import FakeKube
+
+CATALOG = default_catalog()
+NODE_NAME = "node-a"
+
+
+def _a100(index: int) -> Gpu:
+    product = next(p for p in CATALOG.products if p.name == "A100-SXM4-40GB")
+    return Gpu(index, GpuUuid(f"GPU-{index}"), "NVIDIA A100-SXM4-40GB", product.memory_mib, True, True, True,
+               (), compute_capability=(8, 0), profiles=product)  # fmt: skip
+
+
+NODE = NodeState((_a100(0), _a100(1)), driver=DriverInfo("550.107.02", 12040))
+DYNAMIC = Inventory(dynamic=frozenset({GpuUuid("GPU-0"), GpuUuid("GPU-1")}))
+
+
+def _front_end(kube: FakeKube, tmp_path: Path) -> DraFrontEnd:
+    return DraFrontEnd(
+        kube=cast(Any, kube),
+        node_name=NODE_NAME,
+        files=cast(DeviceFiles, None),  # only prepare reads the driver's files
+        cdi_dir=tmp_path,
+        catalog=CATALOG,
+    )
+
+
+def _held(kube: FakeKube) -> list[tuple[str, ...]]:
+    """The device names of each slice the API server holds, in slice-name order."""
+    return [tuple(d.name for d in s.spec.devices) for _, s in sorted(kube.slices.items())]
+
+
+def _wanted(specs: tuple[SliceSpec, ...]) -> list[tuple[str, ...]]:
+    return [tuple(d.name for d in s.devices) for s in specs]
+
+
+def _claim(*devices: str) -> ClaimAllocation:
+    return ClaimAllocation("default", "c", "uid-c", devices)
+
+
+async def test_dynamic_gpus_are_published_as_partitionable_devices_ordered_for_the_allocations(
+    tmp_path: Path,
+) -> None:
+    kube = FakeKube(NODE_NAME, {})
+    first = partitionable_slices(NODE_NAME, NODE, DYNAMIC.dynamic, CATALOG)
+    taken = first[1].devices[0].name  # the scheduler's first fit on GPU 0
+    kube.pool_claims = (_claim(taken),)
+    front = _front_end(kube, tmp_path)
+
+    assert "" == await front.publish(DYNAMIC, NODE)
+
+    expected = partitionable_slices(NODE_NAME, NODE, DYNAMIC.dynamic, CATALOG, allocated=(taken,))
+    assert (taken,) == front.allocated
+    assert _wanted(expected) == _held(kube)
+    assert _wanted(expected) != _wanted(first)  # the order follows what is allocated
+
+
+async def test_a_changed_allocation_re_publishes_the_order(tmp_path: Path) -> None:
+    kube = FakeKube(NODE_NAME, {})
+    front = _front_end(kube, tmp_path)
+    assert "" == await front.publish(DYNAMIC, NODE)
+    before = _held(kube)
+    taken = next(n for names in before for n in names if n.startswith("gpu-0-"))
+    kube.pool_claims = (_claim(taken),)
+
+    expected = _wanted(partitionable_slices(NODE_NAME, NODE, DYNAMIC.dynamic, CATALOG, allocated=(taken,)))
+    assert True is await front.follow_allocations()
+    assert expected == _held(kube)
+    assert False is await front.follow_allocations()  # nothing changed: nothing written
+    assert before != expected
+
+
+async def test_a_node_without_dynamic_gpus_reads_no_claims(tmp_path: Path) -> None:
+    kube = FakeKube(NODE_NAME, {})
+    kube.pool_claims = (_claim("gpu-0"),)
+    front = _front_end(kube, tmp_path)
+    assert "" == await front.publish(Inventory(), NodeState(()))
+    assert () == front.allocated
+    assert [] == [s for s in kube.slices.values() if s.spec.driver == DRIVER and s.spec.devices]
+
+
+class _Gpus:
+    """The backend's observe() only: what the GPUs hold now."""
+
+    def __init__(self, node: NodeState) -> None:
+        self.node = node
+
+    async def observe(self) -> NodeState:
+        return self.node
+
+
+async def test_an_instance_made_or_destroyed_without_an_allocation_change_re_publishes(
+    tmp_path: Path,
+) -> None:
+    kube = FakeKube(NODE_NAME, {})
+    gpus = _Gpus(NODE)
+    front = DraFrontEnd(
+        kube=cast(Any, kube),
+        node_name=NODE_NAME,
+        files=cast(DeviceFiles, None),
+        cdi_dir=tmp_path,
+        catalog=CATALOG,
+        ondemand=OnDemand(cast(GpuBackend, gpus), Journal(tmp_path / "journal")),
+    )
+    assert "" == await front.publish(DYNAMIC, NODE)
+    assert False is await front.follow_allocations()
+
+    # An instance the allocations do not account for (a claim deallocated, not yet unprepared).
+    ci = ComputeInstance(0, MigUuid("MIG-x"), mig_index=0)
+    gpus.node = replace(
+        NODE, gpus=(replace(NODE.gpus[0], instances=(GpuInstance(1, "1g.5gb", 0, 1, (ci,)),)), NODE.gpus[1])
+    )
+    assert True is await front.follow_allocations()
+    assert _wanted(partitionable_slices(NODE_NAME, gpus.node, DYNAMIC.dynamic, CATALOG)) == _held(kube)
+    assert "gpu-0-mig-1g-5gb-at-0" not in {n for names in _held(kube) for n in names}
+
+    gpus.node = NODE  # unprepare destroyed it
+    assert True is await front.follow_allocations()
+    assert "gpu-0-mig-1g-5gb-at-0" in {n for names in _held(kube) for n in names}
