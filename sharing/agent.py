@@ -168,7 +168,12 @@ class Agent:
         self._tasks = [
             asyncio.create_task(
                 follow_health(
-                    self.backend, self.fleet, self.metrics, lambda: self.rollout.node, self.node_out.event
+                    self.backend,
+                    self.fleet,
+                    self.metrics,
+                    lambda: self.rollout.node,
+                    self.node_out.event,
+                    changed=self._health_changed,
                 ),
                 name="health",
             ),
@@ -273,6 +278,12 @@ class Agent:
         while True:
             await asyncio.sleep(self.settings.resync_seconds)
             self.trigger()
+
+    async def _health_changed(self) -> None:
+        """On DRA the slices carry health as device taints: publish them again (the device plugins
+        already got the change from the fleet)."""
+        if self.rollout.frontend is Frontend.DRA:
+            await self.rollout.republish()
 
     async def _watch_mps(self) -> None:
         """Ask the MPS daemons whether they answer: one that stopped makes its replicas unhealthy at

@@ -67,6 +67,7 @@ class DraFrontEnd:
         claims_every_s: float = 1.0,
     ) -> None:
         self.kube = kube
+        self._gpu_health = gpu_health
         self._backend = ondemand.backend if ondemand is not None else None
         self.node_name = node_name
         self.catalog = catalog
@@ -133,7 +134,14 @@ class DraFrontEnd:
             return static
         return pool(
             withdrawn_static(static, dynamic),
-            partitionable_slices(self.node_name, self.node, dynamic, self.catalog, allocated=self.allocated),
+            partitionable_slices(
+                self.node_name,
+                self.node,
+                dynamic,
+                self.catalog,
+                allocated=self.allocated,
+                unhealthy=self._gpu_health().unhealthy_gpus if self._gpu_health is not None else (),
+            ),
         )
 
     async def _read_allocations(self) -> bool:

@@ -280,6 +280,7 @@ def partitionable_slices(
     *,
     allocated: Iterable[str] = (),
     xids: Mapping[str, int] | None = None,
+    unhealthy: Collection[str] = (),
     whole_gpu: bool = False,
     generation: int = 1,
 ) -> tuple[SliceSpec, ...]:
@@ -288,7 +289,8 @@ def partitionable_slices(
     `allocated` names the devices of our pool that claims are allocated now (their
     `status.allocation.devices.results[].device` where driver and pool are ours). A dynamic GPU
     offers nothing until MIG mode is on (the applier turns it on while the GPU is idle), nor when its
-    MIG geometry is unknown. Its devices carry the health taints of `sharing.dra.slices`.
+    MIG geometry is unknown. Its devices carry the health taints of `sharing.dra.slices`: `xids`
+    names a GPU's last XID, `unhealthy` the GPUs the health overlay marks (an XID not known by value).
     """
     catalog = catalog if catalog is not None else default_catalog()
     allocated = tuple(allocated)
@@ -303,7 +305,7 @@ def partitionable_slices(
                 product,
                 node,
                 allocated=allocated,
-                taint=_taint(gpu, node, xids or {}),
+                taint=_taint(gpu, node, xids or {}, unhealthy),
                 whole_gpu=whole_gpu,
             )
         )
@@ -342,11 +344,15 @@ def _on(device: SliceDevice, gpus: Collection[str]) -> bool:
     return attributes.get("uuid") in gpus or attributes.get("parentUUID") in gpus
 
 
-def _taint(gpu: Gpu, node: NodeState, xids: Mapping[str, int]) -> DeviceTaint | None:
+def _taint(
+    gpu: Gpu, node: NodeState, xids: Mapping[str, int], unhealthy: Collection[str]
+) -> DeviceTaint | None:
     if any(u.uuid == gpu.uuid for u in node.unreadable):
         return DeviceTaint(TAINT_GPU_LOST, "", NO_SCHEDULE)
     if gpu.uuid in xids:
         return DeviceTaint(TAINT_XID, str(xids[gpu.uuid]), NO_SCHEDULE)
+    if gpu.uuid in unhealthy:
+        return DeviceTaint(TAINT_XID, "", NO_SCHEDULE)
     return None
 
 

@@ -27,15 +27,23 @@ EventSink = Callable[[str, str, str], Awaitable[None]]
 
 
 async def follow_health(
-    backend: GpuBackend, fleet: Fleet, metrics: Metrics, node: Callable[[], NodeState], event: EventSink
+    backend: GpuBackend,
+    fleet: Fleet,
+    metrics: Metrics,
+    node: Callable[[], NodeState],
+    event: EventSink,
+    *,
+    changed: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
-    """Run until cancelled: apply every health event; restart the event source when it fails."""
+    """Run until cancelled: apply every health event (then `changed`, when the health state changed:
+    the DRA front-end re-publishes its slices' taints); restart the event source when it fails."""
     failures = 0
     while True:
         try:
             async for change in backend.health_events():
                 failures = 0
-                await _apply(change, fleet, metrics, node(), event)
+                if await _apply(change, fleet, metrics, node(), event) and changed is not None:
+                    await changed()
         except Exception as err:  # never end silently: say why, then follow again
             failures += 1
             log.error("health_watch_failed", error=f"{type(err).__name__}: {bounded(str(err))}")
@@ -44,13 +52,13 @@ async def follow_health(
 
 async def _apply(
     change: HealthEvent, fleet: Fleet, metrics: Metrics, node: NodeState, event: EventSink
-) -> None:
+) -> bool:
     gpu = node.gpu(change.gpu_uuid)
     where = f"GPU {gpu.index} ({gpu.product})" if gpu else f"GPU {change.gpu_uuid}"
     if not change.healthy and change.xid is not None:
         metrics.xids.labels(gpu=str(gpu.index) if gpu else change.gpu_uuid, xid=str(change.xid)).inc()
     if not fleet.apply_health(change):
-        return
+        return False
     what = f"MIG device {change.mig_uuid} of {where}" if change.mig_uuid else where
     if change.healthy:
         log.info("device_healthy", device=what)
@@ -62,3 +70,4 @@ async def _apply(
             "GpuUnhealthy",
             f"{what} reported {describe(change.xid)}; its devices are advertised unhealthy until it recovers",
         )
+    return True

@@ -46,6 +46,7 @@ from sharing.devices import (
     mps_layout,
     mps_settings,
     reformed,
+    with_health,
     withdraw,
 )
 from sharing.dra.holds import claim_holds
@@ -370,7 +371,8 @@ class Rollout:
         if self.frontend is Frontend.DRA:
             if self.dra is None:
                 return
-            self.dra_problem = await self.dra.publish(inventory, self.node)
+            # Health events reach the device plugins through the fleet; the slices carry them as taints.
+            self.dra_problem = await self.dra.publish(with_health(inventory, self.fleet.health), self.node)
             if self.dra_problem:
                 log.error("slices_not_published", error=bounded(self.dra_problem))
             return

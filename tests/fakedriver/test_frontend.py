@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,13 +19,14 @@ import pytest
 from sharing.agent import Agent
 from sharing.deviceplugin import Fleet, FleetSettings
 from sharing.devices import Inventory
+from sharing.dra.fragmentation import Fragmented
 from sharing.dra.holds import ClaimHold
 from sharing.errors import KubeError
 from sharing.gpu import simstate
 from sharing.gpu.nvml import NvmlBackend
 from sharing.labels import STATE_LABEL, ConfigState
 from sharing.mig.catalog import default_catalog
-from sharing.model import ClaimAllocation, NodeState
+from sharing.model import ClaimAllocation, HealthEvent, NodeState
 from sharing.rollout import Rollout
 from sharing.settings import Settings
 from sharing.store.journal import Journal
@@ -129,6 +130,8 @@ class Slices:
     withdrawn: int = 0
     prepared_claims: tuple[ClaimHold, ...] = ()
     unknown: str = ""
+    event: Callable[[str, str, str], Awaitable[None]] | None = None
+    fragmented: tuple[Fragmented, ...] = ()
 
     async def start(self) -> None:
         self.running = True
@@ -156,12 +159,28 @@ class Slices:
         return sum(len(devices) for _, devices in last.resources)
 
 
+class WatchedBackend(NvmlBackend):
+    """The fake driver's GPUs, saying when the agent's health watch is registered."""
+
+    def __init__(self, nvml: Any, catalog: Any) -> None:
+        super().__init__(nvml, catalog, event_poll_s=0.05)
+        self.watching = asyncio.Event()
+
+    async def health_events(self) -> AsyncIterator[HealthEvent]:
+        # No task switch between this and the registration reaching the (one, in-order) NVML worker.
+        self.watching.set()
+        async for event in super().health_events():
+            yield event
+
+
 @dataclass
 class Running:
     agent: Agent
     kube: FakeKube
     kubelet: FakeKubelet
     slices: Slices | None
+    backend: WatchedBackend
+    state: Path
 
 
 REPLICAS = "version: v1\ngpus:\n  - devices: all\n    replicas: 2\n"
@@ -184,14 +203,13 @@ async def start_agent(
     )  # fmt: skip
     fleet = Fleet(FleetSettings(plugin_dir=plugin_dir, poll_interval_s=0.02))
     slices = Slices() if dra else None
-    agent = Agent(
-        settings, kube=kube, backend=NvmlBackend(nvml, CATALOG), fleet=fleet, catalog=CATALOG, dra=slices
-    )
+    backend = WatchedBackend(nvml, CATALOG)
+    agent = Agent(settings, kube=kube, backend=backend, fleet=fleet, catalog=CATALOG, dra=slices)
     stop = asyncio.Event()
     task = asyncio.create_task(agent.run(stop))
     kube.label(**{"nvidia.com/device-plugin.config": "mine"})
     await kubelet.wait(lambda: kubelet.allocatable() == {GPU: 2}, timeout=10)
-    yield Running(agent, kube, kubelet, slices)
+    yield Running(agent, kube, kubelet, slices, backend, state)
     stop.set()
     await task
     kube.close()
@@ -272,3 +290,21 @@ async def test_switching_withdraws_the_old_front_end_first_and_waits_for_its_cla
     await events(dual, "FrontendSwitched", 2)
     await dual.kubelet.wait(lambda: dual.kubelet.allocatable() == {GPU: 2}, timeout=10)
     assert not dual.slices.running
+
+
+async def test_an_xid_on_the_dra_front_end_reaches_the_slices_as_unhealthy_devices(dual: Running) -> None:
+    """The device plugins hear of health through the fleet; the slices (their taints) must hear too."""
+    assert dual.slices is not None
+    dual.kube.label(**{FRONTEND: "dra"})
+    await events(dual, "FrontendSwitched")
+    await until("2 devices in the slices", lambda: dual.slices is not None and dual.slices.devices() == 2)
+    await dual.backend.watching.wait()  # NVML records events only after their registration:
+    await dual.backend.observe()  # this call runs after the watch's registration
+    gpu = simstate.read(dual.state)["gpus"][0]["uuid"]
+    simstate.inject_xid(dual.state, gpu, 79)  # fell off the bus: critical
+
+    def health() -> set[str]:
+        last = dual.slices.published[-1] if dual.slices and dual.slices.published else Inventory()
+        return {d.health.value for _, devices in last.resources for d in devices}
+
+    await until("the slices' devices unhealthy", lambda: health() == {"Unhealthy"})

@@ -256,6 +256,19 @@ def test_an_xid_taints_every_on_demand_device_of_its_gpu() -> None:
     }
 
 
+def test_a_gpu_the_health_overlay_marks_taints_its_on_demand_devices_and_recovery_clears_them() -> None:
+    product = CATALOG.product("A100-SXM4-40GB")
+    node = node_of(gpu(0, product), gpu(1, product))
+    sick = partitionable_slices("n", node, {"GPU-0", "GPU-1"}, CATALOG, unhealthy={"GPU-1"})
+    tainted = {n for n, d in devices_of(sick).items() if d.taints}
+    assert tainted and all(n.startswith("gpu-1-") for n in tainted)
+    assert {(t.key, t.value, t.effect) for d in devices_of(sick).values() for t in d.taints} == {
+        ("gpu.nvidia.com/xid", "", "NoSchedule")
+    }
+    healthy = partitionable_slices("n", node, {"GPU-0", "GPU-1"}, CATALOG)
+    assert not any(d.taints for d in devices_of(healthy).values())
+
+
 def test_static_devices_of_a_dynamic_gpu_leave_the_static_slices() -> None:
     static = (
         SliceSpec(DRIVER, "n", "n", 1, 1, (SliceDevice("gpu-0-mig-1", (("parentUUID", "GPU-0"),)),
