@@ -210,7 +210,10 @@ class DraFrontEnd:
     async def _follow_allocations(self) -> None:
         while True:
             await asyncio.sleep(self.claims_every_s)
-            await self.follow_allocations()
+            try:
+                await self.follow_allocations()
+            except Exception as err:  # never end silently: the dynamic GPUs' order would go stale
+                log.error("pool_allocations_not_followed", error=f"{type(err).__name__}: {bounded(str(err))}")
 
     async def withdraw(self) -> str:
         """Delete the pool's slices; "" once they are gone."""
