@@ -140,6 +140,13 @@ def _published(node: NodeUnderTest) -> dict[str, dict[str, Any]]:
     }
 
 
+def _ready(node: NodeUnderTest) -> bool:
+    """The agent's /readyz answers 200 (on DRA: the kubelet confirmed the plugin's registration)."""
+    probe = "import urllib.request; urllib.request.urlopen('http://127.0.0.1:9402/readyz', timeout=5)"
+    done = node.node.kubectl("-n", NAMESPACE, "exec", "ds/gpu-sharing", "--", "python3", "-c", probe)
+    return done.returncode == 0
+
+
 @pytest.fixture(scope="module")
 def dra_session(real_node: NodeUnderTest) -> Iterator[NodeUnderTest]:
     """The session node switched to DRA (the chart's DRA on, the node's label), switched back after."""
@@ -150,6 +157,10 @@ def dra_session(real_node: NodeUnderTest) -> Iterator[NodeUnderTest]:
         node.kubectl("label", "node", NODE, f"{FRONTEND}=dra", "--overwrite")
         poll("the pool's devices", lambda: set(_published(node)), lambda d: d == DEVICES, 120)
         poll("no device-plugin resources", node.allocatable, lambda a: set(a.values()) <= {"0"}, 60)
+        # The slices can be out before the kubelet has registered the plugin; a pod admitted in that
+        # moment fails "DRA driver gpu.nvidia.com is not registered" and waits for the kubelet's
+        # backoff. The agent is ready once the kubelet has confirmed the registration.
+        poll("the DRA plugin registered with the kubelet", lambda: _ready(node), lambda ok: ok, 120)
         yield node
     finally:
         node.kubectl("label", "node", NODE, f"{FRONTEND}-")
