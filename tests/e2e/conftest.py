@@ -46,12 +46,40 @@ def free_port() -> int:
 
 @pytest.fixture(scope="session")
 def deployed(control_plane: lab.ControlPlane) -> lab.ControlPlane:
-    """deploy/ applied to the API server (RBAC, the own-node admission policy, the presets)."""
+    """deploy/ applied to the API server (RBAC, the own-node admission policy, the presets), the
+    policy in force."""
     control_plane.kubectl("apply", "-f", str(REPO / "deploy"), check=True)
     # The user's ConfigMap is theirs: deploy/ never ships it. Tests add their configs to it.
     if control_plane.kubectl("get", "configmap", CONFIGMAP, "-n", NAMESPACE).returncode != 0:
         control_plane.kubectl("create", "configmap", CONFIGMAP, "-n", NAMESPACE, check=True)
+    wait_for_policy(control_plane)
     return control_plane
+
+
+def wait_for_policy(control_plane: lab.ControlPlane) -> None:
+    """Until the own-node admission policy refuses. The API server reads a new policy a moment after
+    it is created, and until then RBAC alone rules: an attack would pass. The probe is a server-side
+    dry run of an Event by the agent's token without a node claim, which RBAC allows and the policy
+    refuses."""
+    made = control_plane.kubectl("create", "token", "gpu-sharing", "-n", NAMESPACE, check=True)
+    unbound = control_plane.token_kubeconfig(made.stdout.strip(), "agent-without-node")
+    probe = {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": "probe-", "namespace": "default"},
+        "involvedObject": {"kind": "Node", "name": "probe"},
+        "reason": "Probe",
+        "message": "is the admission policy in force",
+    }
+
+    def refusal() -> str:
+        done = control_plane.kubectl(
+            "create", "--dry-run=server", "-f", "-", kubeconfig=unbound, input=json.dumps(probe)
+        )
+        return done.stderr if done.returncode != 0 else ""
+
+    refused = poll("the own-node admission policy to refuse", refusal, bool, timeout=30)
+    assert "carries no node claim" in refused, refused
 
 
 def agent_token(control_plane: lab.ControlPlane, node: str) -> str:
