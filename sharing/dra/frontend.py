@@ -8,11 +8,11 @@ confirmed when it returns: from then on no scheduler allocates what the slices n
 
 GPUs under `mig: dynamic` (`Inventory.dynamic`) are published as partitionable devices
 (`sharing.dra.partitions`) beside the static ones, in one pool. Their order is the placement policy,
-which depends on what claims are allocated: while the node has a dynamic GPU, the claims allocated
-from the pool are read every `claims_every_s` and the slices re-built when the allocated device
-names change (ResourceClaim has no field selector on its allocation, resource.k8s.io/v1, so a watch
-would carry every claim of the cluster; a stale order is still safe, only less good). The plugin
-makes the instance of an on-demand device at prepare (`sharing.dra.ondemand`).
+which depends on what claims are allocated: while the node has a dynamic GPU, the ResourceClaims are
+watched (`sharing.kube.watch_pool_claims`) and the slices re-built when the devices allocated from
+the pool change. The plugin makes the instance of an on-demand device at prepare and destroys it at
+unprepare (`sharing.dra.ondemand`); the GPUs are read again after each, and every `resync_s` for
+instances made or destroyed by someone else. A stale order is still safe, only less good.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ from sharing.dra.prepare import Recorder
 from sharing.dra.slices import build_slices
 from sharing.errors import SharingError
 from sharing.gpu.devfiles import DeviceFiles
-from sharing.kube import KubeClient
-from sharing.kube.api import SliceSpec
+from sharing.kube import KubeClient, Watched, watch_pool_claims
+from sharing.kube.api import PoolClaims, SliceSpec
 from sharing.kube.resourceslices import SlicePublisher
 from sharing.mig import Catalog
 from sharing.model import NodeState
@@ -64,7 +64,8 @@ class DraFrontEnd:
         recorder: Recorder | None = None,
         ondemand: OnDemand | None = None,
         gpu_health: Callable[[], HealthState] | None = None,
-        claims_every_s: float = 1.0,
+        resync_s: float = 10.0,
+        watch_timeout_s: int = 300,
     ) -> None:
         self.kube = kube
         self._gpu_health = gpu_health
@@ -75,7 +76,12 @@ class DraFrontEnd:
         self.node = NodeState(())
         self.allocated: tuple[str, ...] = ()
         """Device names of our pool that claims are allocated (sorted), as last read."""
-        self.claims_every_s = claims_every_s
+        self.resync_s = resync_s
+        self._watch_timeout_s = watch_timeout_s
+        self._claims: Watched[PoolClaims] | None = None
+        """The ResourceClaims as the pool sees them, watched while the node has a dynamic GPU."""
+        self._wake = asyncio.Event()
+        """Set when the claims' allocations changed or claims were prepared or unprepared."""
         self.fragmented: tuple[Fragmented, ...] = ()
         """Pending claims whose MIG profile fits a dynamic GPU's free memory and compute but no
         placement (`sharing.dra.fragmentation`), as of the last read."""
@@ -92,6 +98,7 @@ class DraFrontEnd:
             recorder=recorder,
             ondemand=ondemand,
             gpu_health=gpu_health,
+            prepared_changed=self._wake.set,
         )
         self.publisher = SlicePublisher(kube, node_name, DRIVER)
         self._task: asyncio.Task[None] | None = None
@@ -104,6 +111,7 @@ class DraFrontEnd:
             await self.plugin.start()
             self._task = asyncio.create_task(self.publisher.run(), name="resourceslices")
             self._allocations = asyncio.create_task(self._follow_allocations(), name="dra-allocations")
+            self._follow_claims(bool(self.inventory.dynamic))
 
     async def stop(self) -> None:
         """Unregister and stop serving; the slices stay until `withdraw`."""
@@ -113,6 +121,7 @@ class DraFrontEnd:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         self._task = self._allocations = None
+        self._follow_claims(False)
         if self.plugin.serving:
             await self.plugin.stop()
 
@@ -122,6 +131,7 @@ class DraFrontEnd:
         self.plugin.refresh()
         if inventory.dynamic:
             await self._read_allocations()
+        self._follow_claims(bool(inventory.dynamic) and self._task is not None)
         self.publisher.want(self.slices())
         return await self._sync()
 
@@ -144,14 +154,27 @@ class DraFrontEnd:
             ),
         )
 
+    def _follow_claims(self, on: bool) -> None:
+        """Watch the ResourceClaims while the node has a dynamic GPU, and only then."""
+        if on and self._claims is None:
+            self._claims = watch_pool_claims(self.kube, DRIVER, self.node_name, self._watch_timeout_s)
+            self._claims.start(self._wake.set)
+        elif not on and self._claims is not None:
+            self._claims.stop()
+            self._claims = None
+
     async def _read_allocations(self) -> bool:
-        """Read the device names allocated from our pool and the claims still pending; True when the
-        allocations changed. A pending claim newly found waiting on fragmentation is an Event."""
-        try:
-            claims, pending = await asyncio.to_thread(self.kube.list_claims_of_pool, DRIVER, self.node_name)
-        except SharingError as err:
-            log.warning("pool_claims_not_read", error=bounded(str(err)))
-            return False
+        """The device names allocated from our pool and the claims still pending, as the watch last
+        saw them (listed when it has not yet); True when the allocations changed. A pending claim
+        newly found waiting on fragmentation is an Event."""
+        view = self._claims.current if self._claims is not None else None
+        if view is None:
+            try:
+                view = await asyncio.to_thread(self.kube.list_claims_of_pool, DRIVER, self.node_name)
+            except SharingError as err:
+                log.warning("pool_claims_not_read", error=bounded(str(err)))
+                return False
+        claims, pending = view.seen()
         allocated = tuple(sorted({d for c in claims for d in c.devices}))
         changed, self.allocated = allocated != self.allocated, allocated
         before = {(f.namespace, f.name, f.profile) for f in self.fragmented}
@@ -209,7 +232,9 @@ class DraFrontEnd:
 
     async def _follow_allocations(self) -> None:
         while True:
-            await asyncio.sleep(self.claims_every_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.resync_s)
+            self._wake.clear()
             try:
                 await self.follow_allocations()
             except Exception as err:  # never end silently: the dynamic GPUs' order would go stale
@@ -218,6 +243,7 @@ class DraFrontEnd:
     async def withdraw(self) -> str:
         """Delete the pool's slices; "" once they are gone."""
         self.inventory = Inventory()
+        self._follow_claims(False)
         self.publisher.want(())
         return await self._sync()
 

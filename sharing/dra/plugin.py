@@ -88,8 +88,10 @@ class DraPlugin:
         health_resend_s: float = 10.0,
         ondemand: OnDemand | None = None,
         gpu_health: Callable[[], HealthState] | None = None,
+        prepared_changed: Callable[[], None] | None = None,
     ) -> None:
         self.paths = paths
+        self._prepared_changed = prepared_changed
         self._inventory = inventory
         self._gpu_health = gpu_health
         self.preparer = Preparer(
@@ -102,7 +104,7 @@ class DraPlugin:
             checkpoint=ClaimCheckpoint(paths.checkpoint),
             recorder=recorder,
             ondemand=ondemand,
-            changed=self.refresh,
+            changed=self._after_prepare,
         )
         self.feed = HealthFeed()
         self.health = HealthService(node_name, self.feed, health_resend_s)
@@ -123,6 +125,12 @@ class DraPlugin:
         when it differs."""
         gpus = self._gpu_health() if self._gpu_health is not None else HealthState()
         return self.feed.publish(health_of(self._inventory(), self.prepared().ondemand(), gpus))
+
+    def _after_prepare(self) -> None:
+        """Claims were prepared or unprepared (instances of on-demand devices made or destroyed)."""
+        self.refresh()
+        if self._prepared_changed is not None:
+            self._prepared_changed()
 
     async def start(self) -> None:
         """Load the checkpoint, serve the DRA socket, then the registration socket."""

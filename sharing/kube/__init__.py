@@ -21,7 +21,7 @@ from sharing.kube.client import ApiClient
 from sharing.kube.publish import NodePublisher
 from sharing.kube.resourceslices import SlicePublisher
 from sharing.kube.sources import ConfigSources
-from sharing.kube.watch import Watched, watch_configmap, watch_node
+from sharing.kube.watch import Watched, watch_configmap, watch_node, watch_pool_claims
 
 __all__ = [
     "ApiClient",
@@ -40,4 +40,5 @@ __all__ = [
     "Watched",
     "watch_configmap",
     "watch_node",
+    "watch_pool_claims",
 ]

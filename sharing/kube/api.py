@@ -121,6 +121,42 @@ class PendingClaim:
 
 
 @dataclass(frozen=True, slots=True)
+class PoolClaim:
+    """One ResourceClaim as a DRA pool sees it: the devices of the pool allocated to it, or the
+    classes it waits for; neither when it is allocated from other pools."""
+
+    namespace: str
+    name: str
+    resource_version: str
+    allocation: ClaimAllocation | None
+    pending: PendingClaim | None
+
+
+@dataclass(frozen=True, slots=True)
+class PoolClaims:
+    """Every ResourceClaim of the cluster as a pool sees it, as of `resource_version`."""
+
+    claims: Mapping[tuple[str, str], PoolClaim]
+    """By (namespace, name)."""
+    resource_version: str = ""
+
+    @property
+    def allocated(self) -> tuple[ClaimAllocation, ...]:
+        """The claims with devices of the pool allocated, by namespace and name."""
+        return tuple(c.allocation for _, c in sorted(self.claims.items()) if c.allocation is not None)
+
+    @property
+    def pending(self) -> tuple[PendingClaim, ...]:
+        """The claims not allocated yet, by namespace and name."""
+        return tuple(c.pending for _, c in sorted(self.claims.items()) if c.pending is not None)
+
+    def seen(self) -> tuple[tuple[ClaimAllocation, ...], tuple[PendingClaim, ...]]:
+        """What the pool acts on (the resource versions left out: a status write that changes
+        neither is no change)."""
+        return self.allocated, self.pending
+
+
+@dataclass(frozen=True, slots=True)
 class Version:
     """A device attribute of type version (semver 2.0.0, as resource.k8s.io/v1 `DeviceAttribute.version`)."""
 
@@ -216,7 +252,7 @@ class WatchEvent:
     """
 
     kind: str
-    object: NodeObject | ConfigMapObject | ResourceSliceObject | None
+    object: NodeObject | ConfigMapObject | ResourceSliceObject | PoolClaim | PoolClaims | None
     resource_version: str = ""
 
 
@@ -254,10 +290,15 @@ class KubeClient(Protocol):
         """The ResourceClaims that have devices of this driver's pool allocated."""
         ...
 
-    def list_claims_of_pool(
-        self, driver: str, pool: str
-    ) -> tuple[tuple[ClaimAllocation, ...], tuple[PendingClaim, ...]]:
-        """In one read: the claims allocated devices of this pool, and the claims not allocated yet."""
+    def list_claims_of_pool(self, driver: str, pool: str) -> PoolClaims:
+        """Every ResourceClaim as this pool sees it (allocated devices of it, or not allocated yet)."""
+        ...
+
+    def watch_claims_of_pool(
+        self, driver: str, pool: str, resource_version: str, timeout_s: int
+    ) -> Iterator[WatchEvent]:
+        """Changes of the ResourceClaims after `resource_version`, each as a `PoolClaim` (a DELETED
+        one as it was last)."""
         ...
 
     def get_resource_claim(self, namespace: str, name: str) -> ResourceClaimObject:

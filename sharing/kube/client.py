@@ -36,6 +36,8 @@ from sharing.kube.api import (
     NotFoundError,
     PendingClaim,
     PodReference,
+    PoolClaim,
+    PoolClaims,
     RefusedByBudgetError,
     RequestPolicy,
     ResourceClaimObject,
@@ -52,6 +54,7 @@ from sharing.text import bounded
 
 MERGE_PATCH = "application/merge-patch+json"
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+CLAIMS = "/apis/resource.k8s.io/v1/resourceclaims"
 
 
 class ApiClient:
@@ -160,24 +163,25 @@ class ApiClient:
         No field selector reaches into `status.allocation` (resource.k8s.io/v1 ResourceClaim has
         none), so every claim is listed and the allocation results are read here.
         """
-        answer = self._json(
-            f"list ResourceClaims for pool {pool}", "GET", "/apis/resource.k8s.io/v1/resourceclaims"
-        )
+        answer = self._json(f"list ResourceClaims for pool {pool}", "GET", CLAIMS)
         claims = (_claim_allocation(item, driver, pool) for item in answer.get("items") or ())
         return tuple(c for c in claims if c is not None)
 
-    def list_claims_of_pool(
-        self, driver: str, pool: str
-    ) -> tuple[tuple[ClaimAllocation, ...], tuple[PendingClaim, ...]]:
-        """The claims with devices of `driver`'s pool `pool` allocated, and those not allocated yet
-        (every namespace, one list: no field selector reaches into a claim's status)."""
-        answer = self._json(
-            f"list ResourceClaims for pool {pool}", "GET", "/apis/resource.k8s.io/v1/resourceclaims"
+    def list_claims_of_pool(self, driver: str, pool: str) -> PoolClaims:
+        """Every ResourceClaim (every namespace, one list: no field selector reaches into a claim's
+        status) as `driver`'s pool `pool` sees it, with the list's resource version to watch from."""
+        answer = self._json(f"list ResourceClaims for pool {pool}", "GET", CLAIMS)
+        claims = (_pool_claim(item, driver, pool) for item in answer.get("items") or ())
+        version = str((answer.get("metadata") or {}).get("resourceVersion", ""))
+        return PoolClaims({(c.namespace, c.name): c for c in claims}, version)
+
+    def watch_claims_of_pool(
+        self, driver: str, pool: str, resource_version: str, timeout_s: int
+    ) -> Iterator[WatchEvent]:
+        """Changes of every ResourceClaim, each as `driver`'s pool `pool` sees it."""
+        return self._watch(
+            CLAIMS, lambda obj: _pool_claim(obj, driver, pool), "", resource_version, timeout_s
         )
-        items = answer.get("items") or ()
-        allocated = (_claim_allocation(item, driver, pool) for item in items)
-        pending = (_pending_claim(item) for item in items)
-        return tuple(c for c in allocated if c is not None), tuple(c for c in pending if c is not None)
 
     def get_resource_claim(self, namespace: str, name: str) -> ResourceClaimObject:
         """Read a ResourceClaim (resource.k8s.io/v1, served by default since 1.34); NotFoundError when
@@ -286,15 +290,12 @@ class ApiClient:
     def _watch(
         self, path: str, convert: Any, field_selector: str, resource_version: str, timeout_s: int
     ) -> Iterator[WatchEvent]:
-        query = [
-            ("watch", "true"),
-            ("fieldSelector", field_selector),
-            ("timeoutSeconds", str(timeout_s)),
-            ("allowWatchBookmarks", "true"),
-        ]
+        query = [("watch", "true"), ("timeoutSeconds", str(timeout_s)), ("allowWatchBookmarks", "true")]
+        if field_selector:
+            query.append(("fieldSelector", field_selector))
         if resource_version:
             query.append(("resourceVersion", resource_version))
-        what = f"watch {field_selector}"
+        what = f"watch {field_selector or path}"
         timeouts = (self._timeout, timeout_s + self._timeout)
         response = self._call(
             what, "GET", path, body=None, content_type="application/json", timeout=timeouts, query=query
@@ -411,6 +412,17 @@ def _claim_allocation(obj: Mapping[str, Any], driver: str, pool: str) -> ClaimAl
         if r.get("resource") == "pods"
     )
     return ClaimAllocation(namespace, meta.get("name", ""), meta.get("uid", ""), devices, pods)
+
+
+def _pool_claim(obj: Mapping[str, Any], driver: str, pool: str) -> PoolClaim:
+    meta = obj.get("metadata") or {}
+    return PoolClaim(
+        str(meta.get("namespace", "")),
+        str(meta.get("name", "")),
+        str(meta.get("resourceVersion", "")),
+        _claim_allocation(obj, driver, pool),
+        _pending_claim(obj),
+    )
 
 
 def _pending_claim(obj: Mapping[str, Any]) -> PendingClaim | None:

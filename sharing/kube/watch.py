@@ -1,4 +1,5 @@
-"""Watches that turn the Kubernetes world into reconcile triggers: this Node and the ConfigMaps.
+"""Watches that turn the Kubernetes world into reconcile triggers: this Node, the ConfigMaps and,
+for a DRA pool with on-demand devices, the ResourceClaims.
 
 Each watch runs on its own thread, because the official client blocks. It reads the object once
 (a missing ConfigMap reads as "no data"), then watches from the newest state (no resource
@@ -23,10 +24,19 @@ from typing import Generic, TypeVar
 import structlog
 
 from sharing.errors import KubeError
-from sharing.kube.api import ConfigMapObject, GoneError, KubeClient, NodeObject, UnreachableError, WatchEvent
+from sharing.kube.api import (
+    ConfigMapObject,
+    GoneError,
+    KubeClient,
+    NodeObject,
+    PoolClaim,
+    PoolClaims,
+    UnreachableError,
+    WatchEvent,
+)
 from sharing.text import bounded
 
-T = TypeVar("T", NodeObject, ConfigMapObject)
+T = TypeVar("T", NodeObject, ConfigMapObject, PoolClaims)
 log = structlog.get_logger(__name__)
 EMPTY_WATCH_PAUSE_S = 0.2
 BACKOFF_MIN_S = 0.2
@@ -158,3 +168,42 @@ def watch_configmap(kube: KubeClient, namespace: str, name: str, timeout_s: int)
         events,
         lambda cm: cm.data,
     )
+
+
+def watch_pool_claims(kube: KubeClient, driver: str, pool: str, timeout_s: int) -> Watched[PoolClaims]:
+    """Every ResourceClaim as `driver`'s pool `pool` sees it: listed, then kept by a watch from the
+    list's resource version, each change folded into the view. No field selector reaches into a
+    claim's allocation (resource.k8s.io/v1), so the watch carries every claim of the cluster, each
+    change once (the API server serves it from its watch cache).
+
+    Unlike one object, a collection is not watched "from the newest state" after a 410: the server
+    would send every claim again as ADDED with no sign of the end, and the view would lack claims
+    until then (a prepared instance that no known allocation accounts for withdraws its devices).
+    An expired watch lists again instead, and the fresh list replaces the view at once."""
+    view = PoolClaims({})
+    fresh = False  # the view was just listed: the next watch starts from its version
+
+    def listed() -> PoolClaims:
+        nonlocal view, fresh
+        view, fresh = kube.list_claims_of_pool(driver, pool), True
+        return view
+
+    def events(version: str) -> Iterator[WatchEvent]:
+        nonlocal view, fresh
+        if not version and not fresh:  # after a 410: list again
+            yield WatchEvent("ADDED", listed(), view.resource_version)
+        start, fresh = version or view.resource_version, False
+        for event in kube.watch_claims_of_pool(driver, pool, start, timeout_s):
+            claim = event.object
+            if not isinstance(claim, PoolClaim):
+                yield event  # a bookmark
+                continue
+            claims = dict(view.claims)
+            if event.kind == "DELETED":
+                claims.pop((claim.namespace, claim.name), None)
+            else:
+                claims[(claim.namespace, claim.name)] = claim
+            view = PoolClaims(claims, event.resource_version)
+            yield WatchEvent(event.kind, view, event.resource_version)
+
+    return Watched(f"resourceclaims/{pool}", listed, events, lambda claims: claims.seen())

@@ -1,16 +1,19 @@
 """ResourceClaims as holders, read from a real kube-apiserver: what the scheduler allocated from our
-pool counts, whatever namespace, prepared or not; other drivers' and other nodes' pools do not."""
+pool counts, whatever namespace, prepared or not; other drivers' and other nodes' pools do not. The
+watched view (on-demand pools) follows allocations and deletions as they happen."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
+from collections.abc import Callable
 
 import lab
 import pytest
 
-from sharing.kube import ApiClient
-from sharing.kube.api import PendingClaim
+from sharing.kube import ApiClient, watch_pool_claims
+from sharing.kube.api import PendingClaim, PoolClaims
 from sharing.model import ClaimAllocation
 
 pytestmark = pytest.mark.integration
@@ -110,10 +113,47 @@ def test_one_read_gives_the_pools_claims_and_the_pending_ones_with_their_classes
         },
     }
     control_plane.kubectl("apply", "-f", "-", input=json.dumps(pending), check=True)
-    allocated, waiting = ApiClient(str(control_plane.kubeconfig)).list_claims_of_pool(DRIVER, pool)
+    allocated, waiting = ApiClient(str(control_plane.kubeconfig)).list_claims_of_pool(DRIVER, pool).seen()
     assert (ClaimAllocation(ns, "small", uid, ("gpu-0-mig-1g-5gb-at-0",), ()),) == tuple(
         c for c in allocated if c.namespace == ns
     )
     assert (
         PendingClaim(ns, "big", ("mig-3g.20gb.nvidia.com", "mig-7g.40gb.nvidia.com", "mig.nvidia.com")),
     ) == tuple(c for c in waiting if c.namespace == ns)
+
+
+async def test_the_watched_view_follows_an_allocation_and_a_deletion(control_plane: lab.ControlPlane) -> None:
+    ns = f"claims-{uuid.uuid4().hex[:6]}"
+    pool = f"node-{uuid.uuid4().hex[:6]}"
+    control_plane.kubectl("create", "namespace", ns, check=True)
+    watched = watch_pool_claims(ApiClient(str(control_plane.kubeconfig)), DRIVER, pool, timeout_s=60)
+    changed = asyncio.Event()
+    watched.start(changed.set)
+
+    async def until(what: str, ok: Callable[[PoolClaims], bool]) -> PoolClaims:
+        async def seen() -> PoolClaims:
+            while True:
+                changed.clear()
+                if watched.current is not None and ok(watched.current):
+                    return watched.current
+                await changed.wait()
+
+        try:
+            return await asyncio.wait_for(seen(), 30)
+        except TimeoutError:
+            raise AssertionError(f"{what} not seen within 30 s; last: {watched.current}") from None
+
+    def ours(view: PoolClaims) -> tuple[tuple[str, tuple[str, ...]], ...]:
+        return tuple((c.name, c.devices) for c in view.allocated if c.namespace == ns)
+
+    try:
+        await until("the first list", lambda view: True)
+        device = {"driver": DRIVER, "pool": pool, "device": "gpu-0-mig-3g-20gb-at-4"}
+        await asyncio.to_thread(claim, control_plane, ns, "trainer", [device], [])
+        await until("the allocation", lambda view: ours(view) == (("trainer", ("gpu-0-mig-3g-20gb-at-4",)),))
+        await asyncio.to_thread(
+            control_plane.kubectl, "-n", ns, "delete", "resourceclaim", "trainer", check=True
+        )
+        await until("the deletion", lambda view: ours(view) == ())
+    finally:
+        watched.stop()

@@ -14,7 +14,15 @@ from dataclasses import replace
 
 from sharing.errors import KubeError
 from sharing.kube import ConfigMapObject, NodeObject, NotFoundError, WatchEvent
-from sharing.kube.api import ConflictError, PendingClaim, ResourceClaimObject, ResourceSliceObject, SliceSpec
+from sharing.kube.api import (
+    ConflictError,
+    PendingClaim,
+    PoolClaim,
+    PoolClaims,
+    ResourceClaimObject,
+    ResourceSliceObject,
+    SliceSpec,
+)
 from sharing.model import BoundPod, ClaimAllocation
 
 # The API server's rules for metadata (k8s.io/apimachinery pkg/util/validation/validation.go:
@@ -154,11 +162,21 @@ class FakeKube:
         self.requests += 1
         return self.pool_claims
 
-    def list_claims_of_pool(
-        self, driver: str, pool: str
-    ) -> tuple[tuple[ClaimAllocation, ...], tuple[PendingClaim, ...]]:
+    def list_claims_of_pool(self, driver: str, pool: str) -> PoolClaims:
         self.requests += 1
-        return self.pool_claims, self.pending_claims
+        allocated = {
+            (c.namespace, c.name): PoolClaim(c.namespace, c.name, "1", c, None) for c in self.pool_claims
+        }
+        pending = {
+            (c.namespace, c.name): PoolClaim(c.namespace, c.name, "1", None, c) for c in self.pending_claims
+        }
+        return PoolClaims(allocated | pending, "1")
+
+    def watch_claims_of_pool(
+        self, driver: str, pool: str, resource_version: str, timeout_s: int
+    ) -> Iterator[WatchEvent]:
+        self.requests += 1
+        return self._stream(("claims",))
 
     def get_resource_claim(self, namespace: str, name: str) -> ResourceClaimObject:
         self.requests += 1
