@@ -78,6 +78,13 @@ TARGETS: dict[str, Target] = {
     "trace_served_vs_hindsight_static": Target("x", "- (median; vs a layout chosen in hindsight)"),
     "trace_served_vs_plain_min": Target("x", ">= 1 (worst seed)", lambda v: v >= 1),
     "trace_seeds": Target("", ">= 3", lambda v: v >= 3),
+    "trace_served_vs_static_bound": Target(
+        "x", "- (median; all pods / the best preset's: the most any way can reach)"
+    ),
+    "trace_offline_policy_vs_plain_mean": Target("x", "- (offline replay, seeds 1-40)"),
+    "trace_offline_random_vs_plain_mean": Target(
+        "x", "- (offline replay, seeds 1-40: placement drawn at random)"
+    ),
     "ondemand_pod_start_vs_premade_p50": Target("x", "<= 1.5", lambda v: v <= 1.5),
     "ondemand_create_share": Target("", "-"),
 }

@@ -37,6 +37,12 @@ force-deleted after its lifetime, an unbound one when its patience ends (withdra
 Per way: pods served, mean and p95 wait (units), and the largest profile still placeable, sampled
 once a unit (static: the largest free pre-made instance; on-demand: the largest profile with a free
 placement on some GPU given the allocated claims).
+
+Two yardsticks beside the figures. ``trace_served_vs_static_bound``: all of a trace's pods over those
+the best preset serves, the most that any way could reach against it on that trace. And an offline
+replay of seeds 1-40 (``tracesim.vs_plain``, no scheduler): the policy and a placement drawn at random,
+each against plain order, which shows how far the order alone moves the pods served beyond the
+noise of the trace itself.
 """
 
 from __future__ import annotations
@@ -74,6 +80,9 @@ GPUS = 4
 UNIT_S = 0.5
 TICK_S = 0.1
 DEFAULT_SEEDS = (1, 2, 3)
+OFFLINE_SEEDS = tuple(range(1, 41))
+"""The seeds of the offline replay that shows what the order is worth against the trace's own
+noise: the policy and a placement drawn at random, each against plain order."""
 WAYS: tuple[tuple[str, tracesim.Way], ...] = (
     ("hindsight", "static"),
     ("preset", "static"),
@@ -488,6 +497,7 @@ def bench_trace(tmp: Path, results: Results, seeds: Sequence[int] = DEFAULT_SEED
                 vs_static.append(summary["policy"].served / max(1, summary["preset"].served))
                 vs_hindsight.append(summary["policy"].served / max(1, summary["hindsight"].served))
                 vs_plain.append(summary["policy"].served / max(1, summary["plain"].served))
+                results.add("trace_served_vs_static_bound", pods / max(1, summary["preset"].served))
                 results.add("trace_served_vs_static", vs_static[-1])
                 results.add("trace_served_vs_hindsight_static", vs_hindsight[-1])
                 for key, value in (("static", vs_static[-1]), ("hindsight_static", vs_hindsight[-1])):
@@ -499,6 +509,15 @@ def bench_trace(tmp: Path, results: Results, seeds: Sequence[int] = DEFAULT_SEED
                 "trace policy/hindsight static per seed", ", ".join(f"{v:.2f}" for v in vs_hindsight)
             )
             results.note("trace policy/plain per seed", ", ".join(f"{v:.2f}" for v in vs_plain))
+            offline = [TraceSpec(s, pods=pods) for s in OFFLINE_SEEDS]
+            for way in ("policy", "random"):
+                against = tracesim.vs_plain(product, GPUS, way, offline)
+                results.add(f"trace_offline_{way}_vs_plain_mean", against.mean)
+                results.note(
+                    f"trace offline {way}/plain, seeds {OFFLINE_SEEDS[0]}-{OFFLINE_SEEDS[-1]}",
+                    f"mean {against.mean:.3f}, worst {against.worst:.2f}, fewer pods than plain order on "
+                    f"{against.losing} of {len(offline)} seeds",
+                )
             results.note(
                 "ondemand_pod_start_vs_premade_p50", "not measured: needs the real node's on-demand prepare"
             )

@@ -123,16 +123,21 @@ def largest_free_count(free: Mapping[str, int], product: Product) -> Profile | N
 
 
 def choose(
-    product: Product, way: str, placed: Sequence[Sequence[Placement]], profile: str
+    product: Product,
+    way: str,
+    placed: Sequence[Sequence[Placement]],
+    profile: str,
+    rng: random.Random | None = None,
 ) -> tuple[int, int] | None:
     """(GPU, start) the scheduler's first fit takes for `profile` when each GPU lists its devices in
-    the agent's policy order (`policy.ranked`) or in plain order (`policy.plain`), GPUs in index
-    order; `placed` holds each GPU's placements in use. None when no GPU has a free placement."""
+    the agent's policy order (`policy.ranked`), in plain order (`policy.plain`) or, for `random`, in
+    an order drawn from `rng` (a yardstick: what placement alone is worth), GPUs in index order;
+    `placed` holds each GPU's placements in use. None when no GPU has a free placement."""
     order = policy.ranked if way == "policy" else policy.plain
     for gpu, held in enumerate(placed):
-        for entry in order(product, held):
-            if entry.free and entry.placement.profile == profile:
-                return gpu, entry.placement.start
+        free = [e.placement.start for e in order(product, held) if e.free and e.placement.profile == profile]
+        if free:
+            return gpu, (rng.choice(free) if way == "random" and rng is not None else free[0])
     return None
 
 
@@ -239,7 +244,7 @@ def timeline(samples: Sequence[int], every: int = 10) -> str:
     return "".join(str(min(samples[i : i + every])) for i in range(0, len(samples), every))
 
 
-Way = Literal["static", "policy", "plain"]
+Way = Literal["static", "policy", "plain", "random"]
 
 
 @dataclass
@@ -252,6 +257,12 @@ class Replay:
     way: Way
     static: Mapping[str, int] = field(default_factory=dict)
     sample_every: float = 1.0
+    seed: int = 0
+    """Draws the `random` way's placements."""
+    rng: random.Random = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.seed)
 
     def run(self, pods: Sequence[TracePod]) -> tuple[list[Outcome], list[int]]:
         profiles = sorted({p.profile for p in pods})
@@ -278,7 +289,7 @@ class Replay:
                 free[pod.profile] -= 1
                 held[pod.index] = (-1, 0)
             else:
-                spot = choose(self.product, self.way, placed_on, pod.profile)
+                spot = choose(self.product, self.way, placed_on, pod.profile, self.rng)
                 if spot is None:
                     return False
                 occupied[spot[0]] |= _mask(spot[1], kind.size)
@@ -321,6 +332,27 @@ def replay(
     outcomes, samples = Replay(product, gpus, way, static or {}).run(pods)
     biggest = max(product.require_profile(p.profile).compute_slices for p in pods) if pods else 0
     return summarize(outcomes, samples, biggest, product)
+
+
+@dataclass(frozen=True, slots=True)
+class VsPlain:
+    """Pods served by one on-demand way over those served in plain order, across seeds."""
+
+    mean: float
+    worst: float
+    losing: int
+    """Seeds on which it served fewer than plain order."""
+
+
+def vs_plain(product: Product, gpus: int, way: Way, specs: Sequence[TraceSpec]) -> VsPlain:
+    """`way` against plain order in the offline replay, over the traces of `specs`."""
+    ratios = []
+    for spec in specs:
+        pods = generate(spec)
+        plain = replay(product, gpus, "plain", pods).served
+        outcomes, _ = Replay(product, gpus, way, seed=spec.seed).run(pods)
+        ratios.append(sum(1 for o in outcomes if o.placed_at is not None) / max(1, plain))
+    return VsPlain(sum(ratios) / len(ratios), min(ratios), sum(1 for r in ratios if r < 1))
 
 
 def best_static(

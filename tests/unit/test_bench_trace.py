@@ -61,6 +61,32 @@ def test_a_gpu_with_no_free_placement_is_passed_over() -> None:
     assert tracesim.choose(A100, "plain", [[Placement("7g.40gb", 0, 8)]], "1g.5gb") is None
 
 
+def test_the_random_yardstick_takes_a_free_placement_drawn_from_its_seed() -> None:
+    taken = [[Placement("3g.20gb", 0, 4)]]
+    draws = {tracesim.choose(A100, "random", taken, "1g.5gb", random.Random(n)) for n in range(40)}
+    assert {(0, s) for s in (4, 5, 6)} == draws  # every free 1g.5gb placement of the GPU, no other
+    pods = tracesim.generate(TraceSpec(5))
+    once = tracesim.Replay(A100, 4, "random", seed=5).run(pods)
+    assert once == tracesim.Replay(A100, 4, "random", seed=5).run(pods)
+
+
+def test_against_plain_order_a_way_is_compared_seed_by_seed() -> None:
+    specs = [TraceSpec(s, pods=40) for s in (1, 2)]
+    same = tracesim.vs_plain(A100, 4, "plain", specs)
+    assert (1.0, 1.0, 0) == (same.mean, same.worst, same.losing)
+    ratios = []
+    for spec in specs:
+        pods = tracesim.generate(spec)
+        served = {way: tracesim.replay(A100, 4, way, pods).served for way in ("policy", "plain")}
+        ratios.append(served["policy"] / served["plain"])
+    policy = tracesim.vs_plain(A100, 4, "policy", specs)
+    assert (sum(ratios) / 2, min(ratios), sum(r < 1 for r in ratios)) == (
+        policy.mean,
+        policy.worst,
+        policy.losing,
+    )
+
+
 def test_static_layouts_are_every_maximal_layout_the_planner_accepts() -> None:
     layouts = tracesim.gpu_layouts(A100, MIX)
     assert (("7g.40gb", 1),) in layouts
