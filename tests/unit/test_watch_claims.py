@@ -8,12 +8,12 @@ kube-apiserver.
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Iterator
 
 from sharing.kube import GoneError, watch_pool_claims
 from sharing.kube.api import PendingClaim, PoolClaim, PoolClaims, WatchEvent
 from sharing.model import ClaimAllocation
+from tests.unit.test_watch import ScriptedApi
 
 DRIVER, POOL = "gpu.nvidia.com", "n1"
 
@@ -30,32 +30,20 @@ def listed(version: str, *claims: PoolClaim) -> PoolClaims:
     return PoolClaims({(c.namespace, c.name): c for c in claims}, version)
 
 
-class ScriptedClaims:
-    """Answers lists and watches from scripts; records where each watch started."""
+class ScriptedClaims(ScriptedApi):
+    """test_watch's scripted API, answering as the ResourceClaims of one pool."""
 
     def __init__(self, lists: list[PoolClaims], watches: list[list[WatchEvent] | Exception]) -> None:
-        self.lists = lists
-        self.watches = watches
-        self.watch_versions: list[str] = []
-        self.done = threading.Event()
-        self.release = threading.Event()
+        super().__init__(gets=lists, watches=watches)  # type: ignore[arg-type]
 
     def list_claims_of_pool(self, driver: str, pool: str) -> PoolClaims:
         assert (driver, pool) == (DRIVER, POOL)
-        return self.lists.pop(0)
+        return self.get()  # type: ignore[return-value]
 
     def watch_claims_of_pool(
         self, driver: str, pool: str, resource_version: str, timeout_s: int
     ) -> Iterator[WatchEvent]:
-        self.watch_versions.append(resource_version)
-        if not self.watches:
-            self.done.set()
-            self.release.wait()  # the last script: block like an idle watch until the test ends
-            return
-        answer = self.watches.pop(0)
-        if isinstance(answer, Exception):
-            raise answer
-        yield from answer
+        return self.watch(resource_version)
 
 
 async def follow(api: ScriptedClaims) -> list[PoolClaims]:
