@@ -518,9 +518,6 @@ def bench_trace(tmp: Path, results: Results, seeds: Sequence[int] = DEFAULT_SEED
                     f"mean {against.mean:.3f}, worst {against.worst:.2f}, fewer pods than plain order on "
                     f"{against.losing} of {len(offline)} seeds",
                 )
-            results.note(
-                "ondemand_pod_start_vs_premade_p50", "not measured: needs the real node's on-demand prepare"
-            )
         finally:
             api.close()
             kube.close()
