@@ -9,6 +9,9 @@
 - ondemand_create_share: the share of the on-demand start spent making the instance: (mean
   NodePrepareResources time of the on-demand claims - that of the pre-made ones, from the agent's
   `gpu_sharing_dra_prepare_duration_seconds` histogram) / the on-demand start p50.
+- ondemand_idle_claim_requests_per_min: then 30 s with nothing changing, the API server's own count
+  of ResourceClaim LIST and WATCH requests (`apiserver_request_total`, every client: the scheduler's
+  and the controller's informers list once and watch, so what moves is the agent's).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ gpus:
     mig: disabled
 """
 PREPARE = "gpu_sharing_dra_prepare_duration_seconds"
+IDLE_WINDOW_S = 30.0
 METRICS = (
     "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:9402/metrics').read().decode())"
 )
@@ -64,6 +68,8 @@ def bench_ondemand(budget: Budget, results: Results) -> None:
                 node, api, pods, budget.pod_starts, parent=parents[0], what="pre-made"
             )
             made, made_prep = _series(node, api, pods, budget.pod_starts, parent=parents[1], what="on-demand")
+            idle = _idle_claim_requests(node, IDLE_WINDOW_S)
+        results.add("ondemand_idle_claim_requests_per_min", idle)
         ratio = percentile(made, 50) / percentile(premade, 50)
         share = max(0.0, made_prep - premade_prep) / percentile(made, 50)
         results.add("ondemand_pod_start_vs_premade_p50", ratio)
@@ -76,6 +82,25 @@ def bench_ondemand(budget: Budget, results: Results) -> None:
         )
     finally:
         node.down()
+
+
+def _claim_requests(node: lab.RealNode) -> float:
+    """The API server's count of LIST and WATCH requests for ResourceClaims so far (every client)."""
+    done = node.kubectl("get", "--raw", "/metrics", check=True)
+    total = 0.0
+    for line in done.stdout.splitlines():
+        read = 'verb="LIST"' in line or 'verb="WATCH"' in line
+        if line.startswith("apiserver_request_total{") and 'resource="resourceclaims"' in line and read:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def _idle_claim_requests(node: lab.RealNode, seconds: float) -> float:
+    """ResourceClaim LISTs and WATCHes per minute while nothing changes, a dynamic GPU on the node."""
+    say(f"ondemand: {seconds:.0f} s with nothing changing, counting the ResourceClaim reads")
+    before = _claim_requests(node)
+    time.sleep(seconds)
+    return (_claim_requests(node) - before) * 60 / seconds
 
 
 @contextlib.contextmanager
