@@ -139,6 +139,9 @@ class PoolClaims:
     claims: Mapping[tuple[str, str], PoolClaim]
     """By (namespace, name)."""
     resource_version: str = ""
+    revision: int = 0
+    """Moves when what the pool acts on may have changed (`seen`), not on a write that changes only
+    a claim's resource version, so a watcher compares two numbers, not every claim, per event."""
 
     @property
     def allocated(self) -> tuple[ClaimAllocation, ...]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Generic, TypeVar
 
 import structlog
@@ -185,7 +186,8 @@ def watch_pool_claims(kube: KubeClient, driver: str, pool: str, timeout_s: int) 
 
     def listed() -> PoolClaims:
         nonlocal view, fresh
-        view, fresh = kube.list_claims_of_pool(driver, pool), True
+        got = kube.list_claims_of_pool(driver, pool)
+        view, fresh = replace(got, revision=view.revision + 1), True
         return view
 
     def events(version: str) -> Iterator[WatchEvent]:
@@ -198,12 +200,18 @@ def watch_pool_claims(kube: KubeClient, driver: str, pool: str, timeout_s: int) 
             if not isinstance(claim, PoolClaim):
                 yield event  # a bookmark
                 continue
+            key = (claim.namespace, claim.name)
             claims = dict(view.claims)
-            if event.kind == "DELETED":
-                claims.pop((claim.namespace, claim.name), None)
-            else:
-                claims[(claim.namespace, claim.name)] = claim
-            view = PoolClaims(claims, event.resource_version)
+            before = claims.pop(key, None)
+            if event.kind != "DELETED":
+                claims[key] = claim
+            after = claims.get(key)
+            moved = _acted_on(before) != _acted_on(after)
+            view = PoolClaims(claims, event.resource_version, view.revision + int(moved))
             yield WatchEvent(event.kind, view, event.resource_version)
 
-    return Watched(f"resourceclaims/{pool}", listed, events, lambda claims: claims.seen())
+    return Watched(f"resourceclaims/{pool}", listed, events, lambda claims: claims.revision)
+
+
+def _acted_on(claim: PoolClaim | None) -> object:
+    return None if claim is None else (claim.allocation, claim.pending)
