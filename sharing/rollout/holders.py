@@ -133,12 +133,13 @@ async def read_holders(
     try:
         listing = await client.listing()
     except SharingError as err:
-        return Holders(recent=recent(), unknown=bounded(str(err)))
+        return Holders(recent=recent(), unknown=bounded(f"the kubelet's PodResources cannot be read: {err}"))
     holders = Holders(listing.holdings, recent())
     missing = unlisted(pods, listing)
     if missing and not problem:
         problem = (
-            f"it does not list pods {listed(missing)}, which the API server has bound to this node"
+            f"the kubelet's PodResources does not list pods {listed(missing)}, which the API server has"
+            " bound to this node"
             " (a kubelet that is starting answers before it has learned its pods)"
         )
     return replace(holders, unknown=bounded(problem)) if problem else holders

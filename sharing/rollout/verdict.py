@@ -76,10 +76,7 @@ def verdict(config: SharingConfig, report: ApplyReport, holders: Holders, after:
         pods = holders.pods_holding({b for g in blocked for b in g.blockers})
         who = f"held by pods {listed(pods)}" if pods else "in use"
         if holders.unknown:
-            who = (
-                "in use as far as can be told"
-                f" (the kubelet's PodResources cannot be read or believed: {holders.unknown})"
-            )
+            who = f"in use as far as can be told ({holders.unknown})"
         problems += [f"{_gpu_line(g, report)} ({who})" for g in blocked]
     problems += [f"{_gpu_line(g, report)}; it was dropped" for g in dropped]
     applied = f"; applied on {', '.join(f'GPU {g.index}' for g in changed)}" if changed else ""
