@@ -307,22 +307,7 @@ class Preparer:
         if wanted:
             return await self._prepare_ondemand(key, claim, chosen, wanted)
         check_config(claim, chosen)
-        prepared = tuple(
-            PreparedDevice(
-                # The kubelet matches a container's `resources.claims[].request` against these, so a
-                # prioritized list's `<request>/<subrequest>` is named by its request, as the Go helper
-                # names it (kubeletplugin/draplugin.go, stripSubrequestNames).
-                requests=(c.result.request.partition("/")[0],),
-                pool=c.result.pool,
-                device=c.result.device,
-                uuid=c.device.uuid,
-                gpu_uuid=c.device.gpu_uuid,
-                cdi_ids=(f"{CDI_KIND}={claim_cdi_name(key.uid, c.result.device)}",),
-                share_id=c.result.share_id,
-                admin_access=c.result.admin_access,
-            )
-            for c in chosen
-        )
+        prepared = tuple(self._device(key.uid, c) for c in chosen)
         entries = [(claim_cdi_name(key.uid, c.result.device), c.device) for c in chosen]
         await self._write_spec(ref, key.uid, entries)
         record = PreparedClaim(
@@ -413,6 +398,9 @@ class Preparer:
 
     def _device(self, uid: str, c: Chosen) -> PreparedDevice:
         return PreparedDevice(
+            # The kubelet matches a container's `resources.claims[].request` against these, so a
+            # prioritized list's `<request>/<subrequest>` is named by its request, as the Go helper
+            # names it (kubeletplugin/draplugin.go, stripSubrequestNames).
             requests=(c.result.request.partition("/")[0],),
             pool=c.result.pool,
             device=c.result.device,
