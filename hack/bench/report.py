@@ -88,7 +88,7 @@ TARGETS: dict[str, Target] = {
     "ondemand_pod_start_vs_premade_p50": Target("x", "<= 1.5", lambda v: v <= 1.5),
     "ondemand_create_share": Target("", "-"),
     "ondemand_idle_claim_requests_per_min": Target(
-        "/min", "~0 (<= 1; ResourceClaim LIST + WATCH, cluster-wide, idle)", lambda v: v <= 1
+        "/min", "~0 (<= 1; ResourceClaim LISTs, cluster-wide, idle)", lambda v: v <= 1
     ),
 }
 
