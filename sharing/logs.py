@@ -29,12 +29,14 @@ def configure(log_format: str = "auto", level: int = logging.INFO) -> None:
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),
         logger_factory=structlog.PrintLoggerFactory(file=cast(TextIO, _Stderr())),
-        cache_logger_on_first_use=True,
+        # Not cached: a cached logger keeps the processors it was first used with, so a later
+        # configure (or structlog.testing.capture_logs in a test) would not reach it.
+        cache_logger_on_first_use=False,
     )
 
 
 class _Stderr:
-    """Whatever sys.stderr is when a line is written (loggers are cached; sys.stderr may be replaced)."""
+    """Whatever sys.stderr is when a line is written (sys.stderr may be replaced after configure)."""
 
     def write(self, text: str) -> int:
         return sys.stderr.write(text)
