@@ -155,10 +155,14 @@ def test_probes_follow_the_agent(gpu_node: GpuNode) -> None:
     lonely = gpu_node.tmp / "no-kubelet"
     lonely.mkdir()
     gpu_node.start_agent(extra=("--device-plugin-dir", str(lonely)))
-    waiting = poll(
-        "/readyz", lambda: gpu_node.agent.get("/readyz"), lambda answer: "registered" in answer[1], 30
+    # Until its plugins exist it says "pending"; then it names the resource it waits for.
+    wanted = (503, "not registered with the kubelet: nvidia.com/gpu\n")
+    poll(
+        "/readyz naming the resource",
+        lambda: gpu_node.agent.get("/readyz"),
+        lambda answer: answer == wanted,
+        30,
     )
-    assert (503, "not registered with the kubelet: nvidia.com/gpu\n") == waiting
     assert 200 == gpu_node.agent.get("/healthz")[0]
     gpu_node.agent.stop()
     gpu_node.start_agent()
