@@ -101,9 +101,21 @@ class PluginServer:
         api_grpc.add_DevicePluginServicer_to_server(service, server)  # type: ignore[no-untyped-call]
         try:
             server.add_insecure_port(f"unix://{path}")
-            await server.start()
+            starting = asyncio.ensure_future(server.start())
+            # Shielded: grpc's start cancelled midway leaves a server that cannot even be stopped.
+            await asyncio.shield(starting)
         except (RuntimeError, grpc.RpcError) as err:
             raise PluginError(f"{self.resource}: cannot serve on {path}: {err}") from err
+        except asyncio.CancelledError:  # the fleet dropped the resource meanwhile: leave nothing serving
+            with contextlib.suppress(Exception):
+                await starting
+            await server.stop(None)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            raise
+        # What `update` published while the server started went to the feed before this one: a
+        # withdrawal lost here would reach the kubelet with this registration's first list.
+        feed.publish(self.feed.devices)
         self.feed, self._service, self._server, self.socket = feed, service, server, path
         self._streaming = asyncio.Event()
         log.debug("plugin_serving", resource=self.resource, socket=str(path))

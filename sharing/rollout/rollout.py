@@ -136,6 +136,8 @@ class Rollout:
         """The config last applied to each GPU (absent: none yet, advertised as it is)."""
         self.advertised = Inventory()
         """What the fleet was last told to advertise (health aside)."""
+        self._shown = Inventory()
+        """What the front-end was last given: `advertised`, less what a change under way withdrew."""
         self.withheld: dict[str, tuple[str, ...]] = {}
         """Devices held in a form the config in effect does not keep -> `namespace/pod` holding each."""
         self._seen: dict[GpuUuid, Gpu] = {}
@@ -290,8 +292,9 @@ class Rollout:
 
     async def republish(self) -> None:
         """Advertise the same devices again with what the MPS daemons answer now (a daemon gone: its
-        replicas unhealthy)."""
-        await self._publish(self.advertised)
+        replicas unhealthy), or with new health on DRA. The devices last shown, not `advertised`: in
+        the middle of a change that would offer again what it withdrew before destroying it."""
+        await self._publish(self._shown)
 
     async def advertise(self, observed: NodeState, config: SharingConfig | None) -> Inventory:
         """Tell the fleet what the hardware has, each GPU under the config in effect on it.
@@ -367,6 +370,7 @@ class Rollout:
     async def _publish(self, inventory: Inventory) -> None:
         """The CDI spec first (every name Allocate can hand out resolves), then the plugins; on the DRA
         front-end the node's ResourceSlices (the DRA plugin writes a CDI spec per claim itself)."""
+        self._shown = inventory
         inventory = self._mps_ready(inventory)
         if self.frontend is Frontend.DRA:
             if self.dra is None:

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.unit.conftest import fleet, plugin_dir  # noqa: F401  (the unit tests' fleet and plugin dir)
+from tests.unit.conftest import fleet, kubelet, plugin_dir  # noqa: F401  (the unit tests' fake kubelet, fleet, dir)
 
 REPO = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("worker.py")

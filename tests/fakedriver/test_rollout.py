@@ -116,6 +116,38 @@ async def test_a_change_runs_once_the_kubelet_confirms_what_it_no_longer_offers(
     assert gone.asked  # confirmed by the kubelet, not by memory
 
 
+async def test_devices_advertised_again_during_a_change_are_not_the_ones_it_withdrew(
+    backend: NvmlBackend, tmp_path: Path, kubelet: FakeKubelet, fleet: Fleet
+) -> None:
+    """An MPS daemon's state (or, on DRA, a GPU's health) changing in the middle of a change makes
+    the agent advertise its devices again. That used to send what was advertised before the change,
+    withdrawn devices included: the kubelet offered the seven 1g.5gb slices again while they were
+    destroyed, and kept offering them, gone, until the next advertisement."""
+    observed = await small_slices(backend, tmp_path)
+    small = mig(**{"1g.5gb": 7})
+
+    class Republishing(Kubelet):
+        async def allocatable(self) -> dict[str, frozenset[str]]:
+            await rollout.republish()  # what the agent's MPS watch does when a daemon changes
+            await fleet.sync()
+            return await super().allocatable()
+
+    kubelet_says = Republishing({SMALL: frozenset()})
+    rollout = Rollout(
+        backend=backend, fleet=fleet, catalog=CATALOG, journal=Journal(tmp_path / "j2"),
+        pod_resources=kubelet_says,
+    )  # fmt: skip
+    await rollout.advertise(observed, small)
+    await kubelet.wait(lambda: kubelet.allocatable().get(SMALL) == 7)
+    verdict, after = await rollout.roll_out(mig(**{"7g.40gb": 1}), observed, nothing)
+    assert ConfigState.SUCCESS is verdict.state
+    assert kubelet_says.asked
+    await fleet.sync()
+    destroyed = mig_uuids(observed) - mig_uuids(after)
+    offered = {i for i, health in kubelet.devices(SMALL).items() if health == "Healthy"}
+    assert set() == offered & destroyed
+
+
 async def test_a_pod_the_api_server_bound_here_but_podresources_does_not_list_blocks_every_change(
     backend: NvmlBackend, tmp_path: Path, kubelet: FakeKubelet, fleet: Fleet
 ) -> None:

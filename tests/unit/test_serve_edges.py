@@ -13,6 +13,7 @@ import grpc
 import pytest
 
 from sharing.deviceplugin import Fleet, FleetSettings
+from sharing.deviceplugin.plugin import PluginServer
 from sharing.devices.inventory import inventory_from
 from sharing.kubelet.api import deviceplugin_v1beta1_pb2 as api
 from tests.unit.fakekubelet import FakeKubelet
@@ -142,3 +143,39 @@ async def test_a_registration_the_kubelet_drops_before_its_stream_is_made_again(
         assert 2 == kubelet.registered(GPU)
     finally:
         await fleet.stop()
+
+
+async def test_a_withdrawal_while_a_plugin_restarts_reaches_the_kubelet_with_its_first_list(
+    kubelet: FakeKubelet, plugin_dir: Path
+) -> None:
+    """A kubelet restart makes every plugin start again on a fresh socket. A withdrawal published
+    while its gRPC server started went to the feed before the new one and was lost: the
+    registration then handed the kubelet the withdrawn devices as healthy (the soak, seed 1111 step
+    131: replicas of GPUs already in MIG mode offered as `nvidia.com/gpu`)."""
+    server = PluginServer(GPU, plugin_dir)
+    server.update(tuple(replicas("GPU-1", 2) + replicas("GPU-2", 2)), False)
+    starting = asyncio.create_task(server.start())
+    await asyncio.sleep(0)  # the start is under way, inside grpc's server start
+    assert not starting.done()
+    server.update(tuple(replicas("GPU-2", 2)), False)  # GPU-1's replicas withdrawn meanwhile
+    await starting
+    try:
+        await server.register(plugin_dir / "kubelet.sock", timeout=10)
+        await kubelet.wait(lambda: kubelet.capacity().get(GPU) == 2)
+        assert {"GPU-2::0", "GPU-2::1"} == set(kubelet.devices(GPU))
+    finally:
+        await server.stop()
+
+
+async def test_a_plugin_start_cancelled_midway_leaves_nothing_serving(plugin_dir: Path) -> None:
+    """The fleet cancels a registration when its resource goes; a server half started must not stay
+    behind on a socket (serving the devices it had) that nothing stops."""
+    server = PluginServer(GPU, plugin_dir)
+    server.update(tuple(replicas("GPU-1", 2)), False)
+    starting = asyncio.create_task(server.start())
+    await asyncio.sleep(0)
+    starting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await starting
+    assert not server.serving
+    assert [] == [p.name for p in plugin_dir.iterdir()]
