@@ -181,6 +181,7 @@ class Agent:
             asyncio.create_task(self._resync(), name="resync"),
             asyncio.create_task(self._grace(), name="api-grace"),
             asyncio.create_task(self._watch_mps(), name="mps-watch"),
+            asyncio.create_task(self.node_out.events.run(), name="events"),
         ]
         try:
             await stop.wait()
@@ -332,6 +333,7 @@ class Agent:
     async def reconcile(self) -> Verdict:
         """One pass: select, roll out, advertise, label. Raises SharingError when it should be retried."""
         node = self.node.current
+        self.node_out.events.wake()  # Events an outage held back: the server may answer again
         missing = ([] if node is not None else [self.node.what]) + self.sources.missing
         if node is None or missing:
             log.info("waiting_for_api", reason=f"not read from the API server yet: {', '.join(missing)}")

@@ -9,6 +9,7 @@ NodeRestriction, ServiceAccounts, ``kubectl exec``/``logs`` through the kubelet)
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import os
 import shutil
@@ -17,7 +18,7 @@ import subprocess
 import tempfile
 import time
 import urllib.parse
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -141,12 +142,21 @@ class ControlPlane:
     def restart_apiserver(self, down_s: float = 0) -> None:
         """Stop kube-apiserver, keep it down `down_s` (an outage its clients live through), start it
         again on the same port and etcd data; wait until ready."""
+        with self.outage():
+            time.sleep(down_s)
+
+    @contextlib.contextmanager
+    def outage(self) -> Iterator[None]:
+        """kube-apiserver down for the block (what happens meanwhile happens during an outage), then
+        started again on the same port and etcd data; ready when the block has ended."""
         if self._apiserver is None:
             raise ClusterError("control plane not started")
         self._apiserver.stop()
-        time.sleep(down_s)
-        self._apiserver.start()
-        self._wait_apiserver_ready()
+        try:
+            yield
+        finally:
+            self._apiserver.start()
+            self._wait_apiserver_ready()
 
     @property
     def pids(self) -> dict[str, int]:

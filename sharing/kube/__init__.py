@@ -8,6 +8,7 @@ front-end (`resourceslices`: the pool kept exactly as wanted)."""
 
 from sharing.kube.api import (
     ConfigMapObject,
+    ForbiddenError,
     GoneError,
     KubeClient,
     NodeObject,
@@ -27,6 +28,7 @@ __all__ = [
     "ApiClient",
     "ConfigMapObject",
     "ConfigSources",
+    "ForbiddenError",
     "GoneError",
     "KubeClient",
     "NodeObject",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Protocol
 
 from sharing.errors import KubeError
@@ -25,6 +26,12 @@ class ConflictError(KubeError):
 
 class RefusedByBudgetError(KubeError):
     """HTTP 429 from the Eviction API: a PodDisruptionBudget does not allow it now."""
+
+
+class ForbiddenError(KubeError):
+    """HTTP 401 or 403: the API server does not let the agent do this (its ServiceAccount's RBAC or
+    token). For a moment after an API server starts it is also what any request gets, before the
+    server has loaded its authorization data (see `sharing.kube.watch`)."""
 
 
 class UnreachableError(KubeError):
@@ -279,7 +286,18 @@ class KubeClient(Protocol):
         self, name: str, patch: Mapping[str, str | None], annotations: Mapping[str, str | None] | None = None
     ) -> NodeObject: ...
 
-    def create_node_event(self, node: NodeObject, kind: str, reason: str, message: str) -> None: ...
+    def create_node_event(
+        self,
+        node: NodeObject,
+        kind: str,
+        reason: str,
+        message: str,
+        *,
+        first: datetime | None = None,
+        last: datetime | None = None,
+        count: int = 1,
+    ) -> None:
+        """An Event about the Node; `first`/`last`/`count`: when it happened (default now) and how often."""
 
     def set_unschedulable(self, name: str, unschedulable: bool) -> NodeObject: ...
 

@@ -31,6 +31,7 @@ from sharing.kube.api import (
     ConflictError,
     CounterSet,
     DeviceTaint,
+    ForbiddenError,
     GoneError,
     NodeObject,
     NotFoundError,
@@ -107,10 +108,21 @@ class ApiClient:
         path = f"/api/v1/nodes/{quote(name)}"
         return _node(self._json(f"patch labels of node {name}", "PATCH", path, body, MERGE_PATCH))
 
-    def create_node_event(self, node: NodeObject, kind: str, reason: str, message: str) -> None:
+    def create_node_event(
+        self,
+        node: NodeObject,
+        kind: str,
+        reason: str,
+        message: str,
+        *,
+        first: datetime | None = None,
+        last: datetime | None = None,
+        count: int = 1,
+    ) -> None:
         """Record an Event about the Node (in `default`, where the kubelet puts node events)."""
         now = datetime.now(UTC)
-        stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+        first_stamp = (first or now).strftime("%Y-%m-%dT%H:%M:%SZ")
+        stamp = (last or first or now).strftime("%Y-%m-%dT%H:%M:%SZ")
         event = {
             "apiVersion": "v1",
             "kind": "Event",
@@ -120,9 +132,9 @@ class ApiClient:
             "message": bounded(message, 1000),
             "type": kind,
             "source": {"component": "gpu-sharing", "host": node.name},
-            "firstTimestamp": stamp,
+            "firstTimestamp": first_stamp,
             "lastTimestamp": stamp,
-            "count": 1,
+            "count": count,
         }
         self._json(f"create event {reason}", "POST", "/api/v1/namespaces/default/events", event)
 
@@ -367,7 +379,7 @@ def _status_error(what: str, status: int, reason: str, body: Any) -> KubeError:
     if status == 409:
         return ConflictError(text)
     if status in (401, 403):
-        text += " (check the agent's ServiceAccount and RBAC in deploy/)"
+        return ForbiddenError(text + " (check the agent's ServiceAccount and RBAC in deploy/)")
     return KubeError(text)
 
 

@@ -20,6 +20,7 @@ from sharing.config import ConfigSet, Failed, Selected, Selection, SharingConfig
 from sharing.devices import Inventory
 from sharing.errors import SharingError
 from sharing.kube.api import KubeClient, NodeObject
+from sharing.kube.events import EventOutbox
 from sharing.kube.watch import Watched
 from sharing.labels import STATE_LABEL, ConfigState, label_patch, layout, node_labels, refused
 from sharing.mig import Catalog
@@ -66,6 +67,8 @@ class NodePublisher:
         self.kube = kube
         self.node = node
         self.catalog = catalog
+        self.events = EventOutbox(kube, lambda: self.node.current)
+        """Events about the Node; the agent runs its `run` to send those an outage held back."""
         self.state: ConfigState | None = None
         self.last_change: dict[str, str] = {}
         self._reported: tuple[str, str] | None = None
@@ -165,11 +168,5 @@ class NodePublisher:
             await self.event("Warning", "ConfigInvalid", bounded(message, 1000))
 
     async def event(self, kind: str, reason: str, message: str) -> None:
-        """Record an Event about the Node (a failure to do so is logged, never raised)."""
-        node = self.node.current
-        if node is None:
-            return
-        try:
-            await asyncio.to_thread(self.kube.create_node_event, node, kind, reason, message)
-        except SharingError as err:
-            log.warning("event_not_recorded", reason=reason, error=bounded(str(err)))
+        """Record an Event about the Node, now or once the API server answers (`sharing.kube.events`)."""
+        await self.events.record(kind, reason, message)

@@ -10,6 +10,12 @@ API server does not answer at all, so the watches are back soon after it restart
 the object's own resource version would be wrong: an object unchanged for a while is older than
 the server's watch window (always so after an API server restart), and every watch from it would
 end in 410.
+An API server that has just started answers for a moment with 401 or 403: its authorizer reads the
+RBAC objects through informers (k8s.io/kubernetes pkg/kubeapiserver/authorizer/config.go, rbac.New
+over the Roles' and ClusterRoles' listers) and denies until they have loaded; a bench run saw 403s
+0.55 s after a restart. So after a connection loss (and at start) a refusal is retried like no
+answer at all, at most a second apart, `AUTH_RETRIES` times; one that persists is said once, by
+name, as what it then is: the ServiceAccount's RBAC, and backs off to the maximum.
 Only changes that matter (the Node's labels, the ConfigMap's data) trigger a reconcile, so the
 kubelet's status updates cost nothing.
 """
@@ -19,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Generic, TypeVar
 
 import structlog
@@ -27,6 +33,7 @@ import structlog
 from sharing.errors import KubeError
 from sharing.kube.api import (
     ConfigMapObject,
+    ForbiddenError,
     GoneError,
     KubeClient,
     NodeObject,
@@ -44,6 +51,66 @@ BACKOFF_MIN_S = 0.2
 UNREACHABLE_BACKOFF_MAX_S = 1.0
 """While nothing answers (the API server is down or restarting), try again at least every second: a
 refused connection costs the server nothing, and the watches are back within a second of it."""
+AUTH_RETRIES = 30
+"""Refusals (401, 403) after a connection loss or at start retried at most a second apart: a
+starting API server denies until its RBAC data has loaded (about a second on 2 loaded cores)."""
+
+
+@dataclass(slots=True)
+class _Retry:
+    """When a watch is tried again, from what the attempts since the last one that worked got."""
+
+    longest_s: float
+    waits: int = 0
+    gone: bool = False
+    """A 410 came since the last watch that worked."""
+    silent: bool = False
+    """The last attempt got no answer at all (the API server is down or restarting)."""
+    refusals: int = 0
+    """401s and 403s since the last connection loss (or the start)."""
+
+    def served(self) -> None:
+        """A watch works: failures start over, and a refusal from now on is about permissions."""
+        self.waits, self.gone, self.silent, self.refusals = 0, False, False, AUTH_RETRIES
+
+    def expired(self) -> float:
+        """A 410. The server answered, so an outage before (an API server restart) is over: the first
+        410 waits nothing and the backoff starts again from its minimum; only another 410 before a
+        watch works waits."""
+        self.silent = False
+        if self.gone:
+            return self._next(self.longest_s)
+        self.waits, self.gone = 0, True
+        return 0.0
+
+    def unanswered(self) -> float:
+        """No answer: tried again at least every second, and refusals after it retried fast again."""
+        self.silent, self.refusals = True, 0
+        return self._next(UNREACHABLE_BACKOFF_MAX_S)
+
+    def refused(self) -> float:
+        """A 401 or 403: at most a second apart while the server may still be loading RBAC."""
+        self.answered_after_silence()
+        self.refusals += 1
+        return self._next(UNREACHABLE_BACKOFF_MAX_S if self.refusals <= AUTH_RETRIES else self.longest_s)
+
+    def answered(self) -> float:
+        """Another error the server answered: back off up to the maximum."""
+        self.answered_after_silence()
+        return self._next(self.longest_s)
+
+    def failed(self) -> float:
+        """A failure of our own (a bug, a surprise from the client): back off up to the maximum."""
+        return self._next(self.longest_s)
+
+    def answered_after_silence(self) -> None:
+        if self.silent:  # the outage's backoff is over
+            self.waits, self.silent = 0, False
+
+    def _next(self, longest: float) -> float:
+        pause = float(min(longest, BACKOFF_MIN_S * 2**self.waits))
+        self.waits = min(self.waits + 1, 16)
+        return pause
 
 
 class Watched(Generic[T]):
@@ -86,10 +153,8 @@ class Watched(Generic[T]):
     def _run(self) -> None:
         read = False
         version = ""
-        waits = 0
-        expired = False  # a 410 came since the last watch that worked
+        retry = _Retry(self._backoff_max_s)
         while not self._stopped.is_set():
-            wait, longest = True, self._backoff_max_s
             try:
                 if not read:
                     self._deliver(self._get())
@@ -98,38 +163,47 @@ class Watched(Generic[T]):
                 for event in self._watch(version):
                     if self._stopped.is_set():
                         return
-                    waits, expired = 0, False  # the server serves this watch: failures start over
+                    retry.served()
                     if event.object is not None:
                         self._deliver(event.object)  # type: ignore[arg-type]
                     version = (
                         event.resource_version or getattr(event.object, "resource_version", "") or version
                     )
                     events += 1
-                waits, expired = 0, False
+                retry.served()
                 if not events:  # a server that ends watches at once must not make this spin
                     self._pause(EMPTY_WATCH_PAUSE_S)
                 continue
             except GoneError:
                 # Our version left the server's window: watch from the newest state, which the
-                # server sends first. The server answered, so an outage before (an API server
-                # restart) is over: the first 410 waits nothing and the backoff starts again from
-                # its minimum. Only another 410 before a watch works waits.
+                # server sends first.
                 log.info("watch_expired", what=self.what)
                 version = ""
-                wait = expired
-                if not expired:
-                    waits, expired = 0, True
+                pause = retry.expired()
             except UnreachableError as err:
                 log.warning("watch_failed", what=self.what, error=bounded(str(err)))
-                longest = min(longest, UNREACHABLE_BACKOFF_MAX_S)
+                pause = retry.unanswered()
+            except ForbiddenError as err:
+                pause = retry.refused()
+                if retry.refusals <= AUTH_RETRIES:  # the server may still be loading who may do what
+                    log.info("watch_refused", what=self.what, error=bounded(str(err)), attempt=retry.refusals)
+                elif retry.refusals == AUTH_RETRIES + 1:
+                    log.error(
+                        "watch_forbidden",
+                        what=self.what,
+                        error=bounded(str(err)),
+                        why="the API server keeps refusing: the agent's ServiceAccount lacks the RBAC"
+                        " permission (its ClusterRole in deploy/ or the chart) or its token is not valid",
+                    )
             except KubeError as err:  # the server answered with an error: back off up to the maximum
                 log.warning("watch_failed", what=self.what, error=bounded(str(err)))
+                pause = retry.answered()
             except Exception as err:  # a bug or a surprise from the client must not end the watch
                 log.error("watch_crashed", what=self.what, error=f"{type(err).__name__}: {bounded(str(err))}")
                 read, version = False, ""
-            if wait:
-                self._pause(min(longest, BACKOFF_MIN_S * 2**waits))
-                waits = min(waits + 1, 16)
+                pause = retry.failed()
+            if pause:
+                self._pause(pause)
 
     def _deliver(self, obj: T) -> None:
         if self._loop is not None and not self._stopped.is_set():

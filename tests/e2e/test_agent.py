@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.conftest import CONFIGMAP, NAMESPACE, GpuNode
+from tests.polling import poll
 
 pytestmark = pytest.mark.integration
 
@@ -223,6 +224,27 @@ def test_an_xid_marks_a_gpu_and_its_replicas_unhealthy_until_it_is_reset(gpu_nod
     gpu_node.sharing("sim", "reset", *sim, "--uuid", h100s[1])
     gpu_node.kubelet.wait_resources(lambda r: r["nvidia.com/gpu"]["allocatable"] == 8, timeout=30)
     assert "is healthy again" in gpu_node.wait_event("GpuHealthy")["message"]
+
+
+def test_an_xid_during_an_api_server_outage_is_recorded_once_the_server_is_back(gpu_node: GpuNode) -> None:
+    """Its devices turned unhealthy at once, as they should, but the `GpuUnhealthy` Event was dropped
+    with the request that failed (`event_not_recorded`) and never tried again."""
+    gpu_node.label(DEMO)
+    gpu_node.kubelet.wait_resources(mig_and_shared, timeout=60)
+    exported = json.loads(gpu_node.sharing("export", "--driver-root", str(gpu_node.root), "--json"))
+    h100 = next(g for g in exported["gpus"] if "H100" in g["product"])
+    sim = ("--sim-state", str(gpu_node.sim))
+    with gpu_node.control_plane.outage():
+        gpu_node.sharing("sim", "xid", *sim, "--uuid", h100["uuid"], "--xid", "79")
+        gpu_node.kubelet.wait_resources(lambda r: r["nvidia.com/gpu"]["allocatable"] == 4, timeout=30)
+        poll(
+            "the agent to find the API server down when it records the Event",
+            gpu_node.agent.log.read_text,
+            lambda log: '"event_deferred"' in log,
+            timeout=30,
+        )
+    event = gpu_node.wait_event("GpuUnhealthy")
+    assert f"GPU {h100['index']} (NVIDIA H100 80GB HBM3) reported XID 79" in event["message"]
 
 
 def test_a_restart_without_the_api_server_serves_the_last_applied_config(gpu_node: GpuNode) -> None:

@@ -11,6 +11,7 @@ import re
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
+from datetime import datetime
 
 from sharing.errors import KubeError
 from sharing.kube import ConfigMapObject, NodeObject, NotFoundError, WatchEvent
@@ -57,6 +58,12 @@ class FakeKube:
             key: ConfigMapObject(key[0], key[1], "1", data) for key, data in configmaps.items()
         }
         self.events: list[tuple[str, str, str]] = []
+        self.event_counts: list[int] = []
+        """The `count` each Event was recorded with (in the order of `events`)."""
+        self.event_times: list[tuple[datetime | None, datetime | None]] = []
+        """The first and last time each Event was recorded with (None: now)."""
+        self.events_fail: Exception | None = None
+        """What creating an Event raises while set (an API server outage, a refusal)."""
         self.evicted: list[str] = []
         """`namespace/pod` of each eviction asked for (drain mode)."""
         self.bound: tuple[BoundPod, ...] = ()
@@ -136,11 +143,25 @@ class FakeKube:
             self._push(("node",), WatchEvent("MODIFIED", self.node, self.node.resource_version))
             return self.node
 
-    def create_node_event(self, node: NodeObject, kind: str, reason: str, message: str) -> None:
+    def create_node_event(
+        self,
+        node: NodeObject,
+        kind: str,
+        reason: str,
+        message: str,
+        *,
+        first: datetime | None = None,
+        last: datetime | None = None,
+        count: int = 1,
+    ) -> None:
         self.requests += 1
+        if self.events_fail is not None:
+            raise self.events_fail
         if len(message) > 1024:
             raise KubeError("event message too long")
         self.events.append((kind, reason, message))
+        self.event_counts.append(count)
+        self.event_times.append((first, last))
 
     def set_unschedulable(self, name: str, unschedulable: bool) -> NodeObject:
         self.requests += 1

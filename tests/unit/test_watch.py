@@ -10,8 +10,18 @@ import asyncio
 import threading
 from collections.abc import Iterator
 
+import structlog.testing
+
 from sharing.errors import KubeError
-from sharing.kube import GoneError, NodeObject, UnreachableError, WatchBrokenError, Watched, WatchEvent
+from sharing.kube import (
+    ForbiddenError,
+    GoneError,
+    NodeObject,
+    UnreachableError,
+    WatchBrokenError,
+    Watched,
+    WatchEvent,
+)
 
 
 def node(version: str, **labels: str) -> NodeObject:
@@ -136,6 +146,52 @@ async def test_errors_the_server_answers_back_off_to_the_maximum() -> None:
     assert [0.2, 0.4, 0.8, 1.6, 3.2, 6.4, 12.8, 25.6, 30.0, 30.0] == api.pauses
 
 
+async def test_refusals_right_after_an_outage_are_retried_within_a_second() -> None:
+    """A restarted API server answered the first watches with 403 (its authorizer had not loaded the
+    RBAC objects yet), and the next try came 30 s later, the outage's backoff: a label change then
+    took 28.6 s to apply. Refusals after a connection loss are retried at most a second apart, and
+    the backoff starts again from its minimum."""
+    outage: list[list[WatchEvent] | Exception] = [UnreachableError("connection refused") for _ in range(8)]
+    refused: list[list[WatchEvent] | Exception] = [ForbiddenError("HTTP 403 Forbidden") for _ in range(5)]
+    api = ScriptedApi(gets=[node("1", a="1")], watches=[*outage, *refused, [changed("9", a="2")]])
+    await run(api, changes=2)
+    outage_pauses, refused_pauses = [0.2, 0.4, 0.8, 1.0, 1.0, 1.0, 1.0, 1.0], [0.2, 0.4, 0.8, 1.0, 1.0]
+    assert [*outage_pauses, *refused_pauses] == api.pauses
+
+
+async def test_an_answer_after_an_outage_starts_the_backoff_again() -> None:
+    """Any error the server answers after an outage (a 503 while it starts) backs off from the
+    minimum again, not from where the unanswered attempts left it."""
+    outage: list[list[WatchEvent] | Exception] = [UnreachableError("connection refused") for _ in range(8)]
+    api = ScriptedApi(
+        gets=[node("1", a="1")], watches=[*outage, KubeError("HTTP 503"), [changed("9", a="2")]]
+    )
+    await run(api, changes=2)
+    assert [0.2, 0.4, 0.8, 1.0, 1.0, 1.0, 1.0, 1.0, 0.2] == api.pauses
+
+
+async def test_a_refusal_that_persists_is_said_once_and_backs_off_to_the_maximum() -> None:
+    refused: list[list[WatchEvent] | Exception] = [ForbiddenError("HTTP 403 Forbidden") for _ in range(36)]
+    api = ScriptedApi(gets=[node("1", a="1")], watches=[*refused, [changed("9", a="2")]])
+    with structlog.testing.capture_logs() as logs:
+        await run(api, changes=2)
+    assert [0.2, 0.4, 0.8] + [1.0] * 27 + [30.0] * 6 == api.pauses
+    forbidden = [e for e in logs if e["event"] == "watch_forbidden"]
+    assert 1 == len(forbidden)
+    assert "RBAC" in forbidden[0]["why"]
+
+
+async def test_a_refusal_after_a_working_watch_is_about_permissions() -> None:
+    """No connection loss before it: a 403 means the agent's permissions changed; said at once."""
+    api = ScriptedApi(
+        gets=[node("1", a="1")],
+        watches=[[changed("5", a="2")], ForbiddenError("HTTP 403"), [changed("6", a="3")]],
+    )
+    with structlog.testing.capture_logs() as logs:
+        await run(api, changes=3)
+    assert ["watch_forbidden"] == [e["event"] for e in logs if e["event"].startswith("watch_")]
+
+
 async def test_a_watch_that_worked_before_it_broke_starts_the_backoff_again() -> None:
     served_then_broken: list[list[WatchEvent] | Exception] = [KubeError("HTTP 500") for _ in range(4)]
     api = ScriptedApi(
@@ -168,7 +224,7 @@ async def test_a_broken_stream_resumes_from_the_last_version_after_an_outage() -
         watches=[
             [changed("4", a="2")],
             WatchBrokenError("connection reset"),
-            KubeError("connection refused"),
+            UnreachableError("connection refused"),
             [changed("6", a="3")],
         ],
     )
