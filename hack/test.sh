@@ -1,18 +1,62 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it: lint, format, types, layer contracts, generated files, tests.
-# Every step runs; the script fails when any step fails (pytest's "no tests ran" counts as failure).
-# Extra arguments go to pytest (e.g. `hack/test.sh -k plan`).
+# Every step runs and prints how long it took; the script fails when any step fails (pytest's "no
+# tests ran" counts as failure).
+#
+#   hack/test.sh                 everything (CI runs this)
+#   hack/test.sh --quick         lint, types, contracts, unit and fakedriver tests (for iterating)
+#   hack/test.sh --under-load[=N]
+#                                everything with N CPU-bound processes beside it for the whole run
+#                                (default: one per core); also SHARING_TEST_LOAD=N. A GPU node is
+#                                never idle: a race that shows only under load is a bug.
+#
+# Other arguments go to pytest (`hack/test.sh -k plan`, `hack/test.sh --randomly-seed=N`).
+# SHARING_TEST_TIMEOUT_SCALE stretches every deadline of the tests (tests/deadlines.py); under load
+# it defaults to 3.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
+
+quick=false
+load=${SHARING_TEST_LOAD:-0}
+args=()
+for arg in "$@"; do
+  case $arg in
+    --quick) quick=true ;;
+    --under-load) load=$(nproc) ;;
+    --under-load=*) load=${arg#--under-load=} ;;
+    *) args+=("$arg") ;;
+  esac
+done
+case $load in '' | *[!0-9]*) echo "--under-load=N: N must be a number, not '$load'" >&2; exit 2 ;; esac
+
+started=$SECONDS
+hogs=()
+stop_load() {
+  [ ${#hogs[@]} -gt 0 ] && kill "${hogs[@]}" 2>/dev/null
+  hogs=()
+}
+trap stop_load EXIT
+trap 'stop_load; exit 130' INT TERM
+if [ "$load" -gt 0 ]; then
+  export SHARING_TEST_TIMEOUT_SCALE=${SHARING_TEST_TIMEOUT_SCALE:-3}
+  for _ in $(seq "$load"); do
+    # A CPU-bound loop at normal priority, as a data loader beside the agent is.
+    sh -c 'while :; do :; done' &
+    hogs+=("$!")
+  done
+  echo "==> under load: $load CPU-bound processes beside the tests (deadlines x$SHARING_TEST_TIMEOUT_SCALE)" >&2
+fi
+
 venv=$(hack/venv.sh) || { echo "FAILED: could not create the Python environment" >&2; exit 1; }
 export PATH="$venv/bin:$PATH" PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
 
 failed=()
 step() {
-  local name=$1; shift
+  local name=$1 t0=$SECONDS; shift
   echo "==> $name" >&2
   "$@" || failed+=("$name")
+  echo "<== $name: $((SECONDS - t0)) s" >&2
 }
 
 step "ruff check" ruff check .
@@ -21,28 +65,33 @@ step "mypy --strict" mypy
 step "import contracts" lint-imports --no-cache
 step "generated code" hack/gen-proto.sh --check
 step "generated presets are up to date" python hack/gen-presets.py --check
-# Every Go binary of hack/lab (control plane, kubelet harness, the real node's kubelet, controllers,
-# containerd, helm): built once per machine (~25 minutes cold on 2 cores), then reused from the
-# cache outside the repository.
-bin=""
-step "Go-built binaries" eval 'bin=$(hack/build-go.sh)'
-if [ -n "$bin" ]; then
-  cache=${SHARING_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-sharing}
-  export HELM_CACHE_HOME="$cache/helm/cache" HELM_CONFIG_HOME="$cache/helm/config" HELM_DATA_HOME="$cache/helm/data"
-  chart=deploy/helm/gpu-sharing
-  step "helm lint" "$bin/helm" lint --strict "$chart"
-  step "helm lint (the lab's fake driver, CDI)" "$bin/helm" lint --strict "$chart" \
-    --set driverRoot=/run/nvidia/driver --set driverRootReadOnly=false \
-    --set "deviceListStrategy={envvar,cdi-cri}" --set config.create=true
-  step "deploy/ is the chart's default render" env SHARING_HELM="$bin/helm" python hack/gen-deploy.py --check
+if $quick; then
+  step "pytest (unit, fakedriver)" pytest tests/unit tests/fakedriver --durations=10 "${args[@]}"
+else
+  # Every Go binary of hack/lab (control plane, kubelet harness, the real node's kubelet,
+  # controllers, containerd, helm): built once per machine (about 11 minutes cold on 2 cores), then
+  # reused from the cache outside the repository.
+  bin=""
+  step "Go-built binaries" eval 'bin=$(hack/build-go.sh)'
+  if [ -n "$bin" ]; then
+    cache=${SHARING_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-sharing}
+    export HELM_CACHE_HOME="$cache/helm/cache" HELM_CONFIG_HOME="$cache/helm/config" HELM_DATA_HOME="$cache/helm/data"
+    chart=deploy/helm/gpu-sharing
+    step "helm lint" "$bin/helm" lint --strict "$chart"
+    step "helm lint (the lab's fake driver, CDI)" "$bin/helm" lint --strict "$chart" \
+      --set driverRoot=/run/nvidia/driver --set driverRootReadOnly=false \
+      --set "deviceListStrategy={envvar,cdi-cri}" --set config.create=true
+    step "deploy/ is the chart's default render" env SHARING_HELM="$bin/helm" python hack/gen-deploy.py --check
+  fi
+  # The tests run in a random order (pytest-randomly; the header prints the seed: replay an order
+  # with `hack/test.sh --randomly-seed=N`, keep file order with `-p no:randomly`). With CI=true a
+  # test skipped outside tests/gpu fails (tests/conftest.py): a CI run without root or Go must not
+  # pass as if it had run the harness, e2e and node tests. No test collected (exit code 5) fails too.
+  step "pytest" pytest --durations=30 "${args[@]}"
 fi
-# tests/node runs on a real single-node Kubernetes (hack/lab; needs root): ~2 minutes warm.
-# The tests run in a random order (pytest-randomly; the header prints the seed: replay an order with
-# `hack/test.sh --randomly-seed=N`, keep file order with `-p no:randomly`). With CI=true
-# a test skipped outside tests/gpu fails (tests/conftest.py): a CI run without root or Go must not
-# pass as if it had run the harness, e2e and node tests. No test collected (exit code 5) fails too.
-step "pytest" pytest "$@"
+stop_load
 
+echo "==> $((SECONDS - started)) s in all" >&2
 if [ ${#failed[@]} -gt 0 ]; then
   echo "FAILED: ${failed[*]}" >&2
   exit 1

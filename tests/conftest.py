@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hack"))
 
 import lab
 from lab import images
+from lab.deadlines import scaled
 
 _build_error: Exception | None = None
 _TESTS = Path(__file__).resolve().parent
@@ -62,6 +63,13 @@ def _strict_ci() -> bool:
     return os.environ.get("CI", "").lower() == "true"
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """pytest-timeout's limit per test is for an idle machine too: stretched like every deadline."""
+    if getattr(config, "_env_timeout", None):
+        config._env_timeout = scaled(config._env_timeout)  # type: ignore[attr-defined]
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Build the Go binaries (and, for tests/node, the images) once, before any test runs.
 
@@ -69,6 +77,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     (pytest-timeout); here it does not. Errors are kept and reported by the fixture.
     """
     global _build_error  # noqa: PLW0603
+    for item in items:  # a test's own limit (`@pytest.mark.timeout(N)`) is stretched the same way
+        marker = item.get_closest_marker("timeout")
+        if marker is not None and marker.args:
+            item.add_marker(pytest.mark.timeout(scaled(marker.args[0])), append=False)
     node = any(item.get_closest_marker("node") for item in items)
     if not node and not any(item.get_closest_marker("integration") for item in items):
         return

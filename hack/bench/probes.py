@@ -1,6 +1,6 @@
 """The agent's HTTP port under a flood: does the liveness probe still answer within 1 s?
 
-A real `sharing agent` (simulated GPUs; no API server and no kubelet: it serves what it has after
+A real `sharing agent` (the fake NVIDIA driver; no API server and no kubelet: it serves what it has after
 its 5 s grace), and traffic to 127.0.0.1 only: from 127.0.0.2 (an attacker elsewhere on the pod
 network), `flood_idle` connections kept open that never send a byte (each one the agent closes is
 reopened within REOPEN_EVERY_S) and `flood_rps` requests a second of /metrics; from 127.0.0.1 (the
@@ -22,7 +22,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from bench.procs import free_port, start_agent, stop_process
+from bench.procs import free_port, install_driver, start_agent, stop_process
 from bench.report import Budget, Results, percentile, say
 from sharing.gpu import simstate
 from sharing.mig.catalog import default_catalog
@@ -66,16 +66,16 @@ def bench_probes(tmp: Path, budget: Budget, results: Results) -> None:
 
 def _start(tmp: Path) -> tuple[subprocess.Popen[bytes], int]:
     tmp.mkdir(parents=True, exist_ok=True)
-    sim = tmp / "gpus.json"
+    driver = tmp / "driver"
     catalog = default_catalog()
-    simstate.init_state(sim, [simstate.resolve_product(catalog, "A100-SXM4-40GB")] * 8)
+    simstate.init_state(install_driver(driver), [simstate.resolve_product(catalog, "A100-SXM4-40GB")] * 8)
     kubeconfig = tmp / "kubeconfig"
     kubeconfig.write_text(KUBECONFIG)
     plugin_dir = tmp / "plugins"
     plugin_dir.mkdir()
     port = free_port()
     agent = start_agent(
-        node="bench", kubeconfig=kubeconfig, sim=sim, plugin_dir=plugin_dir,
+        node="bench", kubeconfig=kubeconfig, driver_root=driver, plugin_dir=plugin_dir,
         pod_resources=tmp / "no-kubelet.sock", log=tmp / "agent.log", http_port=port,
     )  # fmt: skip
     return agent, port

@@ -29,6 +29,7 @@ from lab import etcd
 from lab import kubeconfig as kc
 from lab.binaries import Binaries, binaries
 from lab.certs import CA, pem_cert, pem_key, write_pair, write_private
+from lab.deadlines import scaled
 from lab.errors import ClusterError
 from lab.paths import KUBECTL
 from lab.process import PidRecord, Process, free_port, wait_until
@@ -257,7 +258,7 @@ class ControlPlane:
 
     def _wait_apiserver_ready(self) -> None:
         assert self._apiserver is not None
-        deadline = time.monotonic() + START_TIMEOUT
+        deadline = time.monotonic() + scaled(START_TIMEOUT)
         # /readyz includes the RBAC bootstrap post-start hooks.
         for path, what in (
             ("/readyz", "kube-apiserver /readyz"),

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from lab.binaries import binaries
+from lab.deadlines import scaled
 from lab.errors import AdmissionError, ClusterError
 from lab.process import Process, wait_until
 
@@ -97,7 +98,9 @@ class HarnessClient:
         """Wait until ``predicate(reply["resources"])`` is true; return the whole reply.
 
         Uses the harness's long-poll (``?after=<generation>``), so it wakes on each change.
+        ``timeout`` is for an idle machine (`lab.deadlines`).
         """
+        timeout = scaled(timeout)
         deadline = time.monotonic() + timeout
         reply = self.resources()
         while not predicate(reply["resources"]):
@@ -131,7 +134,7 @@ class HarnessClient:
             body["initContainers"] = _containers(init_containers)
         if uid:
             body["uid"] = uid
-        status, reply = self._request("POST", "/pods", body, timeout=120)
+        status, reply = self._request("POST", "/pods", body, timeout=scaled(120))
         if status == 409:
             raise AdmissionError(reply.get("error", ""), reply.get("reason", ""), reply.get("stage", ""))
         if status != 200:
@@ -157,7 +160,7 @@ class HarnessClient:
         With ``learn_later``, PodResources ``List`` names none of the earlier pods until ``learn()``
         (pods admitted since are named), as a starting kubelet's is short until its sync loop has
         received its pods from the API server."""
-        self._ok("POST", "/restart?learn=later" if learn_later else "/restart", timeout=60)
+        self._ok("POST", "/restart?learn=later" if learn_later else "/restart", timeout=scaled(60))
 
     def learn(self) -> None:
         """The restarted kubelet has learned its pods: PodResources lists them again."""

@@ -23,6 +23,7 @@ from lab import components, containerd, driver, packages
 from lab.binaries import Binaries, binaries
 from lab.cgroups import CgroupTree
 from lab.controlplane import ControlPlane, NodeNetwork
+from lab.deadlines import scaled
 from lab.errors import ClusterError
 from lab.netns import Namespaces
 from lab.paths import KUBECTL, cache_dir
@@ -188,6 +189,7 @@ class RealNode:
     def _wait(self, what: str, check: Any, timeout: float = READY_TIMEOUT) -> None:
         """Poll ``check`` until true; fail early, with the kubelet's log, when the kubelet died."""
         record = next(r for r in self.records if r.name == "kubelet")
+        timeout = scaled(timeout)
         deadline = time.monotonic() + timeout
         while not check():
             if not record.alive() or time.monotonic() > deadline:

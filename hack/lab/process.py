@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from lab.deadlines import scaled
 from lab.errors import ClusterError
 
 STOP_TIMEOUT = 20.0
@@ -230,7 +231,9 @@ class Process:
 def wait_until(
     check: Callable[[], bool], proc: Process, what: str, timeout: float, deadline: float | None = None
 ) -> None:
-    """Poll ``check`` with backoff until it is true; fail early if ``proc`` exits."""
+    """Poll ``check`` with backoff until it is true; fail early if ``proc`` exits. ``timeout`` is
+    for an idle machine (`lab.deadlines`); an absolute ``deadline`` is taken as it is."""
+    timeout = scaled(timeout)
     end = deadline if deadline is not None else time.monotonic() + timeout
     delay = 0.05
     while True:

@@ -27,6 +27,7 @@ from typing import Any
 
 import lab
 import pytest
+from lab.deadlines import scaled
 
 from tests.polling import poll
 
@@ -123,7 +124,7 @@ class AgentProcess:
             return 0, str(err)
 
     def wait(self, timeout: float) -> int:
-        return self.process.wait(timeout)
+        return self.process.wait(scaled(timeout))
 
     def stop(self) -> None:
         if self.process.poll() is None:

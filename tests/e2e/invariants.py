@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from lab.deadlines import scaled
 
 from sharing.kubelet.api import podresources_v1_pb2 as podresources
 from sharing.kubelet.api import podresources_v1_pb2_grpc as podresources_grpc
@@ -94,6 +95,7 @@ def allocatable(socket: Path, timeout: float = 10) -> dict[str, set[str]]:
     The kubelet limits PodResources to 100 requests/s (bursts of 10) for all its clients together;
     a request it turns away is asked again a moment later, until `timeout`.
     """
+    timeout = scaled(timeout)
     deadline = time.monotonic() + timeout
     with grpc.insecure_channel(f"unix://{socket}") as channel:
         stub = podresources_grpc.PodResourcesListerStub(channel)  # type: ignore[no-untyped-call]

@@ -26,7 +26,11 @@ and all processes stopped, and the node must converge: state `success`, the hard
 the selected config says, and the kubelet offering exactly the devices the test computes from the
 config and the hardware (and the Node's allocatable saying so).
 
-Replay a run with `SHARING_SOAK_SEED=<seed> SHARING_SOAK_STEPS=<n> pytest tests/e2e/test_soak.py`.
+Each seed of SEEDS walks with LOAD CPU-bound processes beside it (one per core; a GPU node runs data
+loaders beside the agent, and a race that shows only under load is a bug of the product), deadlines
+stretched as `hack/test.sh --under-load` stretches them. A run that breaks an invariant prints its
+replay line: `SHARING_SOAK_SEED=<seed> SHARING_SOAK_STEPS=<n> SHARING_SOAK_LOAD=<n> pytest
+tests/e2e/test_soak.py`.
 The seed fixes every choice the walk makes, but choices are made from what the node offers at that
 moment (resources, pods, devices), and how far the agent got between two steps depends on timing:
 two runs of a seed start alike and may drift apart where the agent was slower or faster.
@@ -38,6 +42,7 @@ import contextlib
 import os
 import random
 import signal
+import subprocess
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -45,6 +50,8 @@ from dataclasses import dataclass, field
 
 import lab
 import pytest
+from lab import deadlines
+from lab.deadlines import scaled
 
 from sharing.gpu import simstate
 from tests.e2e.conftest import GpuNode
@@ -63,8 +70,12 @@ from tests.e2e.wanted import (
 
 pytestmark = pytest.mark.integration
 
-SEED = int(os.environ.get("SHARING_SOAK_SEED", "1111"))
+SEEDS = (int(os.environ["SHARING_SOAK_SEED"]),) if os.environ.get("SHARING_SOAK_SEED") else (1111, 2718)
+"""1111: the walk that found replicas of GPUs in MIG mode offered after a kubelet restart (step 131)."""
 STEPS = int(os.environ.get("SHARING_SOAK_STEPS", "200"))
+LOAD = int(os.environ.get("SHARING_SOAK_LOAD", str(os.cpu_count() or 2)))
+LOADED_SCALE = "3"
+"""The deadline factor under that load (`lab.deadlines`), as `hack/test.sh --under-load` sets it."""
 CHECKPOINT_EVERY = 25
 CONVERGE_TIMEOUT_S = 25.0
 """Measured 1-6 s (seeds 1111, 2-10); a device counted as held for 30 s after its pod had gone failed it."""
@@ -91,8 +102,10 @@ class Soak:
     """The walk: its choices, what it has done to the node, and what the node should be."""
 
     node: GpuNode
-    rng: random.Random
+    seed: int
+    load: int
     log: Callable[[str], None]
+    rng: random.Random = field(init=False)
     label: str = ""
     edit: Wanted | None = EDITS[0]
     busy: dict[str, str] = field(default_factory=dict)
@@ -103,6 +116,15 @@ class Soak:
     """The agent running now was started to crash at its n-th hardware change."""
     unlearned: bool = False
     """The kubelet restarted and has not learned its pods yet: its PodResources List names none."""
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.seed)
+
+    def replay(self) -> str:
+        return (
+            f"replay: SHARING_SOAK_SEED={self.seed} SHARING_SOAK_STEPS={STEPS} SHARING_SOAK_LOAD={self.load}"
+            " pytest tests/e2e/test_soak.py"
+        )
 
     # --- what the node should be ----------------------------------------------------------------
 
@@ -157,7 +179,9 @@ class Soak:
         problems = violations(hw, offered, pods, self.busy)
         self.stats["checks"] += 1
         assert not problems, (
-            f"step {self.step} ({what}) broke the invariants:\n  " + "\n  ".join(problems) + f"\n{replay()}"
+            f"step {self.step} ({what}) broke the invariants:\n  "
+            + "\n  ".join(problems)
+            + f"\n{self.replay()}"
         )
 
     # --- the actions ------------------------------------------------------------------------------
@@ -306,13 +330,13 @@ class Soak:
             self.label = self.rng.choice([w.name for w in (*PRESETS, *OWN)])
             self.node.label(self.label)
         self.revive()
-        start = time.monotonic()
+        start, limit = time.monotonic(), scaled(CONVERGE_TIMEOUT_S)
         problems = self.convergence_problems(node_too=True)
         while problems:
-            assert time.monotonic() - start < CONVERGE_TIMEOUT_S, (
-                f"{why}: the node did not converge to {self.label} within {CONVERGE_TIMEOUT_S:.0f} s:\n  "
+            assert time.monotonic() - start < limit, (
+                f"{why}: the node did not converge to {self.label} within {limit:.0f} s:\n  "
                 + "\n  ".join(problems)
-                + f"\n{replay()}"
+                + f"\n{self.replay()}"
             )
             time.sleep(0.1)  # polling the node's real state, with a deadline
             self.revive()
@@ -328,27 +352,49 @@ class Soak:
         if agent.poll() is None:
             return
         why = f"step {self.step}: the agent exited by itself ({agent.returncode}); see {self.node.agent.log}"
-        assert self.armed, f"{why}\n{replay()}"
-        assert 137 == agent.returncode, f"{why}\n{replay()}"
+        assert self.armed, f"{why}\n{self.replay()}"
+        assert 137 == agent.returncode, f"{why}\n{self.replay()}"
         self.stats["crashes"] += 1
         self.log(f"the armed agent crashed as planned ({agent.returncode}); starting a new one")
         self.node.start_agent()
         self.armed = False
 
 
-def replay() -> str:
-    return f"replay: SHARING_SOAK_SEED={SEED} SHARING_SOAK_STEPS={STEPS} pytest tests/e2e/test_soak.py"
+@contextlib.contextmanager
+def cpu_load(n: int) -> Iterator[None]:
+    """`n` CPU-bound processes at normal priority for the block (none when the whole run already
+    has load beside it: `hack/test.sh --under-load`)."""
+    if os.environ.get("SHARING_TEST_LOAD") not in (None, "", "0"):
+        yield
+        return
+    hogs = [subprocess.Popen(["sh", "-c", "while :; do :; done"]) for _ in range(n)]
+    try:
+        yield
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
 
 
-@pytest.fixture
-def soak(gpu_node: GpuNode, capsys: pytest.CaptureFixture[str]) -> Iterator[Soak]:
+@pytest.fixture(params=SEEDS, ids=lambda seed: f"seed{seed}")
+def soak(
+    request: pytest.FixtureRequest,
+    gpu_node: GpuNode,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[Soak]:
+    walk = Soak(gpu_node, request.param, LOAD, print)
     with capsys.disabled():
-        print(f"\nsoak: seed {SEED}, {STEPS} steps ({replay()})")
-    walk = Soak(gpu_node, random.Random(SEED), print)
+        print(
+            f"\nsoak: seed {walk.seed}, {STEPS} steps, {LOAD} CPU-bound processes beside it ({walk.replay()})"
+        )
     for want in OWN:
         gpu_node.put_config(want.render(), name=want.name)
     gpu_node.put_config(EDITS[0].render() if EDITS[0] else BROKEN, name=EDITED)
-    yield walk
+    if LOAD and not os.environ.get(deadlines.ENV):
+        monkeypatch.setenv(deadlines.ENV, LOADED_SCALE)
+    with cpu_load(LOAD):
+        yield walk
     for pod in gpu_node.kubelet.pods():
         gpu_node.kubelet.delete_pod(pod["uid"])
 
@@ -383,7 +429,7 @@ def test_randomized_soak(soak: Soak, capsys: pytest.CaptureFixture[str]) -> None
     took = time.monotonic() - started
     summary = ", ".join(f"{k} {v}" for k, v in sorted(soak.stats.items()))
     with capsys.disabled():
-        print(f"soak: seed {SEED}, {STEPS} steps in {took:.0f} s: {summary}")
+        print(f"soak: seed {soak.seed}, {STEPS} steps in {took:.0f} s: {summary}")
     if STEPS >= 200:  # a walk this long that never did one of these is not the soak it claims to be
         done_all = ("admitted", "deleted", "relabels", "edits", "kills", "kubelet_restarts_short", "busy")
         for done in done_all:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from lab.deadlines import scaled
 
 from sharing import agent as agent_module
 from sharing.agent import Agent
@@ -153,7 +154,7 @@ async def test_parsing_a_configmap_never_blocks_the_grpc_servers(
             api.ContainerAllocateRequest(devices_ids=[sorted(running.kubelet.devices(GPU))[0]])
         ]
     )
-    reply = await asyncio.wait_for(running.kubelet.plugin(GPU).Allocate(request), 5)
+    reply = await asyncio.wait_for(running.kubelet.plugin(GPU).Allocate(request), scaled(5))
     assert reply.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"].startswith("GPU-")
     release.set()
     await running.kubelet.wait(lambda: running.kubelet.allocatable() == {GPU: 3}, timeout=10)

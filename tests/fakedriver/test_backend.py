@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
+from lab.deadlines import scaled
 
 from sharing.errors import BackendError
 from sharing.gpu import open_backend, simstate
@@ -281,7 +282,7 @@ async def test_health_events(backend: NvmlBackend, gpus: Path) -> None:
     simstate.inject_xid(state, mig, 13)  # an application error: ignored
     simstate.inject_xid(state, mig, 94)
     simstate.inject_xid(state, a100, 79)
-    got = [await asyncio.wait_for(first, 5), await asyncio.wait_for(anext(events), 5)]
+    got = [await asyncio.wait_for(first, scaled(5)), await asyncio.wait_for(anext(events), scaled(5))]
     await events.aclose()
     assert got == [
         HealthEvent(a100, healthy=False, xid=94, mig_uuid=mig),

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import lab
 import pytest
+from lab.deadlines import scaled
 
 from sharing.kube import ApiClient, watch_pool_claims
 from sharing.kube.api import PendingClaim, PoolClaims
@@ -139,7 +140,7 @@ async def test_the_watched_view_follows_an_allocation_and_a_deletion(control_pla
                 await changed.wait()
 
         try:
-            return await asyncio.wait_for(seen(), 30)
+            return await asyncio.wait_for(seen(), scaled(30))
         except TimeoutError:
             raise AssertionError(f"{what} not seen within 30 s; last: {watched.current}") from None
 

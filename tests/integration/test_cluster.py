@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -11,21 +10,11 @@ from typing import Any
 import lab
 import pytest
 
+from tests.polling import poll
+
 pytestmark = pytest.mark.integration
 
 DEV = "example.com/dev"
-
-
-def wait_for(cond: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Poll ``cond`` until it returns something truthy, with a deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.1)
 
 
 def kubectl_json(cp: lab.ControlPlane, *args: str) -> Any:
@@ -93,10 +82,11 @@ def test_rbac_applies_to_service_account_tokens(control_plane: lab.ControlPlane)
         r = cp.kubectl(*args)
         assert r.returncode == 0, r.stderr
     # The RBAC authorizer reads bindings from an informer: allow it a moment.
-    wait_for(
-        lambda: cp.kubectl("-n", ns, "get", "secrets", kubeconfig=reader).returncode == 0,
-        10,
+    poll(
         "the RoleBinding to take effect",
+        lambda: cp.kubectl("-n", ns, "get", "secrets", kubeconfig=reader).returncode == 0,
+        bool,
+        10,
     )
 
 
@@ -124,15 +114,16 @@ def test_harness_starts_with_kubelet_socket(kubelet: lab.KubeletHarness) -> None
 
 def test_harness_registers_a_ready_node(control_plane: lab.ControlPlane, kubelet: lab.KubeletHarness) -> None:
     assert kubelet.node_name
-    node = wait_for(lambda: node_or_none(control_plane, kubelet.node_name or ""), 10, "the Node")
-    node = wait_for(
+    node = poll("the Node", lambda: node_or_none(control_plane, kubelet.node_name or ""), bool, 10)
+    node = poll(
+        "the Node status",
         lambda: (
             (n := node_or_none(control_plane, kubelet.node_name or ""))
             and n["status"].get("conditions")
             and n
         ),
+        bool,
         10,
-        "the Node status",
     )
     ready = {c["type"]: c["status"] for c in node["status"]["conditions"]}
     assert ready["Ready"] == "True"
@@ -152,16 +143,16 @@ def test_device_capacity_reaches_node_status(
     def node_has(capacity: str, allocatable: str) -> bool:
         return node_counts(control_plane, kubelet.node_name) == (capacity, allocatable)
 
-    wait_for(lambda: node_has("3", "2"), 10, "Node capacity 3 / allocatable 2")
+    poll("Node capacity 3 / allocatable 2", lambda: node_has("3", "2"), bool, 10)
 
     plugin.set_devices(["Dev-1"])
     kubelet.wait_resources(lambda r: dev(r).get("capacity") == 1 and dev(r).get("allocatable") == 1)
-    wait_for(lambda: node_has("1", "1"), 10, "Node capacity 1 / allocatable 1")
+    poll("Node capacity 1 / allocatable 1", lambda: node_has("1", "1"), bool, 10)
 
     # Plugin gone: the kubelet keeps capacity (grace period) and drops allocatable to 0.
     plugin.stop()
     kubelet.wait_resources(lambda r: dev(r).get("capacity") == 1 and dev(r).get("allocatable") == 0)
-    wait_for(lambda: node_has("1", "0"), 10, "Node allocatable 0 after the plugin stopped")
+    poll("Node allocatable 0 after the plugin stopped", lambda: node_has("1", "0"), bool, 10)
 
 
 def test_admission_drives_preferred_allocation_and_allocate(
@@ -241,10 +232,10 @@ def test_node_status_sync_survives_apiserver_restart(
     make_stub_plugin: Callable[..., lab.StubDevicePlugin],
 ) -> None:
     plugin = make_stub_plugin(kubelet.device_plugin_dir, DEV, ["Dev-1"])
-    wait_for(lambda: node_counts(control_plane, kubelet.node_name) == ("1", "1"), 10, "Node count 1")
+    poll("Node count 1", lambda: node_counts(control_plane, kubelet.node_name) == ("1", "1"), bool, 10)
     control_plane.restart_apiserver()
     plugin.set_devices(["Dev-1", "Dev-2"])
-    wait_for(lambda: node_counts(control_plane, kubelet.node_name) == ("2", "2"), 15, "Node count 2")
+    poll("Node count 2", lambda: node_counts(control_plane, kubelet.node_name) == ("2", "2"), bool, 15)
 
 
 def test_failed_start_reports_the_log_tail(cluster_binaries: lab.Binaries) -> None:

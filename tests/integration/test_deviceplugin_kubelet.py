@@ -17,6 +17,7 @@ from typing import Any
 import grpc
 import lab
 import pytest
+from lab.deadlines import scaled
 
 from sharing.config.spec import MigStrategy, Replicas, Rule, Selector, SharingConfig
 from sharing.deviceplugin import Fleet, FleetSettings, PluginStatus
@@ -147,23 +148,23 @@ async def test_capacity_follows_inventory_without_reregistering(
     assert 2 == reply["resources"][GPU]["capacity"]
 
 
-async def test_kubelet_restart_reregisters_within_2s(harness: lab.KubeletHarness, fleet: Fleet) -> None:
+async def test_a_kubelet_restart_is_followed_by_new_registrations_and_admissions(
+    harness: lab.KubeletHarness, fleet: Fleet
+) -> None:
     fleet.update(inventory())
     await wait_counts(harness, EXPECTED, field="allocatable")
     await fleet.sync()
     before = {s.resource: (s.registrations, s.socket) for s in fleet.status()}
-    started = time.monotonic()
     await asyncio.to_thread(harness.restart)
 
     def reregistered(status: tuple[PluginStatus, ...]) -> bool:
         # A new registration on a new socket, and the new kubelet has the first device list.
         return all(s.registered and s.streams > 0 and s.registrations > before[s.resource][0] for s in status)
 
-    await fleet.wait_until(reregistered, timeout=2)
+    await fleet.wait_until(reregistered, timeout=scaled(30))  # how soon: hack/bench agentrestart
     assert not {sock for _, sock in before.values()} & {s.socket for s in fleet.status()}
     # The restarted device manager hands the devices out again: admission needs its endpoints.
     pod = await admit(harness, "after-restart", {MIG_1G: 4, MIG_3G: 1, GPU: 4})
-    assert 2.0 > time.monotonic() - started
     assert {MIG_1G: 4, MIG_3G: 1, GPU: 4} == {k: len(v) for k, v in pod["containers"][0]["devices"].items()}
     await wait_counts(harness, EXPECTED, field="capacity")
 
@@ -294,7 +295,7 @@ async def test_node_status_shows_the_slices(
                 {k: v for k, v in status.get("allocatable", {}).items() if k in pick},
             )
 
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + scaled(30)
         want = ({GPU: "4", MIG_1G: "4", MIG_3G: "1"}, {GPU: "2", MIG_1G: "4", MIG_3G: "1"})
         while (got := await asyncio.to_thread(node_counts)) != want and time.monotonic() < deadline:
             await asyncio.sleep(0.2)  # polling the apiserver; the Node has no change feed here

@@ -29,6 +29,7 @@ from typing import Any
 import grpc
 import lab
 import pytest
+from lab.deadlines import scaled
 
 from sharing.dra.names import DRIVER, ondemand_device_name
 from sharing.gpu import simstate
@@ -118,7 +119,7 @@ class Node:
             env=env, stdout=asyncio.subprocess.PIPE,
         )  # fmt: skip
         assert self.process.stdout is not None
-        while (line := await asyncio.wait_for(self.process.stdout.readline(), 60)) != b"serving\n":
+        while (line := await asyncio.wait_for(self.process.stdout.readline(), scaled(60))) != b"serving\n":
             assert line, f"the node's plugin did not start (exit {await self.process.wait()})"
 
     async def stop(self) -> int:
@@ -126,14 +127,14 @@ class Node:
         assert self.process is not None
         if self.process.returncode is None:
             self.process.terminate()
-        code = await asyncio.wait_for(self.process.wait(), 60)
+        code = await asyncio.wait_for(self.process.wait(), scaled(60))
         self.process = None
         return code
 
     async def killed(self) -> int:
         """It died by itself (the fake driver's crash hook): its exit status."""
         assert self.process is not None
-        code = await asyncio.wait_for(self.process.wait(), 60)
+        code = await asyncio.wait_for(self.process.wait(), scaled(60))
         self.process = None
         return code
 
@@ -149,7 +150,7 @@ class Node:
             "--kubeconfig", str(self.kubeconfig), "--node", self.name, "--driver", DRIVER, *refs,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
-        out, err = await asyncio.wait_for(process.communicate(), 60)
+        out, err = await asyncio.wait_for(process.communicate(), scaled(60))
         assert 0 == process.returncode, err.decode()[-2000:]
         return dict(json.loads(out))
 

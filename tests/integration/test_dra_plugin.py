@@ -23,6 +23,7 @@ from typing import Any
 import grpc
 import lab
 import pytest
+from lab.deadlines import scaled
 
 from sharing.config.spec import MigStrategy, Replicas, Rule, Selector, SharingConfig
 from sharing.devices.inventory import HealthState, Inventory, build_inventory
@@ -269,7 +270,7 @@ async def dra_kubelet(cp: lab.ControlPlane, setup: Setup, *args: str) -> dict[st
         "--kubeconfig", str(cp.kubeconfig), "--node", setup.node_name, "--driver", DRIVER, *args,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
-    out, err = await asyncio.wait_for(process.communicate(), 60)
+    out, err = await asyncio.wait_for(process.communicate(), scaled(60))
     assert 0 == process.returncode, err.decode()[-2000:]
     return dict(json.loads(out))
 
@@ -513,7 +514,7 @@ async def test_health_streams_every_device_and_follows_the_overlay(setup: Setup,
         )
 
         async def next_list() -> dict[str, int]:
-            answer = await asyncio.wait_for(stream.read(), 10)
+            answer = await asyncio.wait_for(stream.read(), scaled(10))
             assert {setup.node_name} == {d.device.pool_name for d in answer.devices}
             return {d.device.device_name: d.health for d in answer.devices}
 

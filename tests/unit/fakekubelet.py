@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+from lab.deadlines import scaled
 
 from sharing.kubelet.api import deviceplugin_v1beta1_pb2 as api
 from sharing.kubelet.api import deviceplugin_v1beta1_pb2_grpc as api_grpc
@@ -121,6 +122,7 @@ class FakeKubelet:
 
     async def wait(self, predicate: Callable[[], bool], timeout: float = 5.0) -> None:
         """Wait until predicate() holds after some change (TimeoutError with the state if not)."""
+        timeout = scaled(timeout)
         try:
             async with asyncio.timeout(timeout), self._changed:
                 await self._changed.wait_for(predicate)
