@@ -194,7 +194,10 @@ class Agent:
             await asyncio.gather(*self._tasks, return_exceptions=True)
             if http is not None:
                 await http.stop()
-            await self._stop_frontend(self.serving)
+            if self.serving is Frontend.DRA and self.dra is not None:
+                await self.dra.leave()
+            else:
+                await self._stop_frontend(self.serving)
             await self.backend.close()
             serving.close()
             log.info("agent_stopped")

@@ -1,6 +1,7 @@
 """``python hack/bench``: run the benchmarks, print the table, optionally write the figures as JSON.
 
-    $(hack/venv.sh)/bin/python hack/bench [--quick] [--json PATH] [--fleet N] [--only PART,...] [--seed N]
+    $(hack/venv.sh)/bin/python hack/bench [--quick | --smoke] [--json PATH] [--fleet N] [--only PART,...]
+                                          [--seed N]
 
 Parts, in order: planner, hostile (parsing hostile ConfigMap keys), mutations, listandwatch,
 cluster (startup, reconcile, configmap, allocate, idle, preferred, restart: the API server's),
@@ -51,7 +52,7 @@ from bench import (
     trace,
 )
 from bench.cluster import Cluster, running_cluster
-from bench.report import FULL, QUICK, Budget, Results, as_json, machine, print_table, say
+from bench.report import FULL, QUICK, SMOKE, Budget, Results, as_json, machine, print_table, say
 
 PARTS = (
     "planner",
@@ -118,8 +119,12 @@ def run(name: str, part: Callable[[], None], results: Results) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench", description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--json", type=Path, metavar="PATH", help="write the figures as one JSON object")
-    parser.add_argument(
-        "--quick", action="store_true", help="fewer runs and samples, a fleet of 10 (< 3 minutes)"
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="fewer runs and samples, a fleet of 10")
+    size.add_argument(
+        "--smoke",
+        action="store_true",
+        help="every part with a sample or two and a short trace: that nothing is broken (CI), no figures",
     )
     parser.add_argument(
         "--fleet", type=int, metavar="N", help="nodes in the fleet (default 100, --quick 10; 0: none)"
@@ -131,7 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--quick: the first)",
     )  # fmt: skip
     args = parser.parse_args(argv)
-    seeds = tuple(args.seed) if args.seed else trace.DEFAULT_SEEDS[: 1 if args.quick else None]
+    seeds = tuple(args.seed) if args.seed else trace.DEFAULT_SEEDS[: 1 if args.quick or args.smoke else None]
     only = set(args.only.split(",")) if args.only else set(PARTS)
     if only - set(PARTS):
         parser.error(
@@ -144,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, terminate)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started with SIGINT ignored
-    budget = QUICK if args.quick else FULL
+    budget = SMOKE if args.smoke else QUICK if args.quick else FULL
     nodes = budget.fleet_nodes if args.fleet is None else args.fleet
     results = Results()
     started, load_start = time.monotonic(), os.getloadavg()
@@ -164,7 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ("fleet", lambda: fleet.bench_fleet(nodes, budget, results) if nodes else None),
             ("probes", lambda: probes.bench_probes(tmp / "probes", budget, results)),
             ("resourceslices", lambda: resourceslices.bench_resourceslices(tmp / "slices", budget, results)),
-            ("trace", lambda: trace.bench_trace(tmp / "trace", results, seeds)),
+            ("trace", lambda: trace.bench_trace(tmp / "trace", results, seeds, pods=budget.trace_pods)),
         ]
         try:
             for name, part in parts:
@@ -173,7 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except KeyboardInterrupt:
             say("interrupted: stopping everything")
             return 130
-    info = machine(args.quick, results, started, load_start)
+    info = machine(args.quick or args.smoke, results, started, load_start)
     print_table(results, info)
     if args.json:
         args.json.write_text(json.dumps(as_json(results, info), indent=2) + "\n")

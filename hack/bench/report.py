@@ -122,6 +122,7 @@ class Budget:
     flood_window_s: float = 20.0
     slice_runs: int = 3
     slice_changes: int = 20
+    trace_pods: int = 120
 
 
 FULL = Budget(
@@ -136,6 +137,15 @@ QUICK = Budget(
     listandwatch_flips=12, startup_runs=2, idle_runs=1, idle_window_s=20, pod_starts=3,
     label_changes=3, fleet_nodes=10, fleet_edits=1, fleet_idle_s=10, restart_runs=1, flood_window_s=8,
 )  # fmt: skip
+SMOKE = Budget(
+    plan_runs=1, reconcile_runs=1, reconcile_changes=2, configmap_runs=1, configmap_flips=2,
+    allocate_runs=1, allocate_pods=20, preferred_runs=1, preferred_pods=20, listandwatch_runs=1,
+    listandwatch_flips=2, startup_runs=1, idle_runs=1, idle_window_s=3, pod_starts=1,
+    label_changes=1, fleet_nodes=2, fleet_edits=1, fleet_idle_s=2, restart_runs=1, flood_idle=50,
+    flood_rps=20, flood_window_s=2, slice_runs=1, slice_changes=2, trace_pods=12,
+)  # fmt: skip
+"""Every part with a sample or two (`--smoke`): CI runs it so that no part rots unseen; its figures
+mean nothing."""
 
 
 def percentile(samples: Sequence[float], q: float) -> float:

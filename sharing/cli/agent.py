@@ -81,6 +81,7 @@ async def _serve(config: settings.Settings) -> None:
             # The rollout's journal file: its lock keeps a prepare's instance step and a GPU change apart.
             ondemand=OnDemand(backend, Journal(config.journal)),
             gpu_health=lambda: fleet.health,
+            kubelet_socket=fleet.settings.kubelet_socket,
         )
     agent = Agent(
         config,

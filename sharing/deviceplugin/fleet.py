@@ -35,12 +35,11 @@ from sharing.deviceplugin.plugin import PluginServer
 from sharing.deviceplugin.service import Handouts
 from sharing.devices import APPLICATION_XIDS, ENVVAR_BY_UUID, HealthState, Injection, Inventory, with_health
 from sharing.errors import PluginError
+from sharing.kubelet.restarts import SocketId, socket_identity
 from sharing.model import HealthEvent
 
 DEFAULT_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 log = structlog.get_logger(__name__)
-
-SocketId = tuple[int, int, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +127,7 @@ class Fleet:
         """Start the worker and the kubelet watcher."""
         if not self._tasks:
             _remove_stale_sockets(self.settings.plugin_dir, self.settings.socket_prefix)
-            self._kubelet = _identity(self.settings.kubelet_socket)
+            self._kubelet = socket_identity(self.settings.kubelet_socket)
             self._tasks = [
                 asyncio.create_task(self._work(), name="fleet-worker"),
                 asyncio.create_task(self._watch_kubelet(), name="fleet-kubelet-watch"),
@@ -259,7 +258,7 @@ class Fleet:
             await gone.server.stop()
             self._errors.pop(name, None)
             log.info("plugin_removed", resource=name)
-        kubelet = _identity(self.settings.kubelet_socket)
+        kubelet = socket_identity(self.settings.kubelet_socket)
         for name, devices in resources.items():
             plugin = self._plugins.get(name)
             if plugin is None:
@@ -291,7 +290,7 @@ class Fleet:
             # older one made a second registration with the same kubelet, whose first stream then
             # ended after the second Register: the kubelet dropped the second (see wait_streaming).
             # Had a kubelet replaced since answered, its start removed our socket: we register again.
-            kubelet = _identity(self.settings.kubelet_socket)
+            kubelet = socket_identity(self.settings.kubelet_socket)
             plugin.registered_at = loop.time()
             await plugin.server.wait_streaming(self.settings.stream_timeout_s)
         except PluginError as err:
@@ -350,7 +349,7 @@ class Fleet:
                 async with asyncio.timeout(self._poll_interval()):
                     await self._unsettled.wait()
             self._unsettled.clear()
-            kubelet = _identity(path)
+            kubelet = socket_identity(path)
             if kubelet != self._kubelet:
                 log.info("kubelet_socket_changed", present=kubelet is not None)
                 self._kubelet = kubelet
@@ -378,14 +377,6 @@ def _remove_stale_sockets(plugin_dir: Path, prefix: str) -> None:
             path.unlink()
     if names:
         log.info("stale_sockets_removed", count=len(names), dir=str(plugin_dir))
-
-
-def _identity(path: Path | str) -> SocketId | None:
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return None
-    return (st.st_dev, st.st_ino, st.st_ctime_ns)
 
 
 def _vanished(socket: Path | None) -> bool:

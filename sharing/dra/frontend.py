@@ -13,6 +13,12 @@ watched (`sharing.kube.watch_pool_claims`) and the slices re-built when the devi
 the pool change. The plugin makes the instance of an on-demand device at prepare and destroys it at
 unprepare (`sharing.dra.ondemand`); the GPUs are read again after each, and every `resync_s` for
 instances made or destroyed by someone else. A stale order is still safe, only less good.
+
+The pool adds no device until the kubelet has confirmed the plugin's registration
+(`SlicePublisher.hold_additions`): a pod placed on a device of a driver the kubelet does not know
+yet fails to start and waits out the kubelet's retry. So it is at every start of the agent, and
+again when the kubelet restarts (its kubelet.sock is new; the kubelet wipes the node's slices and
+registers the plugins it finds again), unless the new kubelet has already confirmed it.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from sharing.dra.holds import ClaimHold
 from sharing.dra.names import DRIVER
 from sharing.dra.ondemand import OnDemand
 from sharing.dra.partitions import partitionable_slices, pool, withdrawn_static
-from sharing.dra.plugin import DraPaths, DraPlugin
+from sharing.dra.plugin import DraPaths, DraPlugin, Registration, others_serving
 from sharing.dra.prepare import Recorder
 from sharing.dra.slices import build_slices
 from sharing.errors import SharingError
@@ -39,6 +45,7 @@ from sharing.gpu.devfiles import DeviceFiles
 from sharing.kube import KubeClient, Watched, watch_pool_claims
 from sharing.kube.api import PoolClaims, SliceSpec
 from sharing.kube.resourceslices import SlicePublisher
+from sharing.kubelet.restarts import SocketId, socket_identity
 from sharing.mig import Catalog
 from sharing.model import NodeState
 from sharing.text import bounded
@@ -66,6 +73,8 @@ class DraFrontEnd:
         gpu_health: Callable[[], HealthState] | None = None,
         resync_s: float = 10.0,
         watch_timeout_s: int = 300,
+        kubelet_socket: Path | None = None,
+        kubelet_poll_s: float = 1.0,
     ) -> None:
         self.kube = kube
         self._gpu_health = gpu_health
@@ -99,31 +108,64 @@ class DraFrontEnd:
             ondemand=ondemand,
             gpu_health=gpu_health,
             prepared_changed=self._wake.set,
+            on_registration=self._registration,
         )
         self.publisher = SlicePublisher(kube, node_name, DRIVER)
         self._task: asyncio.Task[None] | None = None
         self._allocations: asyncio.Task[None] | None = None
+        self._kubelet_watch: asyncio.Task[None] | None = None
+        self._kubelet_socket = kubelet_socket
+        """The kubelet's device-plugin kubelet.sock: made anew at each kubelet start."""
+        self._kubelet_poll_s = kubelet_poll_s
+        self._confirmed_by: SocketId | None = None
+        """The kubelet (its kubelet.sock) that last confirmed the registration (None: none since start)."""
         self._problem = ""
 
     async def start(self) -> None:
         """Serve the plugin's sockets and keep the slices as wanted (re-published after a wipe)."""
         if self._task is None:
+            self.publisher.hold_additions = True  # until the kubelet confirms the registration
+            self._confirmed_by = None
             await self.plugin.start()
             self._task = asyncio.create_task(self.publisher.run(), name="resourceslices")
             self._allocations = asyncio.create_task(self._follow_allocations(), name="dra-allocations")
+            if self._kubelet_socket is not None:
+                self._kubelet_watch = asyncio.create_task(self._watch_kubelet(), name="dra-kubelet")
             self._follow_claims(bool(self.inventory.dynamic))
 
     async def stop(self) -> None:
         """Unregister and stop serving; the slices stay until `withdraw`."""
-        for task in (self._task, self._allocations):
+        for task in (self._task, self._allocations, self._kubelet_watch):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        self._task = self._allocations = None
+        self._task = self._allocations = self._kubelet_watch = None
         self._follow_claims(False)
         if self.plugin.serving:
             await self.plugin.stop()
+
+    async def leave(self, timeout_s: float = 5.0) -> None:
+        """The agent is going: delete the pool, unless another instance of the driver serves the node,
+        then stop. Until the next agent's registration nothing can be prepared here, and a pod placed
+        on the pool meanwhile would wait for the kubelet's pod resync (a minute: a failed prepare is
+        no sync error, k8s.io/kubernetes pkg/kubelet/kuberuntime/kuberuntime_manager.go SyncPod);
+        unscheduled, it is placed as soon as the next agent publishes. A killed agent cannot do this:
+        the kubelet deletes the pool 30 s after the driver is gone."""
+        serving = await asyncio.to_thread(others_serving, self.plugin.paths)
+        if serving:
+            log.info("dra_pool_left_to_another_instance", registration=str(serving[0]))
+        elif self._task is not None:
+            try:
+                async with asyncio.timeout(timeout_s):
+                    problem = await self.withdraw()
+            except TimeoutError:
+                problem = f"no answer within {timeout_s:g} s"
+            if problem:
+                log.warning("dra_pool_not_withdrawn", error=bounded(problem))
+            else:
+                log.info("dra_pool_withdrawn", why="the agent stops")
+        await self.stop()
 
     async def publish(self, inventory: Inventory, node: NodeState) -> str:
         """Offer exactly `inventory` in the pool's slices; "" once the API server holds them."""
@@ -153,6 +195,33 @@ class DraFrontEnd:
                 unhealthy=self._gpu_health().unhealthy_gpus if self._gpu_health is not None else (),
             ),
         )
+
+    def _registration(self, registered: bool) -> None:
+        """The kubelet's word on a registration: devices are added to the pool once it uses the plugin."""
+        if registered:
+            if self._kubelet_socket is not None:
+                self._confirmed_by = socket_identity(self._kubelet_socket)
+            if self.publisher.hold_additions:
+                log.info("dra_pool_additions_released", why="the kubelet confirmed the plugin's registration")
+            self.publisher.release()
+        else:
+            self.publisher.hold_additions = True
+
+    async def _watch_kubelet(self) -> None:
+        """Hold additions again when the kubelet restarts, until it confirms the registration again."""
+        assert self._kubelet_socket is not None
+        path = str(self._kubelet_socket)
+        seen = socket_identity(path)
+        while True:
+            await asyncio.sleep(self._kubelet_poll_s)
+            now = socket_identity(path)
+            if now == seen:
+                continue
+            seen = now
+            if now != self._confirmed_by:  # a new kubelet, which has not confirmed the registration yet
+                log.info("dra_pool_additions_held", why="the kubelet restarted; waiting for its registration")
+                self.publisher.hold_additions = True
+                self.plugin.registration = Registration()
 
     def _follow_claims(self, on: bool) -> None:
         """Watch the ResourceClaims while the node has a dynamic GPU, and only then."""

@@ -47,10 +47,25 @@ it (k8s.io/dynamic-resource-allocation v0.36.3 kubeletplugin/draplugin.go) and t
 before it opens NodeWatchResources (k8s.io/kubernetes pkg/kubelet/cm/dra/plugin, pickHealthService)."""
 SUPPORTED_VERSIONS = (DRA_SERVICE, HEALTH_SERVICE)
 
-DRA_SOCKET = "dra.sock"
-"""The DRA service's socket, in `<kubelet plugins dir>/<driver>/` (the Go helper's default)."""
-REGISTRATION_SOCKET = f"{DRIVER}-reg.sock"
-"""The registration socket, in the kubelet's plugins_registry dir, which its plugin watcher watches."""
+
+def dra_socket(instance: str) -> str:
+    """The DRA service's socket of one agent process, in `<kubelet plugins dir>/<driver>/`.
+
+    Each instance has its own sockets, as the Go helper's `RollingUpdate` option makes them
+    (k8s.io/kubernetes pkg/kubelet/pluginmanager/pluginwatcher/README.md, "Seamless Upgrade"): with
+    one name for all, a new instance unlinks and binds the name while the kubelet unregisters the
+    old one, and a failed registration backs off for the next instance too (the kubelet's plugin
+    manager keys its exponential backoff, up to 2 min, by the socket's path)."""
+    return f"dra-{instance}.sock"
+
+
+def registration_socket(instance: str) -> str:
+    """The registration socket of one agent process, in the kubelet's plugins_registry dir."""
+    return f"{DRIVER}-{instance}-reg.sock"
+
+
+LEGACY_SOCKETS = ("dra.sock", f"{DRIVER}-reg.sock")
+"""The names every instance used before they had their own (removed when nothing answers there)."""
 CHECKPOINT = "claims.json"
 """The checkpoint of prepared claims, beside the DRA socket."""
 

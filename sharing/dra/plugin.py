@@ -3,23 +3,28 @@ socket, started in that order, stopped in the other.
 
 The DRA service serves before the registration socket appears, because the kubelet dials the
 endpoint as soon as it has read GetInfo (the Go helper starts them in the same order:
-k8s.io/dynamic-resource-allocation kubeletplugin/draplugin.go, Start). Sockets left by an agent
-that died are removed first: a unix socket path cannot be bound twice.
+k8s.io/dynamic-resource-allocation kubeletplugin/draplugin.go, Start). Each agent process has
+sockets of its own (`DraPaths.instance`): another instance may still serve during a rolling update,
+and the kubelet tracks every registered instance of a driver (the plugin watcher's "Seamless
+Upgrade"). Sockets of instances that no longer answer (killed) are removed at start.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
+import secrets
+import socket
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
 import structlog
 
 from sharing.devices import HealthState, Inventory
-from sharing.dra.names import CHECKPOINT, DRA_SOCKET, DRIVER, REGISTRATION_SOCKET
+from sharing.dra.names import CHECKPOINT, DRIVER, LEGACY_SOCKETS, dra_socket, registration_socket
 from sharing.dra.ondemand import OnDemand
 from sharing.dra.prepare import ClaimReader, PreparedClaims, Preparer, Recorder
 from sharing.dra.registration import RegistrationService
@@ -40,10 +45,12 @@ log = structlog.get_logger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class DraPaths:
-    """Where the plugin's sockets and checkpoint are, as the kubelet sees them."""
+    """Where the plugin's sockets and checkpoint are, as the kubelet sees them; the sockets are this
+    instance's own (`sharing.dra.names.dra_socket`), the checkpoint every instance's."""
 
     plugins_dir: Path = DEFAULT_PLUGINS_DIR
     registry_dir: Path = DEFAULT_REGISTRY_DIR
+    instance: str = field(default_factory=lambda: secrets.token_hex(4))
 
     @property
     def driver_dir(self) -> Path:
@@ -52,11 +59,21 @@ class DraPaths:
 
     @property
     def dra_socket(self) -> Path:
-        return self.driver_dir / DRA_SOCKET
+        return self.driver_dir / dra_socket(self.instance)
 
     @property
     def registration_socket(self) -> Path:
-        return self.registry_dir / REGISTRATION_SOCKET
+        return self.registry_dir / registration_socket(self.instance)
+
+    def others(self) -> list[Path]:
+        """The sockets of other instances of this driver (alive or left by one that was killed)."""
+        found = [
+            *self.registry_dir.glob(registration_socket("*")),
+            *self.driver_dir.glob(dra_socket("*")),
+            *(d / name for d in (self.registry_dir, self.driver_dir) for name in LEGACY_SOCKETS),
+        ]
+        ours = {self.dra_socket, self.registration_socket}
+        return sorted(p for p in found if p not in ours and p.is_socket())
 
     @property
     def checkpoint(self) -> Path:
@@ -83,14 +100,17 @@ class DraPlugin:
         node: Callable[[], NodeState],
         files: DeviceFiles,
         cdi_dir: Path,
-        paths: DraPaths = DraPaths(),
+        paths: DraPaths | None = None,
         recorder: Recorder | None = None,
         health_resend_s: float = 10.0,
         ondemand: OnDemand | None = None,
         gpu_health: Callable[[], HealthState] | None = None,
         prepared_changed: Callable[[], None] | None = None,
+        on_registration: Callable[[bool], None] = lambda _: None,
     ) -> None:
-        self.paths = paths
+        self.paths = paths = paths or DraPaths()
+        self._on_registration = on_registration
+        """Told what the kubelet says of each registration (True: it uses the plugin from now on)."""
         self._prepared_changed = prepared_changed
         self._inventory = inventory
         self._gpu_health = gpu_health
@@ -136,6 +156,7 @@ class DraPlugin:
         """Load the checkpoint, serve the DRA socket, then the registration socket."""
         if self._servers:
             raise PluginError(f"the DRA plugin already serves {self.paths.dra_socket}")
+        await asyncio.to_thread(_remove_dead, self.paths.others())
         await self.preparer.load()
         self.refresh()
         dra_server = grpc.aio.server()
@@ -172,8 +193,6 @@ class DraPlugin:
             raise PluginError(f"DRA plugin: socket path {path} is too long for a unix socket")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)  # left by an agent that died
             server.add_insecure_port(f"unix://{path}")
             await server.start()
         except (OSError, RuntimeError, grpc.RpcError) as err:
@@ -182,3 +201,34 @@ class DraPlugin:
 
     def _registration_status(self, registered: bool, error: str) -> None:
         self.registration = Registration(registered, error)
+        self._on_registration(registered)
+
+
+def others_serving(paths: DraPaths) -> list[Path]:
+    """The registration sockets of other instances of the driver that answer (a rolling update's
+    other pod serves the node)."""
+    return [p for p in paths.others() if p.parent == paths.registry_dir and _answers(p) is not False]
+
+
+def _remove_dead(sockets: list[Path]) -> None:
+    """Remove the sockets nothing answers on (left by an instance that was killed); one that answers
+    belongs to a live instance (a rolling update's other pod) and is left alone."""
+    for path in sockets:
+        if _answers(path) is False:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            log.info("dra_stale_socket_removed", socket=str(path))
+
+
+def _answers(path: Path) -> bool | None:
+    """Whether something listens on the unix socket (None: cannot tell)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(str(path))
+        except (ConnectionRefusedError, FileNotFoundError):
+            return False
+        except OSError as err:
+            log.warning("dra_socket_not_probed", socket=str(path), error=str(err))
+            return None
+        return True

@@ -12,6 +12,11 @@ to turn on, and the stored form counts as published (no endless rewrites).
 
 Wanted pools come from `want()` (latest wins: a burst of changes is one sync of the newest); `run()`
 syncs them from a thread, because the client blocks, and again every `resync_s` whatever happens.
+
+While `hold_additions` is set (the kubelet has not confirmed the driver's registration), devices the
+pool does not hold already are not added: a pod the scheduler placed on them would fail "DRA driver
+... is not registered" and wait out the kubelet's retry (10 s and more, k8s.io/kubernetes
+pkg/kubelet/pod_workers.go backOffPeriod). What the pool holds stays, and withdrawals go through.
 """
 
 from __future__ import annotations
@@ -105,6 +110,14 @@ def plan_pool(
     )
 
 
+def _held(wanted: Sequence[SliceSpec], existing: Sequence[ResourceSliceObject]) -> tuple[SliceSpec, ...]:
+    """The wanted pool less the devices `existing` does not offer (counter sets kept as wanted)."""
+    offered = {d.name for s in existing for d in s.spec.devices}
+    kept = [replace(s, devices=tuple(d for d in s.devices if d.name in offered)) for s in wanted]
+    kept = [s for s in kept if s.devices or s.shared_counters]
+    return tuple(replace(s, slice_count=len(kept)) for s in kept)
+
+
 def _identity(spec: SliceSpec) -> frozenset[str]:
     """What a slice is about: the names of its devices and counter sets."""
     return frozenset(d.name for d in spec.devices) | frozenset(c.name for c in spec.shared_counters)
@@ -161,6 +174,13 @@ class SlicePublisher:
         self._stopped = threading.Event()
         self._written: set[str] = set()
         self._lock = threading.Lock()
+        self.hold_additions = False
+        """Add no device the pool does not hold already (see the module's docstring)."""
+
+    def release(self) -> None:
+        """Add what is wanted from now on (the kubelet uses the driver)."""
+        self.hold_additions = False
+        self._wake.set()
 
     def want(self, slices: Sequence[SliceSpec]) -> None:
         """The pool to publish now (replaces any wanted before and not yet published)."""
@@ -232,6 +252,8 @@ class SlicePublisher:
     def _sync(self, wanted: tuple[SliceSpec, ...]) -> PoolPlan | None:
         """One round of writes towards `wanted` (the caller holds the lock)."""
         existing = self.kube.list_resource_slices(self.driver, self.node)
+        if self.hold_additions:
+            wanted = _held(wanted, existing)
         owner = self.kube.get_node(self.node)  # afresh: a Node made again has a new UID
         plan = plan_pool(wanted, existing, floor=self.generation, owner_uid=owner.uid, stored=self._stored)
         if plan is None:

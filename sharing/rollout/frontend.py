@@ -49,6 +49,10 @@ class DraFrontend(Protocol):
         """Stop serving (the slices stay until `withdraw`)."""
         ...
 
+    async def leave(self) -> None:
+        """The agent is going: withdraw the slices unless another instance serves the node, then stop."""
+        ...
+
     async def publish(self, inventory: Inventory, node: NodeState) -> str:
         """Make the node's ResourceSlices offer exactly `inventory`; "" once written, else why not."""
         ...

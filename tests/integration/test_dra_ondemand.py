@@ -78,7 +78,10 @@ class Node:
 
     @property
     def socket(self) -> Path:
-        return self.plugins_dir / DRIVER / "dra.sock"
+        """The DRA socket of the plugin process running now (each process has its own)."""
+        sockets = sorted((self.plugins_dir / DRIVER).glob("dra-*.sock"), key=lambda p: p.stat().st_mtime)
+        assert sockets, f"no DRA socket in {self.plugins_dir / DRIVER}"
+        return sockets[-1]
 
     @property
     def journal(self) -> Path:

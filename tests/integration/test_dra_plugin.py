@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -122,15 +124,17 @@ class Setup:
 @pytest.fixture
 def setup(tmp_path: Path, control_plane: lab.ControlPlane, driver_root: Path) -> Iterator[Setup]:
     kube = ApiClient(str(control_plane.kubeconfig))
+    kubelet = Path(tempfile.mkdtemp(prefix="gs-"))  # short: a unix socket path has at most 107 bytes
     yield Setup(
         node_name=f"node-{uuid.uuid4().hex[:6]}",
-        paths=DraPaths(plugins_dir=tmp_path / "plugins", registry_dir=tmp_path / "plugins_registry"),
+        paths=DraPaths(plugins_dir=kubelet / "plugins", registry_dir=kubelet / "plugins_registry"),
         cdi=tmp_path / "cdi",
         files=DriverFiles(driver_root),
         kube=kube,
         node=Node(build_inventory(NODE, CONFIG)),
     )
     kube.close()
+    shutil.rmtree(kubelet, ignore_errors=True)
 
 
 @pytest.fixture
@@ -324,7 +328,7 @@ async def test_registers_as_a_dra_plugin(setup: Setup, plugin: DraPlugin) -> Non
     info = await Kubelet(setup.paths).register()
     assert ("DRAPlugin", DRIVER, str(setup.paths.dra_socket)) == (info.type, info.name, info.endpoint)
     assert ["v1.DRAPlugin", "v1alpha1.DRAResourceHealth"] == list(info.supported_versions)
-    assert setup.paths.registration_socket == setup.paths.registry_dir / "gpu.nvidia.com-reg.sock"
+    assert setup.paths.registration_socket.name == f"gpu.nvidia.com-{setup.paths.instance}-reg.sock"
     assert (True, "") == (plugin.registration.registered, plugin.registration.error)
 
 

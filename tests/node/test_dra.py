@@ -157,9 +157,8 @@ def dra_session(real_node: NodeUnderTest) -> Iterator[NodeUnderTest]:
         node.kubectl("label", "node", NODE, f"{FRONTEND}=dra", "--overwrite")
         poll("the pool's devices", lambda: set(_published(node)), lambda d: d == DEVICES, 120)
         poll("no device-plugin resources", node.allocatable, lambda a: set(a.values()) <= {"0"}, 60)
-        # The slices can be out before the kubelet has registered the plugin; a pod admitted in that
-        # moment fails "DRA driver gpu.nvidia.com is not registered" and waits for the kubelet's
-        # backoff. The agent is ready once the kubelet has confirmed the registration.
+        # The agent publishes its devices once the kubelet has confirmed the plugin's registration,
+        # and is ready then.
         poll("the DRA plugin registered with the kubelet", lambda: _ready(node), lambda ok: ok, 120)
         yield node
     finally:
@@ -373,6 +372,22 @@ def test_a_kubelet_restarted_between_prepare_and_unprepare_loses_nothing(dra: Dr
     second = dra.pod(claim)
     dra.node.wait_running(second)
     assert seen == dra.seen(second)
+
+
+def test_a_claim_made_while_the_agent_restarts_runs_without_a_failed_prepare(dra: DraNode) -> None:
+    """The pool used to stay while no agent served it, and the next agent published before the
+    kubelet had registered it: the scheduler placed the pod, the kubelet failed it "DRA driver
+    gpu.nvidia.com is not registered" and tried again only at its pod resync, a minute later. Now
+    the pod waits unscheduled until the next agent is registered and has published."""
+    (old,) = dra.node.agent_pods()
+    dra.node.kubectl("-n", NAMESPACE, "delete", "pod", old["metadata"]["name"], "--timeout=60s")
+    claim = dra.claim([{"name": "gpu", "exactly": {"deviceClassName": "mig.nvidia.com"}}])
+    pod = dra.pod(claim)
+    dra.node.running_agent(not_uid=old["metadata"]["uid"])
+    dra.node.wait_running(pod)
+    selector = f"involvedObject.name={pod},reason=FailedPrepareDynamicResources"
+    failed = dra.node.kubectl("get", "events", "-n", "default", "--field-selector", selector, "-o", "name")
+    assert "" == failed
 
 
 def test_a_claim_deleted_while_the_agent_is_down_is_unprepared_when_it_is_back(dra: DraNode) -> None:
