@@ -36,7 +36,8 @@ from sharing.devices import Inventory
 from sharing.dra.names import DRIVER
 from sharing.errors import SharingError
 from sharing.gpu import GpuBackend
-from sharing.gpu.mps import CONTROL, MpsDaemons
+from sharing.gpu.mps import MpsDaemons
+from sharing.gpu.mpscontrol import CONTROL
 from sharing.kube import ConfigSources, KubeClient, NodePublisher, watch_node
 from sharing.kubelet import PodResourcesClient
 from sharing.labels import ConfigState

@@ -25,7 +25,8 @@ from sharing.config.spec import MigMode, MpsLimits, Replicas, Rule, Selector, Sh
 from sharing.deviceplugin import Fleet
 from sharing.devices import MpsSettings
 from sharing.gpu import simstate
-from sharing.gpu.mps import CONTROL, Enforced, MpsDaemons, Readiness
+from sharing.gpu.mps import Enforced, MpsDaemons, Readiness
+from sharing.gpu.mpscontrol import CONTROL
 from sharing.gpu.nvml import NvmlBackend
 from sharing.kubelet.api import deviceplugin_v1beta1_pb2 as api
 from sharing.labels import ConfigState
