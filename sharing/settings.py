@@ -116,6 +116,16 @@ class Settings:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class KeeperSettings:
+    """What `sharing mps-keeper` needs: its socket, and the driver root and MPS root the agent has."""
+
+    mps_keeper_socket: Path
+    driver_root: Path = Path("/")
+    mps_root: Path = Path(DEFAULT_MPS_ROOT)
+    log_format: str = "auto"
+
+
 # Each setting: its flag is --name-with-dashes, its environment variable SHARING_NAME_IN_CAPITALS.
 _OPTIONS: dict[str, str] = {
     "node_name": "this node's name (DaemonSet: from the downward API)",
@@ -165,15 +175,33 @@ _OPTIONS: dict[str, str] = {
     "log_format": "auto, json or console",
 }
 
+_Kind = type[Settings] | type[KeeperSettings]
+
+_KEEPER_OPTIONS: dict[str, str] = {
+    "mps_keeper_socket": "the unix socket to serve (a directory the agent's container shares)",
+    "driver_root": "the driver root the agent has: <root>/usr/bin/nvidia-cuda-mps-control is run",
+    "mps_root": "the MPS root the agent has: the daemons' pipes and logs go in <root>/<GPU UUID>/",
+    "log_format": "auto, json or console",
+}
+
 _EMPTY_ALLOWED = frozenset({"presets_configmap", "default_config"})
 """Settings where an empty value means "none" rather than "not set"."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add one flag per setting; unset flags fall back to the environment, then the default."""
-    for name, help_text in _OPTIONS.items():
-        default = Settings.__dataclass_fields__[name].default
-        shown = "required" if name == "node_name" else _shown(default)
+    _add(parser, Settings, _OPTIONS, required="node_name")
+
+
+def add_keeper_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of `sharing mps-keeper`, as `add_arguments`."""
+    _add(parser, KeeperSettings, _KEEPER_OPTIONS, required="mps_keeper_socket")
+
+
+def _add(parser: argparse.ArgumentParser, kind: _Kind, options: Mapping[str, str], *, required: str) -> None:
+    for name, help_text in options.items():
+        default = kind.__dataclass_fields__[name].default
+        shown = "required" if name == required else _shown(default)
         parser.add_argument(
             _flag(name),
             dest=name,
@@ -201,17 +229,7 @@ def _shown(default: object) -> str:
 
 def from_args(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> Settings:
     """Settings from parsed flags and the environment; ValueError names the bad setting."""
-    values: dict[str, object] = {}
-    for name in _OPTIONS:
-        raw = getattr(args, name, None)
-        source = _flag(name)
-        if raw is None:
-            raw, source = environ.get(_env(name)), _env(name)
-        if raw is None and name == "kubeconfig":
-            raw, source = environ.get("KUBECONFIG") or None, "KUBECONFIG"
-        if raw is None or (raw == "" and name not in _EMPTY_ALLOWED):
-            continue
-        values[name] = _convert(name, raw, source)
+    values = _values(args, environ, Settings, _OPTIONS)
     if "node_name" not in values:
         raise ValueError("the node name is required: --node-name or SHARING_NODE_NAME")
     settings = Settings(**values)  # type: ignore[arg-type]
@@ -239,8 +257,36 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] = os.environ)
     return settings
 
 
-def _convert(name: str, raw: str, source: str) -> object:
-    kind = Settings.__dataclass_fields__[name].type
+def keeper_from_args(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> KeeperSettings:
+    """The settings of `sharing mps-keeper`; ValueError names the bad setting."""
+    values = _values(args, environ, KeeperSettings, _KEEPER_OPTIONS)
+    if "mps_keeper_socket" not in values:
+        raise ValueError("the socket is required: --mps-keeper-socket or SHARING_MPS_KEEPER_SOCKET")
+    keeper = KeeperSettings(**values)  # type: ignore[arg-type]
+    if keeper.log_format not in ("auto", "json", "console"):
+        raise ValueError(f"log format {keeper.log_format!r} is not auto, json or console")
+    return keeper
+
+
+def _values(
+    args: argparse.Namespace, environ: Mapping[str, str], kind: _Kind, options: Mapping[str, str]
+) -> dict[str, object]:
+    """The settings given by flag or environment, converted."""
+    values: dict[str, object] = {}
+    for name in options:
+        raw = getattr(args, name, None)
+        source = _flag(name)
+        if raw is None:
+            raw, source = environ.get(_env(name)), _env(name)
+        if raw is None and name == "kubeconfig":
+            raw, source = environ.get("KUBECONFIG") or None, "KUBECONFIG"
+        if raw is None or (raw == "" and name not in _EMPTY_ALLOWED):
+            continue
+        values[name] = _convert(kind.__dataclass_fields__[name].type, name, raw, source)
+    return values
+
+
+def _convert(kind: object, name: str, raw: str, source: str) -> object:
     try:
         if "Path" in str(kind):
             return Path(raw)

@@ -91,3 +91,22 @@ def test_the_front_end_comes_from_the_flag_or_the_environment() -> None:
         "deviceplugin"
         == parse(["--node-name", "n", "--frontend", "deviceplugin"], {"SHARING_FRONTEND": "dra"}).frontend
     )
+
+
+def parse_keeper(argv: list[str], env: dict[str, str]) -> settings.KeeperSettings:
+    parser = argparse.ArgumentParser()
+    settings.add_keeper_arguments(parser)
+    return settings.keeper_from_args(parser.parse_args(argv), env)
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        ([], {}, "the socket is required: --mps-keeper-socket or SHARING_MPS_KEEPER_SOCKET"),
+        (["--mps-keeper-socket", "/k"], {"SHARING_LOG_FORMAT": "xml"}, "log format 'xml' is not"),
+    ],
+    ids=["no-socket", "log-format"],
+)
+def test_bad_keeper_settings_name_the_setting(argv: list[str], env: dict[str, str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_keeper(argv, env)
