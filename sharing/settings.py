@@ -76,6 +76,9 @@ class Settings:
     agent sees it at the same path."""
     mps_check_seconds: float = 2.0
     """How often every MPS control daemon is asked whether it still answers."""
+    mps_keeper_socket: Path | None = None
+    """The MPS keeper's socket (`sharing mps-keeper`): the daemons are started there, so they outlive
+    the agent's container; None: the agent starts them as its own children."""
     http_port: int = 9402
     """/healthz, /readyz, /metrics and /status; 0: no HTTP server."""
     holders_localhost_only: bool = False
@@ -167,6 +170,10 @@ _OPTIONS: dict[str, str] = {
     "cdi_spec_dir": "where the CDI spec is written",
     "mps_root": "host directory of the MPS control daemons' pipes and shared memory (NVIDIA's mpsRoot)",
     "mps_check_seconds": "how often the MPS control daemons are asked whether they answer",
+    "mps_keeper_socket": (
+        "socket of the MPS keeper (sharing mps-keeper) that starts the MPS control daemons (default: "
+        "the agent starts them itself, and they end with it)"
+    ),
     "http_port": "port of /healthz, /readyz, /metrics (0: none)",
     "holders_localhost_only": (
         "serve /status and gpu_sharing_slice_owner_info (which pod holds each GPU) on localhost only "

@@ -21,6 +21,10 @@ client attached to them ("quit ... the MPS controller and any associated MPS ser
 Start), so a daemon whose GPU runs processes (NVML) is never stopped or restarted: the change waits.
 The shared memory the clients and servers use is `<mpsRoot>/shm` (NVIDIA's device plugin mounts it
 at /dev/shm in both, k8s-device-plugin v0.20.0 internal/plugin/mps.go).
+
+In the agent's pod the daemons are started by the MPS keeper, a container of their own
+(`sharing.gpu.mpskeeper`), so that a restart of the agent's container leaves them serving; without
+a keeper (an agent run by hand, tests) they are started here, as children of this process.
 """
 
 from __future__ import annotations
@@ -37,12 +41,15 @@ import structlog
 from sharing.devices import MpsSettings, pipe_dir
 from sharing.errors import BackendError
 from sharing.gpu.mpscontrol import control_env, log_dir, run_control
+from sharing.gpu.mpskeeper import ask_keeper
 from sharing.mig import Outcome
 from sharing.model import GpuUuid, NodeState
 from sharing.text import bounded
 
 log = structlog.get_logger(__name__)
 
+KEEPER_GRACE_S = 5.0
+"""How much longer than the tool's own deadline the agent waits for the keeper's answer."""
 
 ComputeMode = Callable[[GpuUuid, bool], Awaitable[None]]
 """Set a GPU's compute mode: exclusive-process (True) or default (False)."""
@@ -110,11 +117,14 @@ class MpsDaemons:
         compute_mode: ComputeMode,
         *,
         timeout_s: float = 10.0,
+        keeper: Path | None = None,
     ) -> None:
         self.root = root
         self.control = control
         self._compute_mode = compute_mode
         self._timeout_s = timeout_s
+        self._keeper = keeper
+        """The MPS keeper's socket: daemons are started there (`sharing.gpu.mpskeeper`); None: here."""
         self._wanted: dict[GpuUuid, MpsSettings] = {}
         self._enforced: dict[GpuUuid, Enforced | None] = {}
         self._restarts: dict[GpuUuid, int] = {}
@@ -230,7 +240,7 @@ class MpsDaemons:
             await self._compute_mode(gpu, True)
             for path in (self.pipe_dir(gpu), self.log_dir(gpu), self.shm_dir):
                 await asyncio.to_thread(path.mkdir, parents=True, exist_ok=True)
-            started = await self._run(["-d"], "", control_env(self.root, self.control, gpu, visible=True))
+            started = await self._launch(gpu)
             if started[0] != 0:
                 raise BackendError(f"nvidia-cuda-mps-control -d failed: {bounded(started[1], 300)}")
             commands = (
@@ -310,6 +320,13 @@ class MpsDaemons:
 
     def _env(self, gpu: str) -> dict[str, str]:
         return control_env(self.root, self.control, gpu)
+
+    async def _launch(self, gpu: GpuUuid) -> tuple[int, str]:
+        """`nvidia-cuda-mps-control -d` for the GPU, through the keeper when there is one (the daemon
+        then outlives this process's container), else as a child of this process."""
+        if self._keeper is not None:
+            return await ask_keeper(self._keeper, gpu, timeout_s=self._timeout_s + KEEPER_GRACE_S)
+        return await self._run(["-d"], "", control_env(self.root, self.control, gpu, visible=True))
 
     async def _run(self, args: list[str], stdin: str, env: dict[str, str]) -> tuple[int, str]:
         return await run_control(self.control, args, stdin, env, self._timeout_s)
