@@ -37,7 +37,7 @@ from sharing.mig.catalog import default_catalog
 from sharing.rollout import Rollout
 from sharing.store.journal import Journal
 from tests.fakedriver.conftest import REPO, Nvml, NvmlError, State
-from tests.polling import poll
+from tests.polling import poll, process
 from tests.unit.fakekubelet import FakeKubelet
 
 CATALOG = default_catalog()
@@ -516,16 +516,6 @@ def keeper(node_root: Path) -> Iterator[Keeper]:
         shutil.rmtree(where, ignore_errors=True)
 
 
-def parent(pid: int) -> tuple[str, int] | None:
-    """A process's state letter and parent PID; None once it has been waited for."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return None
-    fields = stat.rpartition(")")[2].split()
-    return fields[0], int(fields[1])
-
-
 def agent(gpus: NvmlBackend, node_root: Path, kept: Keeper, socket: Path | None = None) -> MpsDaemons:
     """The agent's daemons, starting them through the keeper (at `socket`, by default its own)."""
     return MpsDaemons(kept.root, node_root / CONTROL, gpus.set_compute_mode, keeper=socket or kept.socket)
@@ -543,7 +533,7 @@ async def test_a_daemon_the_keeper_started_outlives_its_agent_and_is_adopted_wit
     assert (25, [10240]) == limits(state, u0)
     # The daemon is the keeper's child (its subreaper, as PID 1 of its container is), not this
     # process's: whatever ends the agent's container leaves it.
-    assert ("S", keeper.proc.pid) == parent(started["pid"])
+    assert ("S", keeper.proc.pid) == process(started["pid"])
     client = attach(first, u0)
     try:
         attached = poll(
@@ -564,7 +554,7 @@ async def test_a_daemon_the_keeper_started_outlives_its_agent_and_is_adopted_wit
     stopped = await second.enforce({}, await backend.observe())
     assert {u0: Outcome.APPLIED} == {u: r.outcome for u, r in stopped.items()}
     # `quit` ended it; the keeper waited for it (a zombie would still have a /proc entry).
-    poll("the daemon waited for", lambda: parent(started["pid"]), lambda p: p is None, 30)
+    poll("the daemon waited for", lambda: process(started["pid"]), lambda p: p is None, 30)
 
 
 async def test_a_keeper_that_does_not_answer_fails_the_start_and_the_next_try_goes_through(
