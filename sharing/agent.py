@@ -36,7 +36,8 @@ from sharing.devices import Inventory
 from sharing.dra.names import DRIVER
 from sharing.errors import SharingError
 from sharing.gpu import GpuBackend
-from sharing.gpu.mps import CONTROL, MpsDaemons
+from sharing.gpu.mps import MpsDaemons
+from sharing.gpu.mpscontrol import CONTROL
 from sharing.kube import ConfigSources, KubeClient, NodePublisher, watch_node
 from sharing.kubelet import PodResourcesClient
 from sharing.labels import ConfigState
@@ -90,7 +91,12 @@ class Agent:
         self.serving = remembered(self._frontend_file) or Frontend.DEVICE_PLUGIN
         """The front-end in service (as before a restart; device plugins for an agent that had no choice)."""
         self._frontend_said: tuple[str, str] | None = None
-        self.mps = MpsDaemons(settings.mps_root, settings.driver_root / CONTROL, backend.set_compute_mode)
+        self.mps = MpsDaemons(
+            settings.mps_root,
+            settings.driver_root / CONTROL,
+            backend.set_compute_mode,
+            keeper=settings.mps_keeper_socket,
+        )
         self.rollout = Rollout(
             backend=backend,
             fleet=fleet,

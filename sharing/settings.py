@@ -76,6 +76,9 @@ class Settings:
     agent sees it at the same path."""
     mps_check_seconds: float = 2.0
     """How often every MPS control daemon is asked whether it still answers."""
+    mps_keeper_socket: Path | None = None
+    """The MPS keeper's socket (`sharing mps-keeper`): the daemons are started there, so they outlive
+    the agent's container; None: the agent starts them as its own children."""
     http_port: int = 9402
     """/healthz, /readyz, /metrics and /status; 0: no HTTP server."""
     holders_localhost_only: bool = False
@@ -114,6 +117,16 @@ class Settings:
             k: str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v
             for k, v in values.items()
         }
+
+
+@dataclass(frozen=True, slots=True)
+class KeeperSettings:
+    """What `sharing mps-keeper` needs: its socket, and the driver root and MPS root the agent has."""
+
+    mps_keeper_socket: Path
+    driver_root: Path = Path("/")
+    mps_root: Path = Path(DEFAULT_MPS_ROOT)
+    log_format: str = "auto"
 
 
 # Each setting: its flag is --name-with-dashes, its environment variable SHARING_NAME_IN_CAPITALS.
@@ -157,11 +170,24 @@ _OPTIONS: dict[str, str] = {
     "cdi_spec_dir": "where the CDI spec is written",
     "mps_root": "host directory of the MPS control daemons' pipes and shared memory (NVIDIA's mpsRoot)",
     "mps_check_seconds": "how often the MPS control daemons are asked whether they answer",
+    "mps_keeper_socket": (
+        "socket of the MPS keeper (sharing mps-keeper) that starts the MPS control daemons (default: "
+        "the agent starts them itself, and they end with it)"
+    ),
     "http_port": "port of /healthz, /readyz, /metrics (0: none)",
     "holders_localhost_only": (
         "serve /status and gpu_sharing_slice_owner_info (which pod holds each GPU) on localhost only "
         "(true/false)"
     ),
+    "log_format": "auto, json or console",
+}
+
+_Kind = type[Settings] | type[KeeperSettings]
+
+_KEEPER_OPTIONS: dict[str, str] = {
+    "mps_keeper_socket": "the unix socket to serve (a directory the agent's container shares)",
+    "driver_root": "the driver root the agent has: <root>/usr/bin/nvidia-cuda-mps-control is run",
+    "mps_root": "the MPS root the agent has: the daemons' pipes and logs go in <root>/<GPU UUID>/",
     "log_format": "auto, json or console",
 }
 
@@ -171,9 +197,18 @@ _EMPTY_ALLOWED = frozenset({"presets_configmap", "default_config"})
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add one flag per setting; unset flags fall back to the environment, then the default."""
-    for name, help_text in _OPTIONS.items():
-        default = Settings.__dataclass_fields__[name].default
-        shown = "required" if name == "node_name" else _shown(default)
+    _add(parser, Settings, _OPTIONS, required="node_name")
+
+
+def add_keeper_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of `sharing mps-keeper`, as `add_arguments`."""
+    _add(parser, KeeperSettings, _KEEPER_OPTIONS, required="mps_keeper_socket")
+
+
+def _add(parser: argparse.ArgumentParser, kind: _Kind, options: Mapping[str, str], *, required: str) -> None:
+    for name, help_text in options.items():
+        default = kind.__dataclass_fields__[name].default
+        shown = "required" if name == required else _shown(default)
         parser.add_argument(
             _flag(name),
             dest=name,
@@ -201,17 +236,7 @@ def _shown(default: object) -> str:
 
 def from_args(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> Settings:
     """Settings from parsed flags and the environment; ValueError names the bad setting."""
-    values: dict[str, object] = {}
-    for name in _OPTIONS:
-        raw = getattr(args, name, None)
-        source = _flag(name)
-        if raw is None:
-            raw, source = environ.get(_env(name)), _env(name)
-        if raw is None and name == "kubeconfig":
-            raw, source = environ.get("KUBECONFIG") or None, "KUBECONFIG"
-        if raw is None or (raw == "" and name not in _EMPTY_ALLOWED):
-            continue
-        values[name] = _convert(name, raw, source)
+    values = _values(args, environ, Settings, _OPTIONS)
     if "node_name" not in values:
         raise ValueError("the node name is required: --node-name or SHARING_NODE_NAME")
     settings = Settings(**values)  # type: ignore[arg-type]
@@ -239,8 +264,36 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] = os.environ)
     return settings
 
 
-def _convert(name: str, raw: str, source: str) -> object:
-    kind = Settings.__dataclass_fields__[name].type
+def keeper_from_args(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> KeeperSettings:
+    """The settings of `sharing mps-keeper`; ValueError names the bad setting."""
+    values = _values(args, environ, KeeperSettings, _KEEPER_OPTIONS)
+    if "mps_keeper_socket" not in values:
+        raise ValueError("the socket is required: --mps-keeper-socket or SHARING_MPS_KEEPER_SOCKET")
+    keeper = KeeperSettings(**values)  # type: ignore[arg-type]
+    if keeper.log_format not in ("auto", "json", "console"):
+        raise ValueError(f"log format {keeper.log_format!r} is not auto, json or console")
+    return keeper
+
+
+def _values(
+    args: argparse.Namespace, environ: Mapping[str, str], kind: _Kind, options: Mapping[str, str]
+) -> dict[str, object]:
+    """The settings given by flag or environment, converted."""
+    values: dict[str, object] = {}
+    for name in options:
+        raw = getattr(args, name, None)
+        source = _flag(name)
+        if raw is None:
+            raw, source = environ.get(_env(name)), _env(name)
+        if raw is None and name == "kubeconfig":
+            raw, source = environ.get("KUBECONFIG") or None, "KUBECONFIG"
+        if raw is None or (raw == "" and name not in _EMPTY_ALLOWED):
+            continue
+        values[name] = _convert(kind.__dataclass_fields__[name].type, name, raw, source)
+    return values
+
+
+def _convert(kind: object, name: str, raw: str, source: str) -> object:
     try:
         if "Path" in str(kind):
             return Path(raw)

@@ -21,14 +21,16 @@ client attached to them ("quit ... the MPS controller and any associated MPS ser
 Start), so a daemon whose GPU runs processes (NVML) is never stopped or restarted: the change waits.
 The shared memory the clients and servers use is `<mpsRoot>/shm` (NVIDIA's device plugin mounts it
 at /dev/shm in both, k8s-device-plugin v0.20.0 internal/plugin/mps.go).
+
+In the agent's pod the daemons are started by the MPS keeper, a container of their own
+(`sharing.gpu.mpskeeper`), so that a restart of the agent's container leaves them serving; without
+a keeper (an agent run by hand, tests) they are started here, as children of this process.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
-import os
 import shutil
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -36,17 +38,18 @@ from pathlib import Path
 
 import structlog
 
-from sharing.devices import PIPE_ENV, MpsSettings, pipe_dir
+from sharing.devices import MpsSettings, pipe_dir
 from sharing.errors import BackendError
+from sharing.gpu.mpscontrol import control_env, log_dir, run_control
+from sharing.gpu.mpskeeper import ask_keeper
 from sharing.mig import Outcome
 from sharing.model import GpuUuid, NodeState
 from sharing.text import bounded
 
 log = structlog.get_logger(__name__)
 
-CONTROL = Path("usr/bin/nvidia-cuda-mps-control")
-"""Where the driver installs it, under the driver root."""
-LOG_ENV = "CUDA_MPS_LOG_DIRECTORY"
+KEEPER_GRACE_S = 5.0
+"""How much longer than the tool's own deadline the agent waits for the keeper's answer."""
 
 ComputeMode = Callable[[GpuUuid, bool], Awaitable[None]]
 """Set a GPU's compute mode: exclusive-process (True) or default (False)."""
@@ -114,11 +117,14 @@ class MpsDaemons:
         compute_mode: ComputeMode,
         *,
         timeout_s: float = 10.0,
+        keeper: Path | None = None,
     ) -> None:
         self.root = root
         self.control = control
         self._compute_mode = compute_mode
         self._timeout_s = timeout_s
+        self._keeper = keeper
+        """The MPS keeper's socket: daemons are started there (`sharing.gpu.mpskeeper`); None: here."""
         self._wanted: dict[GpuUuid, MpsSettings] = {}
         self._enforced: dict[GpuUuid, Enforced | None] = {}
         self._restarts: dict[GpuUuid, int] = {}
@@ -132,7 +138,7 @@ class MpsDaemons:
 
     def log_dir(self, gpu: str) -> Path:
         """The host directory of the GPU's daemon log."""
-        return self.root / gpu / "log"
+        return log_dir(self.root, gpu)
 
     @property
     def shm_dir(self) -> Path:
@@ -234,7 +240,7 @@ class MpsDaemons:
             await self._compute_mode(gpu, True)
             for path in (self.pipe_dir(gpu), self.log_dir(gpu), self.shm_dir):
                 await asyncio.to_thread(path.mkdir, parents=True, exist_ok=True)
-            started = await self._run(["-d"], "", self._env(gpu, visible=True))
+            started = await self._launch(gpu)
             if started[0] != 0:
                 raise BackendError(f"nvidia-cuda-mps-control -d failed: {bounded(started[1], 300)}")
             commands = (
@@ -312,42 +318,18 @@ class MpsDaemons:
         except ValueError:
             return None
 
-    def _env(self, gpu: str, *, visible: bool = False) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_")}
-        # The tool loads the driver's libraries (libcuda, libnvidia-ml) from its driver root, which in
-        # the agent's container is a mount, not the image's /usr/lib.
-        libs = str(self.control.parent.parent / "lib/x86_64-linux-gnu")
-        env["LD_LIBRARY_PATH"] = ":".join(p for p in (libs, os.environ.get("LD_LIBRARY_PATH", "")) if p)
-        env[PIPE_ENV] = str(self.pipe_dir(gpu))
-        env[LOG_ENV] = str(self.log_dir(gpu))
-        if visible:
-            env["CUDA_VISIBLE_DEVICES"] = gpu
-        return env
+    def _env(self, gpu: str) -> dict[str, str]:
+        return control_env(self.root, self.control, gpu)
+
+    async def _launch(self, gpu: GpuUuid) -> tuple[int, str]:
+        """`nvidia-cuda-mps-control -d` for the GPU, through the keeper when there is one (the daemon
+        then outlives this process's container), else as a child of this process."""
+        if self._keeper is not None:
+            return await ask_keeper(self._keeper, gpu, timeout_s=self._timeout_s + KEEPER_GRACE_S)
+        return await self._run(["-d"], "", control_env(self.root, self.control, gpu, visible=True))
 
     async def _run(self, args: list[str], stdin: str, env: dict[str, str]) -> tuple[int, str]:
-        """Run the control tool; (exit status, output). BackendError when it cannot run in time."""
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                str(self.control),
-                *args,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
-                env=env,
-            )
-        except OSError as err:
-            raise BackendError(f"{self.control} cannot be run: {err}") from err
-        try:
-            async with asyncio.timeout(self._timeout_s):
-                out, _ = await proc.communicate(stdin.encode())
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            await proc.wait()
-            raise BackendError(
-                f"{self.control} {' '.join(args)} did not finish in {self._timeout_s:g} s"
-            ) from None
-        return proc.returncode or 0, out.decode("utf-8", "replace")
+        return await run_control(self.control, args, stdin, env, self._timeout_s)
 
 
 def _busy(index: int, doing: str) -> str:

@@ -1,4 +1,5 @@
-"""MPS: the fake nvidia-cuda-mps-control, and the agent's control daemons over it and the real pynvml.
+"""MPS: the fake nvidia-cuda-mps-control, and the agent's control daemons over it and the real pynvml,
+started by the agent itself or by the MPS keeper.
 
 The fake tool's commands and output formats are NVIDIA's (hack/fakedriver/src/mpsctl.c cites them);
 what a daemon was told is read back from its record beside the state, the way a test of a real
@@ -14,6 +15,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -24,8 +26,9 @@ import pytest
 from sharing.config.spec import MigMode, MpsLimits, Replicas, Rule, Selector, Sharing, SharingConfig
 from sharing.deviceplugin import Fleet
 from sharing.devices import MpsSettings
-from sharing.gpu import simstate
-from sharing.gpu.mps import CONTROL, Enforced, MpsDaemons, Readiness
+from sharing.gpu import mpskeeper, simstate
+from sharing.gpu.mps import Enforced, MpsDaemons, Readiness
+from sharing.gpu.mpscontrol import CONTROL
 from sharing.gpu.nvml import NvmlBackend
 from sharing.kubelet.api import deviceplugin_v1beta1_pb2 as api
 from sharing.labels import ConfigState
@@ -33,8 +36,8 @@ from sharing.mig import Outcome
 from sharing.mig.catalog import default_catalog
 from sharing.rollout import Rollout
 from sharing.store.journal import Journal
-from tests.fakedriver.conftest import Nvml, NvmlError, State
-from tests.polling import poll
+from tests.fakedriver.conftest import REPO, Nvml, NvmlError, State
+from tests.polling import poll, process
 from tests.unit.fakekubelet import FakeKubelet
 
 CATALOG = default_catalog()
@@ -466,3 +469,116 @@ async def test_allocate_hands_an_mps_replica_its_daemons_pipe_and_shared_memory(
     assert [(pipe, f"{root}/{u0}/pipe", False), ("/dev/shm", f"{root}/shm", False)] == [
         (m.container_path, m.host_path, m.read_only) for m in response.mounts
     ]
+
+
+# ---- the keeper: daemons it starts outlive the agent, which adopts them --------------------
+# The keeper is a real `sharing mps-keeper` process; an agent that restarts is a new MpsDaemons (all it
+# keeps is what the daemons answer). A real container restart is the node test's
+# (tests/node/test_mps.py).
+
+
+class Keeper:
+    """A `sharing mps-keeper` process, its socket and its MPS root."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], where: Path) -> None:
+        self.proc, self.socket, self.root = proc, where / "keeper.sock", where / "mps"
+
+
+@pytest.fixture
+def keeper(node_root: Path) -> Iterator[Keeper]:
+    """The keeper over this process's fake driver (the same driver root and state as `backend`)."""
+    where = Path(tempfile.mkdtemp(prefix="gs-mpsk-", dir="/tmp"))  # short: unix socket paths are limited
+    with open(where / "keeper.log", "wb") as logs:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sharing", "mps-keeper", "--mps-keeper-socket", str(where / "keeper.sock"),
+             "--driver-root", str(node_root), "--mps-root", str(where / "mps"), "--log-format", "json"],
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            stdout=logs,
+            stderr=logs,
+        )  # fmt: skip
+    kept = Keeper(proc, where)
+    try:
+        poll("the keeper's socket", kept.socket.is_socket, bool, 30)
+        yield kept
+    finally:
+        for pipe in kept.root.glob("*/pipe"):
+            env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(pipe)}
+            subprocess.run(
+                [str(node_root / CONTROL)],
+                input=b"quit\n",
+                env=env,
+                capture_output=True,
+                timeout=30,
+                check=False,
+            )
+        proc.terminate()
+        proc.wait(timeout=30)
+        shutil.rmtree(where, ignore_errors=True)
+
+
+def agent(gpus: NvmlBackend, node_root: Path, kept: Keeper, socket: Path | None = None) -> MpsDaemons:
+    """The agent's daemons, starting them through the keeper (at `socket`, by default its own)."""
+    return MpsDaemons(kept.root, node_root / CONTROL, gpus.set_compute_mode, keeper=socket or kept.socket)
+
+
+async def test_a_daemon_the_keeper_started_outlives_its_agent_and_is_adopted_without_a_restart(
+    backend: NvmlBackend, node_root: Path, state: Path, keeper: Keeper
+) -> None:
+    node = await backend.observe()
+    u0 = node.gpus[0].uuid
+    first = agent(backend, node_root, keeper)
+    assert {u0: Outcome.APPLIED} == {u: r.outcome for u, r in (await first.enforce({u0: FOUR}, node)).items()}
+    started = record_of(state, u0)
+    assert started is not None
+    assert (25, [10240]) == limits(state, u0)
+    # The daemon is the keeper's child (its subreaper, as PID 1 of its container is), not this
+    # process's: whatever ends the agent's container leaves it.
+    assert ("S", keeper.proc.pid) == process(started["pid"])
+    client = attach(first, u0)
+    try:
+        attached = poll(
+            "the client attached", lambda: record_of(state, u0), lambda r: bool(r and r["clients"])
+        )
+        del first  # the agent is gone; a new one knows only what the daemons answer
+        second = agent(backend, node_root, keeper)
+        busy = await backend.observe()
+        assert busy.gpus[0].busy  # the client's MPS server
+        adopted = await second.enforce({u0: FOUR}, busy)
+        assert {u0: Outcome.UNCHANGED} == {u: r.outcome for u, r in adopted.items()}
+        assert attached == record_of(state, u0)  # the same daemon and client, nothing told again
+        assert Readiness.READY is second.readiness(u0, FOUR)
+        assert [(0, True)] == [(s.restarts, s.healthy) for s in second.status()]
+    finally:
+        client.close()
+    poll("the client gone", lambda: has_clients(state), lambda b: not b)
+    stopped = await second.enforce({}, await backend.observe())
+    assert {u0: Outcome.APPLIED} == {u: r.outcome for u, r in stopped.items()}
+    # `quit` ended it; the keeper waited for it (a zombie would still have a /proc entry).
+    poll("the daemon waited for", lambda: process(started["pid"]), lambda p: p is None, 30)
+
+
+async def test_a_keeper_that_does_not_answer_fails_the_start_and_the_next_try_goes_through(
+    backend: NvmlBackend, node_root: Path, state: Path, keeper: Keeper, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(mpskeeper, "CONNECT_WAIT_S", 0.1)
+    node = await backend.observe()
+    u0 = node.gpus[0].uuid
+    absent = keeper.socket.with_name("absent.sock")
+    failed = (await agent(backend, node_root, keeper, absent).enforce({u0: FOUR}, node))[u0]
+    assert Outcome.FAILED is failed.outcome
+    assert f"the MPS keeper does not answer at {absent}" in failed.reason
+    assert record_of(state, u0) is None
+    daemons = agent(backend, node_root, keeper)
+    hook = state.parent / "mps" / "refuse-start"
+    hook.parent.mkdir(parents=True, exist_ok=True)
+    hook.touch()  # -d exits 1: the keeper answers its status, with nothing else taking it
+    try:
+        refused = (await daemons.enforce({u0: FOUR}, await backend.observe()))[u0]
+    finally:
+        hook.unlink()
+    assert Outcome.FAILED is refused.outcome
+    assert "nvidia-cuda-mps-control -d failed: " in refused.reason
+    assert "the daemon could not start (fake driver: refuse-start)" in refused.reason
+    retried = (await daemons.enforce({u0: FOUR}, await backend.observe()))[u0]
+    assert Outcome.APPLIED is retried.outcome
+    assert (25, [10240]) == limits(state, u0)

@@ -160,6 +160,12 @@ class NodeUnderTest:
             self.pods.clear()
 
 
+def container_status(pod: dict[str, Any], name: str) -> dict[str, Any]:
+    """The status of the pod's container `name` (the agent's pod has two: agent and mps-keeper)."""
+    status: dict[str, Any] = next(c for c in pod["status"]["containerStatuses"] if c["name"] == name)
+    return status
+
+
 def _running(pod: dict[str, Any]) -> bool:
     status = pod.get("status", {})
     ready = all(c.get("ready") for c in status.get("containerStatuses", [{}]))

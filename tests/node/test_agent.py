@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from lab.helm import NAMESPACE, RELEASE, lab_values
 
-from tests.node.conftest import ALL_KINDS, CONFIG, NodeUnderTest
+from tests.node.conftest import ALL_KINDS, CONFIG, NodeUnderTest, container_status
 from tests.polling import poll
 
 pytestmark = pytest.mark.node
@@ -42,12 +42,12 @@ def test_sharing_status_in_the_agents_pod_names_the_pod_holding_a_slice(node: No
 
 def test_the_agents_pod_is_ready_by_its_readiness_probe(node: NodeUnderTest) -> None:
     (pod,) = node.agent_pods()
-    container = pod["spec"]["containers"][0]
+    container = next(c for c in pod["spec"]["containers"] if c["name"] == "agent")
     assert "/readyz" == container["readinessProbe"]["httpGet"]["path"]
     assert "/healthz" == container["livenessProbe"]["httpGet"]["path"]
     ready = next(c for c in pod["status"]["conditions"] if c["type"] == "Ready")
     assert "True" == ready["status"]
-    assert 0 == pod["status"]["containerStatuses"][0]["restartCount"]  # liveness never failed
+    assert 0 == container_status(pod, "agent")["restartCount"]  # liveness never failed
     metrics = node.kubectl("-n", NAMESPACE, "exec", f"ds/{RELEASE}", "--", "sharing", "status", "--json")
     assert json.loads(metrics)["holders"]["known"]  # the agent reads the real kubelet's PodResources
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from lab.helm import NAMESPACE, lab_values
 
-from tests.node.conftest import ALL_KINDS, CONFIG, EXPECTED, NODE, TOOLBOX, NodeUnderTest
+from tests.node.conftest import ALL_KINDS, CONFIG, EXPECTED, NODE, TOOLBOX, NodeUnderTest, container_status
 from tests.polling import poll
 
 pytestmark = pytest.mark.node
@@ -39,8 +39,7 @@ def _events(node: NodeUnderTest, reason: str) -> list[str]:
 def _agent(node: NodeUnderTest) -> tuple[str, int]:
     """The agent's pod UID and its container's restart count."""
     (pod,) = node.agent_pods()
-    (status,) = pod["status"]["containerStatuses"]
-    return pod["metadata"]["uid"], status["restartCount"]
+    return pod["metadata"]["uid"], container_status(pod, "agent")["restartCount"]
 
 
 def _labels(node: NodeUnderTest) -> dict[str, str]:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from lab.helm import NAMESPACE, RELEASE
 
-from tests.node.conftest import ALL_KINDS, CONFIG, EXPECTED, NODE, NodeUnderTest
+from tests.node.conftest import ALL_KINDS, CONFIG, EXPECTED, NODE, NodeUnderTest, container_status
 from tests.polling import poll
 
 pytestmark = pytest.mark.node
@@ -59,8 +59,7 @@ def _invalid_events(node: NodeUnderTest) -> list[str]:
 def _agent(node: NodeUnderTest) -> tuple[str, int]:
     """The agent's pod UID and its container's restart count."""
     (pod,) = node.agent_pods()
-    (status,) = pod["status"]["containerStatuses"]
-    return pod["metadata"]["uid"], status["restartCount"]
+    return pod["metadata"]["uid"], container_status(pod, "agent")["restartCount"]
 
 
 def test_a_hostile_configmap_key_is_refused_by_an_event_and_the_agent_keeps_serving(
@@ -90,7 +89,7 @@ def _memory(node: NodeUnderTest) -> dict[str, Any]:
     fields = (line.partition(":") for line in status.splitlines())
     seen: dict[str, Any] = {k: v.strip() for k, _, v in fields if k in ("VmHWM", "VmRSS")}
     (pod,) = node.agent_pods()
-    container = pod["status"]["containerStatuses"][0]["containerID"].partition("://")[2]
+    container = container_status(pod, "agent")["containerID"].partition("://")[2]
     memory = Path("/sys/fs/cgroup/memory") / node.node.cgroup.name
     for path in memory.rglob(f"{container}/memory.max_usage_in_bytes"):
         seen["cgroup_max_usage_MiB"] = round(int(path.read_text()) / 2**20, 1)

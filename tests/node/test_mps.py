@@ -2,15 +2,19 @@
 
 The H100s (GPUs 2 and 3) are shared with MPS by a config in the user's ConfigMap; a pod that asks
 for a replica gets its GPU's pipe directory and the MPS shared memory. A client is a pod that
-connects to the pipe and stays (the fake daemon's stand-in for a CUDA process, in the agent's image,
-which has Python). What each daemon enforces is read from its record under the node's driver root.
-The node's label and ConfigMap are put back afterwards.
+connects to the pipe and stays, and exits (failing its pod) if its daemon goes (the fake daemon's
+stand-in for a CUDA process, in the agent's image, which has Python). The daemons are started by
+the MPS keeper, the agent pod's second container, and live in its PID namespace: the PID in a
+daemon's record is one there. What each daemon enforces is read from its record under the node's
+driver root. The node's label and ConfigMap are put back afterwards.
 """
 
 from __future__ import annotations
 
 import fcntl
 import json
+import os
+import signal
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +24,7 @@ import pytest
 from lab.helm import NAMESPACE, RELEASE, lab_values
 from lab.images import agent_image
 
-from tests.node.conftest import ALL_KINDS, CONFIG, CONFIG_LABEL, NODE, NodeUnderTest
+from tests.node.conftest import ALL_KINDS, CONFIG, CONFIG_LABEL, NODE, NodeUnderTest, container_status
 from tests.polling import poll
 
 pytestmark = pytest.mark.node
@@ -106,15 +110,17 @@ def mps(node: NodeUnderTest) -> Iterator[NodeUnderTest]:
 
 
 def client_pod(node: NodeUnderTest) -> str:
-    """A pod holding one MPS replica whose process stays attached to its GPU's MPS server."""
+    """A pod holding one MPS replica whose process stays attached to its GPU's MPS server, and fails
+    (the pod with it) when the daemon goes."""
     name = f"mps-{uuid.uuid4().hex[:6]}"
     attach = (
-        "import os, socket, time\n"
+        "import os, socket\n"
         "s = socket.socket(socket.AF_UNIX)\n"
         "s.connect(os.environ['CUDA_MPS_PIPE_DIRECTORY'] + '/control')\n"
         "s.sendall(b'fake_attach')\n"
         "assert s.recv(64) == b'attached\\n'\n"
-        "time.sleep(10**6)\n"
+        "s.recv(1)\n"  # the daemon sends nothing more: this returns when it closes
+        "raise SystemExit('the MPS control daemon went away')\n"
     )
     pod = {
         "apiVersion": "v1",
@@ -163,9 +169,15 @@ def test_a_killed_daemon_makes_its_replicas_unhealthy_until_it_is_restarted(mps:
     assert before is not None
     hook = mps.node.driver_root / "var/lib/fake-nvidia/mps/refuse-start"
     hook.touch()  # the fake driver's hook: the next start fails, so the unhealthy state can be seen
-    kill = f"import os, signal; os.kill({before['pid']}, signal.SIGKILL)"
-    mps.kubectl("-n", NAMESPACE, "exec", f"ds/{RELEASE}", "--", "python3", "-c", kill)
+    keeper(mps, "python3", "-c", f"import os, signal; os.kill({before['pid']}, signal.SIGKILL)")
     offered(mps, {**EXPECTED, SHARED: "4"}, timeout=60)  # GPU 3's 2 replicas unhealthy
+    # The keeper waits for the daemon it was left (a zombie would keep its /proc entry).
+    gone = f"import os; print(os.path.exists('/proc/{before['pid']}'))"
+    poll(
+        "the daemon waited for",
+        lambda: keeper(mps, "python3", "-c", gone).strip(),
+        lambda out: out == "False",
+    )
     down = "the MPS control daemon of GPU 3 (NVIDIA H100 80GB HBM3) does not answer"
     poll("the Event", lambda: _events(mps, "MpsDaemonDown"), lambda found: any(down in m for m in found))
     hook.unlink()
@@ -224,6 +236,11 @@ def test_a_reload_waits_for_the_client_and_restarts_only_the_daemon_whose_limits
     offered(mps, EXPECTED)
 
 
+def keeper(node: NodeUnderTest, *command: str) -> str:
+    """Run a command in the agent pod's mps-keeper container, the daemons' PID namespace."""
+    return node.kubectl("-n", NAMESPACE, "exec", f"ds/{RELEASE}", "-c", "mps-keeper", "--", *command)
+
+
 def _events(node: NodeUnderTest, reason: str) -> list[str]:
     selector = f"involvedObject.kind=Node,involvedObject.name={NODE},reason={reason}"
     out = node.kubectl("get", "events", "-n", "default", "--field-selector", selector, "-o", "json")
@@ -279,3 +296,108 @@ def test_with_cdi_the_spec_gives_an_mps_replica_its_pipe_directory_and_shared_me
     shared = Path(f"/proc/{holder.pid}/root/run/nvidia/mps/shm/{name}")
     assert f"{name}\n" == shared.read_text()
     shared.unlink()
+
+
+# ---- the agent's container killed: the daemons live in the keeper's -------------------------
+
+
+@pytest.fixture
+def agent_restored(mps: NodeUnderTest) -> Iterator[NodeUnderTest]:
+    """The MPS node; afterwards a new agent pod if its agent's container was restarted (other tests
+    read that container's restart count as "its liveness probe never failed")."""
+    yield mps
+    (pod,) = mps.agent_pods()
+    if container_status(pod, "agent")["restartCount"] == 0:
+        return
+    mps.delete_pods()
+    mps.kubectl("-n", NAMESPACE, "delete", "pod", pod["metadata"]["name"], "--timeout=90s")
+    mps.running_agent(not_uid=pod["metadata"]["uid"])
+    offered(mps, EXPECTED)
+
+
+def container_init(node: NodeUnderTest, container_id: str) -> int:
+    """The node's PID of a container's first process (PID 1 of its own PID namespace), by its cgroup."""
+    found = set()
+    for pid in node.node.cgroup.pids():
+        try:
+            cgroup = Path(f"/proc/{pid}/cgroup").read_text()
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue  # ended meanwhile
+        nspid = next((line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:")), [])
+        if container_id.partition("://")[2] in cgroup and nspid[-1:] == ["1"]:
+            found.add(pid)
+    (pid,) = found
+    return pid
+
+
+def mps_status(node: NodeUnderTest) -> dict[str, tuple[bool, int, int]]:
+    """Per MPS GPU, as the agent says (`sharing status`): whether its daemon answers with the GPU's
+    limits, how often the agent restarted it, and how many of its replicas it advertises healthy."""
+    done = node.node.kubectl("-n", NAMESPACE, "exec", f"ds/{RELEASE}", "--", "sharing", "status", "--json")
+    if done.returncode != 0:
+        return {}  # the agent's container is not running yet
+    return {
+        g["uuid"]: (
+            g["mps"]["healthy"],
+            g["mps"]["restarts"],
+            sum(s["health"] == "Healthy" for s in g["slices"]),
+        )
+        for g in json.loads(done.stdout)["gpus"]
+        if g["mps"]
+    }
+
+
+ASK = (  # a client's command over its pipe, from inside its pod
+    "import os, socket\n"
+    "s = socket.socket(socket.AF_UNIX)\n"
+    "s.connect(os.environ['CUDA_MPS_PIPE_DIRECTORY'] + '/control')\n"
+    "s.sendall(b'get_default_active_thread_percentage\\n')\n"
+    "s.shutdown(socket.SHUT_WR)\n"
+    "print(s.recv(64).decode().strip())\n"
+)
+
+
+def test_a_killed_agent_container_leaves_the_mps_daemons_serving_and_the_new_agent_adopts_them(
+    agent_restored: NodeUnderTest,
+) -> None:
+    mps = agent_restored
+    gpu2, gpu3 = h100s(mps)
+    name = client_pod(mps)
+    held = mps.env(name)["CUDA_MPS_PIPE_DIRECTORY"].split("/")[2]
+    poll("the client attached", lambda: daemon(mps, held), lambda r: r is not None and bool(r["clients"]))
+    before = {g: daemon(mps, g) for g in (gpu2, gpu3)}
+    (pod,) = mps.agent_pods()
+    agent, kept = container_status(pod, "agent"), container_status(pod, "mps-keeper")
+    starts = keeper_log(mps).count("mps_keeper_started")
+    init = container_init(mps, agent["containerID"])
+    assert b"agent" in Path(f"/proc/{init}/cmdline").read_bytes().split(b"\0")
+    os.kill(init, signal.SIGKILL)  # as an OOM kill would: the kernel ends its whole PID namespace
+
+    def restarted(pods: list[dict[str, Any]]) -> bool:
+        status = container_status(pods[0], "agent") if len(pods) == 1 else {}
+        return status.get("restartCount") == agent["restartCount"] + 1 and bool(status.get("ready"))
+
+    (after,) = poll("the agent's container restarted and ready", mps.agent_pods, restarted, 120)
+    assert pod["metadata"]["uid"] == after["metadata"]["uid"]
+    keeper_now = container_status(after, "mps-keeper")
+    assert (kept["containerID"], kept["restartCount"]) == (
+        keeper_now["containerID"],
+        keeper_now["restartCount"],
+    )
+    # The new agent found both daemons answering with their limits: healthy, never restarted, their
+    # replicas advertised again.
+    adopted = {gpu2: (True, 0, 4), gpu3: (True, 0, 2)}
+    poll("the new agent's view of the daemons", lambda: mps_status(mps), lambda s: s == adopted, 120)
+    offered(mps, EXPECTED)
+    assert {g: r["pid"] for g, r in before.items()} == {g: daemon(mps, g)["pid"] for g in before}  # type: ignore[index]
+    client = mps.pod(name)
+    assert ("Running", 0) == (client["status"]["phase"], container_status(client, "main")["restartCount"])
+    assert daemon(mps, held)["clients"]  # type: ignore[index]
+    assert {gpu2: "25.0", gpu3: "50.0"}[held] == mps.kubectl("exec", name, "--", "python3", "-c", ASK).strip()
+    assert "mps_daemon_started" not in mps.kubectl("-n", NAMESPACE, "logs", f"ds/{RELEASE}", "-c", "agent")
+    assert starts == keeper_log(mps).count("mps_keeper_started")
+
+
+def keeper_log(node: NodeUnderTest) -> str:
+    return node.kubectl("-n", NAMESPACE, "logs", f"ds/{RELEASE}", "-c", "mps-keeper")

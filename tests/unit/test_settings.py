@@ -91,3 +91,39 @@ def test_the_front_end_comes_from_the_flag_or_the_environment() -> None:
         "deviceplugin"
         == parse(["--node-name", "n", "--frontend", "deviceplugin"], {"SHARING_FRONTEND": "dra"}).frontend
     )
+
+
+def parse_keeper(argv: list[str], env: dict[str, str]) -> settings.KeeperSettings:
+    parser = argparse.ArgumentParser()
+    settings.add_keeper_arguments(parser)
+    return settings.keeper_from_args(parser.parse_args(argv), env)
+
+
+def test_the_agent_and_its_mps_keeper_read_the_same_variables() -> None:
+    env = {
+        "SHARING_MPS_KEEPER_SOCKET": "/run/mps-keeper/keeper.sock",
+        "SHARING_DRIVER_ROOT": "/driver-root",
+        "SHARING_MPS_ROOT": "/run/nvidia/mps",
+    }
+    agent = parse(["--node-name", "n"], env)
+    keeper = parse_keeper([], env)
+    assert (agent.mps_keeper_socket, agent.driver_root, agent.mps_root) == (
+        keeper.mps_keeper_socket,
+        keeper.driver_root,
+        keeper.mps_root,
+    )
+    assert Path("/k.sock") == parse_keeper(["--mps-keeper-socket", "/k.sock"], env).mps_keeper_socket
+    assert parse(["--node-name", "n"], {"SHARING_MPS_KEEPER_SOCKET": ""}).mps_keeper_socket is None
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        ([], {}, "the socket is required: --mps-keeper-socket or SHARING_MPS_KEEPER_SOCKET"),
+        (["--mps-keeper-socket", "/k"], {"SHARING_LOG_FORMAT": "xml"}, "log format 'xml' is not"),
+    ],
+    ids=["no-socket", "log-format"],
+)
+def test_bad_keeper_settings_name_the_setting(argv: list[str], env: dict[str, str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_keeper(argv, env)
