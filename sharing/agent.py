@@ -41,7 +41,7 @@ from sharing.kube import ConfigSources, KubeClient, NodePublisher, watch_node
 from sharing.kubelet import PodResourcesClient
 from sharing.labels import ConfigState
 from sharing.mig import Catalog
-from sharing.model import NodeState
+from sharing.model import ClaimAllocation, NodeState
 from sharing.ops import ConfigStatus, HttpServer, Metrics, Reporter
 from sharing.rollout import Drainer, Retry, Rollout, Verdict, follow_health, held_back
 from sharing.rollout.frontend import (
@@ -98,11 +98,7 @@ class Agent:
             journal=Journal(settings.journal),
             pod_resources=pod_resources,
             bound_pods=lambda: asyncio.to_thread(kube.list_node_pods, settings.node_name),
-            claims=(
-                (lambda: asyncio.to_thread(kube.list_pool_claims, DRIVER, settings.node_name))
-                if dra is not None
-                else None
-            ),
+            claims=self._allocated_claims if dra is not None else None,
             dra=dra,
             injection=settings.injection(),
             cdi_spec_dir=settings.cdi_spec_dir,
@@ -198,6 +194,11 @@ class Agent:
             await self.backend.close()
             serving.close()
             log.info("agent_stopped")
+
+    async def _allocated_claims(self) -> tuple[ClaimAllocation, ...]:
+        """The ResourceClaims with devices of this node's DRA pool allocated: they hold those devices."""
+        pool = await asyncio.to_thread(self.kube.list_claims_of_pool, DRIVER, self.settings.node_name)
+        return pool.allocated
 
     def _config_status(self) -> ConfigStatus:
         state = self.node_out.state.value if self.node_out.state else None

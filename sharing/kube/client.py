@@ -169,16 +169,6 @@ class ApiClient:
         )
         return tuple(_bound_pod(item) for item in answer.get("items") or ())
 
-    def list_pool_claims(self, driver: str, pool: str) -> tuple[ClaimAllocation, ...]:
-        """The ResourceClaims (every namespace) with devices of `driver`'s pool `pool` allocated.
-
-        No field selector reaches into `status.allocation` (resource.k8s.io/v1 ResourceClaim has
-        none), so every claim is listed and the allocation results are read here.
-        """
-        answer = self._json(f"list ResourceClaims for pool {pool}", "GET", CLAIMS)
-        claims = (_claim_allocation(item, driver, pool) for item in answer.get("items") or ())
-        return tuple(c for c in claims if c is not None)
-
     def list_claims_of_pool(self, driver: str, pool: str) -> PoolClaims:
         """Every ResourceClaim (every namespace, one list: no field selector reaches into a claim's
         status) as `driver`'s pool `pool` sees it, with the list's resource version to watch from."""

@@ -79,7 +79,8 @@ WITHDRAW_ROUNDS = 3
 
 
 PoolClaims = Callable[[], Awaitable[tuple[ClaimAllocation, ...]]]
-"""The ResourceClaims with devices of this node's DRA pool allocated (sharing.kube's list_pool_claims)."""
+"""The ResourceClaims with devices of this node's DRA pool allocated (what `list_claims_of_pool` of
+sharing.kube calls `allocated`)."""
 
 
 class PodResources(HoldingsSource, Protocol):
