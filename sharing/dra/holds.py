@@ -15,27 +15,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 from sharing.dra import partitions
-from sharing.model import ClaimAllocation, NodeState
+from sharing.model import ClaimAllocation, ClaimHold, NodeState
 
 _NAME = re.compile(r"^gpu-(?P<gpu>\d+)(?:-mig-(?P<mig>\d+))?(?:-replica-(?P<replica>\d+))?$")
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimHold:
-    """One claim and the GPU and MIG device UUIDs its allocation holds."""
-
-    namespace: str
-    name: str
-    pods: tuple[str, ...]
-    uuids: frozenset[str]
-
-    def describe(self) -> str:
-        """`claim ns/name` with the pods using it, for Events."""
-        used = f" (pod {', '.join(self.pods)})" if self.pods else " (no pod yet)"
-        return f"claim {self.namespace}/{self.name}{used}"
 
 
 def claim_holds(claims: Iterable[ClaimAllocation], node: NodeState) -> tuple[ClaimHold, ...]:

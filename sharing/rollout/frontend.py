@@ -25,10 +25,9 @@ import structlog
 from sharing.config import Frontend
 from sharing.devices import Inventory
 from sharing.dra.fragmentation import Fragmented
-from sharing.dra.holds import ClaimHold
+from sharing.kubelet import Holders, device_of
 from sharing.labels import ConfigState
-from sharing.model import NodeState
-from sharing.rollout.holders import Holders, device_of
+from sharing.model import ClaimHold, NodeState
 from sharing.rollout.verdict import Retry, Verdict
 from sharing.text import bounded, listed
 

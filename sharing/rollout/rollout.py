@@ -1,7 +1,7 @@
 """Rolling a config out to the GPUs without ever handing out, destroying or advertising a slice wrongly.
 
 Per GPU, for every change that destroys or alters a device:
-1. plan from a fresh observation and the devices in use (`sharing.rollout.holders`: pods per PodResources,
+1. plan from a fresh observation and the devices in use (`sharing.kubelet.holders`: pods per PodResources,
    the plugins' own recent Allocates, NVML processes; all counted as held when PodResources
    cannot be read, or does not list every pod the API server has bound to this node);
 2. withdraw the devices the plan removes from what the plugins advertise, push that to the
@@ -53,14 +53,13 @@ from sharing.dra.holds import claim_holds
 from sharing.errors import PluginError, SharingError
 from sharing.gpu import GpuBackend, build_spec, write_spec
 from sharing.gpu.mps import MpsDaemons, Readiness
-from sharing.kubelet import recorded_allocations
+from sharing.kubelet import BoundPods, Holders, HoldingsSource, device_of, read_holders, recorded_allocations
 from sharing.labels import ConfigState
 from sharing.mig import Catalog, Outcome
 from sharing.model import ClaimAllocation, Gpu, GpuUuid, NodeState
 from sharing.ops import Metrics
 from sharing.rollout.apply import ApplyReport, NodePlan, execute, plan_node
 from sharing.rollout.frontend import DraFrontend
-from sharing.rollout.holders import BoundPods, Holders, HoldingsSource, device_of, read_holders
 from sharing.rollout.verdict import Retry, Verdict, verdict
 from sharing.store import Journal, JournalCorruptError, JournalError
 from sharing.text import bounded, listed
