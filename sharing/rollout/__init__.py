@@ -5,7 +5,8 @@ what the outcome means, what is advertised, drain mode, and GPU health.
 `withdraw` takes devices away and confirms it with the kubelet, `apply` plans and runs the steps under
 the journal, `mps` keeps the MPS daemons in step, `verdict` turns the result into the state, the Event
 and the retry, and `advertise` offers what the hardware has through the front-end in service
-(`frontend`). `drain` cordons and evicts when asked; `health` follows the backend's XIDs.
+(`frontend`; `switch` moves a node between the device plugins and DRA). `drain` cordons and evicts
+when asked; `health` follows the backend's XIDs.
 """
 
 from sharing.rollout.apply import ApplyReport, apply_config

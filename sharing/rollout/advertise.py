@@ -59,7 +59,7 @@ class Advertiser:
         self.cdi_spec_dir = cdi_spec_dir
         self.mps = mps
         self.frontend = Frontend.DEVICE_PLUGIN
-        """Where `publish` sends the devices (`sharing.rollout.frontend` switches it)."""
+        """Where `publish` sends the devices (`sharing.rollout.switch` switches it)."""
         self.dra_problem = ""
         """Why the DRA front-end could not publish the last inventory ("": it did)."""
         self.shown = Inventory()

@@ -106,7 +106,7 @@ class Rollout:
 
     @property
     def frontend(self) -> Frontend:
-        """Where `advertise` sends the devices (`sharing.rollout.frontend` switches it)."""
+        """Where `advertise` sends the devices (`sharing.rollout.switch` switches it)."""
         return self._advertiser.frontend
 
     @frontend.setter
