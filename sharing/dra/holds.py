@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from sharing.dra import partitions
+from sharing.dra import placements
 from sharing.model import ClaimAllocation, ClaimHold, NodeState
 
 _NAME = re.compile(r"^gpu-(?P<gpu>\d+)(?:-mig-(?P<mig>\d+))?(?:-replica-(?P<replica>\d+))?$")
@@ -33,8 +33,8 @@ def claim_holds(claims: Iterable[ClaimAllocation], node: NodeState) -> tuple[Cla
 def held_by(device: str, node: NodeState) -> frozenset[str]:
     """The UUIDs one allocated device name holds: its device, or its whole GPU when it names nothing
     that exists (an unknown name that looks like no device of ours holds nothing: not our pool's).
-    An on-demand device (`gpu-0-mig-1g-5gb-at-3`) holds what `sharing.dra.partitions.held_by` says."""
-    ondemand = partitions.held_by(device, node)
+    An on-demand device (`gpu-0-mig-1g-5gb-at-3`) holds what `sharing.dra.placements.held_by` says."""
+    ondemand = placements.held_by(device, node)
     if ondemand is not None:
         return ondemand
     found = _NAME.match(device)
