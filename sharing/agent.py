@@ -2,13 +2,14 @@
 
 Triggers (Node label or ConfigMap change, SIGHUP, periodic resync, a retry) only wake the loop
 (GPU health goes straight to the plugins, `sharing.rollout.health`); bursts coalesce and every reconcile
-starts from fresh observations: select a config -> roll it out safely (`sharing.rollout.rollout`) ->
-advertise -> labels, annotations and Events. Bad input leaves the node on its last good config with
-state `failed` and an Event that says why; the plugins keep serving whatever happens to the API
-server. A change that devices in use block is re-checked every few seconds (cheaply: who holds
-what) and applied as soon as they are free; a change that failed for a reason that may pass is
-retried with a growing delay. An agent that restarts while the API server is out of reach
-advertises the config it last applied.
+starts from fresh observations: the front-end the node asks for (`sharing.rollout.switch`) -> select a
+config -> roll it out safely (`sharing.rollout.rollout`) -> advertise -> labels, annotations and
+Events; the MPS daemons are watched beside it (`sharing.rollout.mps`). Bad input leaves the node on
+its last good config with state `failed` and an Event that says why; the plugins keep serving
+whatever happens to the API server. A change that devices in use block is re-checked every few
+seconds (cheaply: who holds what) and applied as soon as they are free; a change that failed for a
+reason that may pass is retried with a growing delay. An agent that restarts while the API server is
+out of reach advertises the config it last applied.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Mapping
 
 import structlog
 
@@ -32,7 +32,6 @@ from sharing.config import (
     select_config,
 )
 from sharing.deviceplugin import Fleet
-from sharing.devices import Inventory
 from sharing.dra.names import DRIVER
 from sharing.errors import SharingError
 from sharing.gpu import GpuBackend
@@ -42,17 +41,12 @@ from sharing.kube import ConfigSources, KubeClient, NodePublisher, watch_node
 from sharing.kubelet import PodResourcesClient
 from sharing.labels import ConfigState
 from sharing.mig import Catalog
-from sharing.model import NodeState
+from sharing.model import ClaimAllocation, NodeState
 from sharing.ops import ConfigStatus, HttpServer, Metrics, Reporter
 from sharing.rollout import Drainer, Retry, Rollout, Verdict, follow_health, held_back
-from sharing.rollout.frontend import (
-    DraFrontend,
-    claim_holders,
-    device_plugin_holders,
-    remember,
-    remembered,
-    switch_waits,
-)
+from sharing.rollout.frontend import DraFrontend
+from sharing.rollout.mps import watch_mps
+from sharing.rollout.switch import Frontends
 from sharing.settings import Settings
 from sharing.store import Journal
 from sharing.text import bounded
@@ -87,10 +81,6 @@ class Agent:
         self.catalog = catalog
         self.dra = dra
         self.metrics = metrics or Metrics(__version__)
-        self._frontend_file = settings.journal.with_name("frontend")
-        self.serving = remembered(self._frontend_file) or Frontend.DEVICE_PLUGIN
-        """The front-end in service (as before a restart; device plugins for an agent that had no choice)."""
-        self._frontend_said: tuple[str, str] | None = None
         self.mps = MpsDaemons(
             settings.mps_root,
             settings.driver_root / CONTROL,
@@ -104,11 +94,7 @@ class Agent:
             journal=Journal(settings.journal),
             pod_resources=pod_resources,
             bound_pods=lambda: asyncio.to_thread(kube.list_node_pods, settings.node_name),
-            claims=(
-                (lambda: asyncio.to_thread(kube.list_pool_claims, DRIVER, settings.node_name))
-                if dra is not None
-                else None
-            ),
+            claims=self._allocated_claims if dra is not None else None,
             dra=dra,
             injection=settings.injection(),
             cdi_spec_dir=settings.cdi_spec_dir,
@@ -127,6 +113,13 @@ class Agent:
         self.node_out = NodePublisher(kube, self.node, catalog)
         if dra is not None:
             dra.event = self.node_out.event
+        self.frontends = Frontends(
+            fleet=fleet,
+            dra=dra,
+            rollout=self.rollout,
+            node_out=self.node_out,
+            remembered_at=settings.journal.with_name("frontend"),
+        )
         self.drain = Drainer(kube, self.node, self.node_out.event, enabled=settings.drain)
         self.sources = ConfigSources(
             kube,
@@ -157,8 +150,7 @@ class Agent:
             serving.enter_context(self.rollout.journal.serving())
         except SharingError as err:  # the journal's own fault, said by every reconcile: keep serving
             log.error("agent_lock_not_held", error=bounded(str(err)))
-        self.rollout.frontend = self.serving
-        await self._start_frontend(self.serving)
+        await self.frontends.start()
         http = HttpServer(self.settings.http_port, self.report.routes()) if self.settings.http_port else None
         if http is not None:
             try:
@@ -167,7 +159,7 @@ class Agent:
                 log.error("http_not_served", error=str(err))
                 http = None
         self.report.alive = self._alive
-        self.report.frontend = self._frontend_health
+        self.report.frontend = self.frontends.health
         await self._recall()
         self.node.start(self.trigger)
         self.sources.start(self.trigger)
@@ -186,7 +178,17 @@ class Agent:
             asyncio.create_task(self._loop(), name="reconcile"),
             asyncio.create_task(self._resync(), name="resync"),
             asyncio.create_task(self._grace(), name="api-grace"),
-            asyncio.create_task(self._watch_mps(), name="mps-watch"),
+            asyncio.create_task(
+                watch_mps(
+                    self.mps,
+                    every_s=self.settings.mps_check_seconds,
+                    republish=self.rollout.republish,
+                    trigger=self.trigger,
+                    node=lambda: self.rollout.node,
+                    event=self.node_out.event,
+                ),
+                name="mps-watch",
+            ),
             asyncio.create_task(self.node_out.events.run(), name="events"),
         ]
         try:
@@ -200,32 +202,21 @@ class Agent:
             await asyncio.gather(*self._tasks, return_exceptions=True)
             if http is not None:
                 await http.stop()
-            if self.serving is Frontend.DRA and self.dra is not None:
-                await self.dra.leave()
-            else:
-                await self._stop_frontend(self.serving)
+            await self.frontends.stop()
             await self.backend.close()
             serving.close()
             log.info("agent_stopped")
+
+    async def _allocated_claims(self) -> tuple[ClaimAllocation, ...]:
+        """The ResourceClaims with devices of this node's DRA pool allocated: they hold those devices."""
+        pool = await asyncio.to_thread(self.kube.list_claims_of_pool, DRIVER, self.settings.node_name)
+        return pool.allocated
 
     def _config_status(self) -> ConfigStatus:
         state = self.node_out.state.value if self.node_out.state else None
         return ConfigStatus(
             self._selected[0], self._selected[1], state, self._in_effect(), self.node_out.last_change
         )
-
-    def _frontend_health(self) -> tuple[bool, str]:
-        """Whether the front-end in service runs, and why it is not ready ("": it is)."""
-        if self.serving is Frontend.DEVICE_PLUGIN:
-            waiting = [p.resource for p in self.fleet.status() if not p.registered]
-            ready = self.fleet.ready
-            return (
-                self.fleet.alive,
-                "" if ready else f"not registered with the kubelet: {', '.join(waiting) or 'pending'}",
-            )
-        if self.dra is None:
-            return True, ""
-        return self.dra.health()
 
     def _alive(self) -> bool:
         return bool(self._tasks) and not any(t.done() for t in self._tasks[:2])
@@ -295,43 +286,6 @@ class Agent:
         if self.rollout.frontend is Frontend.DRA:
             await self.rollout.republish()
 
-    async def _watch_mps(self) -> None:
-        """Ask the MPS daemons whether they answer: one that stopped makes its replicas unhealthy at
-        once, and the reconcile that follows starts it again."""
-        down: set[str] = set()
-        while True:
-            await asyncio.sleep(self.settings.mps_check_seconds)
-            try:
-                changed = await self.mps.check()
-            except SharingError as err:
-                log.warning("mps_check_failed", error=bounded(str(err)))
-                continue
-            if changed:
-                await self.rollout.republish()
-                self.trigger()
-            down = await self._mps_events(down)
-
-    async def _mps_events(self, down: set[str]) -> set[str]:
-        """An Event when a GPU's daemon stops answering, and one when it answers again; the GPUs down."""
-        daemons = self.mps.status()
-        now: set[str] = {s.gpu for s in daemons if s.enforced is None}
-        healthy = {s.gpu for s in daemons if s.healthy}
-        for uuid in sorted(now ^ down):
-            gpu = self.rollout.node.gpu(uuid)
-            where = f"GPU {gpu.index} ({gpu.product})" if gpu else f"GPU {uuid}"
-            if uuid in now:
-                await self.node_out.event(
-                    "Warning",
-                    "MpsDaemonDown",
-                    f"the MPS control daemon of {where} does not answer: its replicas are unhealthy"
-                    " until it is started again",
-                )
-            elif uuid in healthy:
-                await self.node_out.event(
-                    "Normal", "MpsDaemonHealthy", f"the MPS control daemon of {where} answers again"
-                )
-        return now
-
     async def _grace(self) -> None:
         await asyncio.sleep(API_GRACE_S)
         self._grace_over = True
@@ -350,9 +304,12 @@ class Agent:
                 await self._serve_remembered()
             return Verdict(None)
         observed = await self.backend.observe()
-        waits, refused = await self._serve_frontend(node.labels, observed)
+        choice = choose_frontend(
+            node.labels, self.settings.default_frontend(), label=self.settings.frontend_label
+        )
+        waits, refused = await self.frontends.serve(choice, observed)
         if waits is not None:
-            return await self._report_frontend(waits)
+            return waits
         configs = await self.sources.configs(observed)
         await self.node_out.labels_disagree(
             node.labels, self.settings.config_label, self.settings.fallback_label
@@ -394,86 +351,7 @@ class Agent:
         await self.drain.after(verdict, self.rollout.holders)
         return verdict
 
-    # --- the front-end ------------------------------------------------------------------------
-
-    async def _serve_frontend(
-        self, labels: Mapping[str, str], observed: NodeState
-    ) -> tuple[Verdict | None, str]:
-        """Serve through the front-end the node asks for: (a verdict while a switch waits, why the
-        node's choice is refused or "")."""
-        default = self.settings.default_frontend()
-        choice = choose_frontend(labels, default, label=self.settings.frontend_label)
-        refused = choice.error and f"{choice.error}; the node stays on the {self.serving.value} front-end"
-        wanted = choice.frontend or self.serving
-        if wanted is Frontend.DRA and self.dra is None:
-            refused = (
-                f"{choice.source} asks for the dra front-end, which this agent does not have; the node"
-                f" stays on the {self.serving.value} front-end"
-            )
-            wanted = self.serving
-        if wanted is self.serving:
-            return None, refused
-        waits = await self._switch(wanted, observed)
-        return waits, refused
-
-    async def _switch(self, to: Frontend, observed: NodeState) -> Verdict | None:
-        """Withdraw the front-end in service and confirm it free, then start `to`; a verdict while not."""
-        old = self.serving
-        log.info("frontend_switching", to=to.value, frm=old.value)
-        everything = frozenset(
-            {g.uuid for g in observed.gpus} | {ci.uuid for g in observed.gpus for _, ci in g.mig_devices}
-        )
-        if old is Frontend.DRA and self.dra is not None:
-            problem = await self.dra.withdraw()  # the slices deleted, not only emptied
-            self.rollout.advertised = Inventory()
-        else:
-            problem = await self.rollout.withdraw_all(everything)
-        holders = await self.rollout.holders(node=observed)
-        if problem or holders.unknown:
-            return switch_waits(to, (), problem or holders.unknown)
-        if old is Frontend.DEVICE_PLUGIN:
-            held, uuids = device_plugin_holders(holders)
-        else:
-            held, uuids = claim_holders(holders)
-        if held:
-            # Prepared but no longer allocated has no device to watch: looked at again after a backoff.
-            return switch_waits(to, held, blockers=uuids)
-        await self._stop_frontend(old)
-        self.serving = to
-        self.rollout.frontend = to
-        self.rollout.advertised = Inventory()
-        await self._start_frontend(to)
-        await remember(self._frontend_file, to)
-        log.info("frontend_switched", to=to.value)
-        await self.node_out.event(
-            "Normal",
-            "FrontendSwitched",
-            f"the node's devices are now served through the {to.value} front-end",
-        )
-        self._frontend_said = None
-        return None
-
-    async def _start_frontend(self, frontend: Frontend) -> None:
-        if frontend is Frontend.DRA and self.dra is not None:
-            await self.dra.start()
-        elif frontend is Frontend.DEVICE_PLUGIN:
-            await self.fleet.start()
-
-    async def _stop_frontend(self, frontend: Frontend) -> None:
-        if frontend is Frontend.DRA and self.dra is not None:
-            await self.dra.stop()
-        elif frontend is Frontend.DEVICE_PLUGIN:
-            await self.fleet.stop()
-
-    async def _report_frontend(self, verdict: Verdict) -> Verdict:
-        """The state label and, when it is news, the Event of a switch that waits."""
-        await self.node_out.set_state(ConfigState.FAILED)
-        said = (verdict.reason, verdict.subject)
-        if said != self._frontend_said:
-            self._frontend_said = said
-            log.warning("frontend_switch_waits", message=bounded(verdict.message))
-            await self.node_out.event("Warning", verdict.reason, verdict.message)
-        return verdict
+    # --- after a restart ----------------------------------------------------------------------
 
     async def _recall(self) -> None:
         """The config applied before a restart is in effect on the GPUs until another one is: it names

@@ -189,3 +189,18 @@ class ClaimAllocation:
     """The names of the pool's devices allocated to it."""
     pods: tuple[str, ...] = ()
     """`namespace/name` of the pods using it."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimHold:
+    """One claim and the GPU and MIG device UUIDs its allocation holds."""
+
+    namespace: str
+    name: str
+    pods: tuple[str, ...]
+    uuids: frozenset[str]
+
+    def describe(self) -> str:
+        """`claim ns/name` with the pods using it, for Events."""
+        used = f" (pod {', '.join(self.pods)})" if self.pods else " (no pod yet)"
+        return f"claim {self.namespace}/{self.name}{used}"

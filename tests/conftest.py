@@ -135,6 +135,17 @@ def control_plane(
         yield cp
 
 
+@pytest.fixture
+def namespace(control_plane: lab.ControlPlane, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A namespace of the session control plane for one test, named after its module; deleted after
+    it (not waited for)."""
+    module = request.module.__name__.rpartition(".")[2].removeprefix("test_").replace("_", "-")
+    name = f"{module}-{uuid.uuid4().hex[:8]}"
+    control_plane.kubectl("create", "namespace", name, check=True)
+    yield name
+    control_plane.kubectl("delete", "namespace", name, "--wait=false")
+
+
 def _need_root() -> None:
     if os.geteuid() != 0:
         pytest.skip("the kubelet harness needs root (private mount namespace)")

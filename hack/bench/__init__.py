@@ -21,10 +21,10 @@ measures and how:
 - ``trace``: a seeded MIG workload on four A100s through the real kube-scheduler, three ways (the
   best static layout on the device-plugin front-end, on-demand in policy order, in plain order).
 
-The plumbing: ``cluster`` (the single-node control plane, harness and agent), ``clients`` (API,
-watches, harness), ``procs`` (processes, /proc figures), ``expect`` (what a config should give,
-computed from the catalog), ``tracesim`` (the trace's pure half: trace, layouts, replay,
-statistics), ``report`` (targets, budgets, table, JSON). A full run takes about 12 minutes on 2
-cores plus 7 for ``trace``'s three seeds; --quick about 5 (one seed). Needs root and the Go
-binaries (built once).
+The plumbing: ``cluster`` (the single-node control plane, harness and agent), ``labnode`` (a real
+node with the agent's chart, pods started and timed), ``clients`` (API, watches, harness), ``procs``
+(processes, /proc figures), ``expect`` (what a config should give, computed from the catalog),
+``tracesim`` (the trace's pure half: trace, layouts, replay, statistics), ``report`` (targets,
+budgets, table, JSON). A full run takes about 12 minutes on 2 cores plus 7 for ``trace``'s three
+seeds; --quick about 5 (one seed). Needs root and the Go binaries (built once).
 """

@@ -15,20 +15,29 @@ from __future__ import annotations
 
 import contextlib
 import time
-import uuid
 from typing import Any
 
 import lab
 from lab import images
-from lab.helm import NAMESPACE, Helm, lab_values
+from lab.helm import NAMESPACE, lab_values
 
 from bench.clients import CONFIG_LABEL, Api, Watch, pod_view
-from bench.realnode import CONFIGS, TOOLBOX
+from bench.labnode import (
+    DRIVER,
+    PODS,
+    chart_node,
+    pod_body,
+    pod_name,
+    pool_devices,
+    timed_start,
+    wait_until,
+    watching,
+)
+from bench.realnode import CONFIGS
 from bench.report import Budget, Results, percentile, say
 
 NODE = "bench-dra-node"
 FRONTEND_LABEL = "nvidia.com/gpu-sharing.frontend"
-DRIVER = "gpu.nvidia.com"
 # The pool's device names per config (replicas are shares of one device, not devices).
 POOLS = {
     "bench-kinds": {*(f"gpu-{g}-mig-{m}" for g in (0, 1) for m in range(4)), "gpu-2", "gpu-3"},
@@ -41,18 +50,18 @@ def bench_dra(budget: Budget, results: Results) -> None:
     bins = lab.binaries()
     say("dra: images, then the node up (~30 s)")
     archives = images.all_images(bins)
-    node = lab.RealNode("benchdra", NODE, index=3).up(archives)
+    first = next(iter(CONFIGS))
+    node, api = chart_node(
+        bins, archives, "benchdra", NODE, index=3, labels={CONFIG_LABEL: first},
+        values=lab_values(CONFIGS, dra={"enabled": True}),
+    )  # fmt: skip
     try:
-        api = Api(f"https://{node.address}:6443", node.state / "control-plane")
-        first = next(iter(CONFIGS))
-        api.label_node(NODE, {CONFIG_LABEL: first})
-        Helm(node.kubeconfig, binary=bins.helm).upgrade_install(lab_values(CONFIGS, dra={"enabled": True}))
         with contextlib.ExitStack() as stack:
-            pods = stack.enter_context(_watching(Watch(api, "/api/v1/namespaces/default/pods", pod_view)))
-            _wait(lambda: _allocatable(api).get("nvidia.com/mig-1g.5gb") == "4", 180, "device plugins")
+            pods = stack.enter_context(watching(Watch(api, PODS, pod_view)))
+            wait_until(lambda: _allocatable(api).get("nvidia.com/mig-1g.5gb") == "4", 180, "device plugins")
             plugin = _starts(api, pods, budget.pod_starts, dra=False)
             api.label_node(NODE, {FRONTEND_LABEL: "dra"})
-            _wait(lambda: _pool(api) == POOLS[first], 120, "the pool's slices")
+            wait_until(lambda: _pool(api) == POOLS[first], 120, "the pool's slices")
             dra = _starts(api, pods, budget.pod_starts, dra=True)
             results.add("dra_pod_start_vs_deviceplugin_p50", percentile(dra, 50) / percentile(plugin, 50))
             results.note(
@@ -70,52 +79,12 @@ def bench_dra(budget: Budget, results: Results) -> None:
         node.down()
 
 
-@contextlib.contextmanager
-def _watching(watch: Watch) -> Any:
-    watch.start()
-    try:
-        yield watch
-    finally:
-        watch.stop()
-
-
-def _wait(ok: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not ok():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} not reached within {timeout:.0f} s")
-        time.sleep(0.05)
-
-
 def _allocatable(api: Api) -> dict[str, str]:
     return dict(api.request("GET", f"/api/v1/nodes/{NODE}")["status"].get("allocatable", {}))
 
 
 def _pool(api: Api) -> set[str]:
-    items = api.request("GET", "/apis/resource.k8s.io/v1/resourceslices")["items"]
-    return {
-        d["name"]
-        for s in items
-        if s["spec"]["driver"] == DRIVER and s["spec"].get("nodeName") == NODE
-        for d in s["spec"].get("devices", [])
-    }
-
-
-def _pod(name: str, claim: str | None) -> dict[str, Any]:
-    container: dict[str, Any] = {"name": "main", "image": TOOLBOX, "command": ["sleep", "1000000"]}
-    spec: dict[str, Any] = {"restartPolicy": "Never", "terminationGracePeriodSeconds": 0}
-    if claim is None:
-        container["resources"] = {"limits": {"nvidia.com/mig-1g.5gb": "1"}}
-    else:
-        container["resources"] = {"claims": [{"name": "mig"}]}
-        spec["resourceClaims"] = [{"name": "mig", "resourceClaimName": claim}]
-    spec["containers"] = [container]
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": spec,
-    }
+    return set(pool_devices(api, NODE))
 
 
 def _claim(name: str) -> dict[str, Any]:
@@ -130,23 +99,10 @@ def _claim(name: str) -> dict[str, Any]:
 
 def _start(api: Api, pods: Watch, *, dra: bool) -> float:
     """Seconds from the first POST to Running and ready; pod and claim gone before this returns."""
-    name = f"bench-{uuid.uuid4().hex[:8]}"
-    since = pods.mark()
-    start = time.monotonic()
+    name = pod_name()
     if dra:
-        api.create("/apis/resource.k8s.io/v1/namespaces/default/resourceclaims", _claim(name))
-    api.create("/api/v1/namespaces/default/pods", _pod(name, name if dra else None))
-    running = pods.wait(name, lambda v: v["running"], since, 120) - start
-    since = pods.mark()
-    api.request("DELETE", f"/api/v1/namespaces/default/pods/{name}?gracePeriodSeconds=0")
-    deadline = time.monotonic() + 60
-    while not any(kind == "DELETED" and who == name for _, kind, who, _ in pods.since(since)):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"pod {name} not gone within 60 s")
-        time.sleep(0.05)
-    if dra:
-        api.request("DELETE", f"/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/{name}")
-    return running
+        return timed_start(api, pods, pod_body(name, claim=name), _claim(name))
+    return timed_start(api, pods, pod_body(name, limits={"nvidia.com/mig-1g.5gb": "1"}))
 
 
 def _starts(api: Api, pods: Watch, count: int, *, dra: bool) -> list[float]:
@@ -163,7 +119,7 @@ def _slice_updates(api: Api, count: int, results: Results) -> None:
         name = names[(i + 1) % len(names)]
         start = time.monotonic()
         api.label_node(NODE, {CONFIG_LABEL: name})
-        _wait(lambda name=name: _pool(api) == POOLS[name], 90, f"the slices of {name}")
+        wait_until(lambda name=name: _pool(api) == POOLS[name], 90, f"the slices of {name}")
         took.append(time.monotonic() - start)
     results.add("resourceslice_update_s_p95", percentile(took, 95))
     results.note(

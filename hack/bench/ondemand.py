@@ -19,15 +19,25 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-import uuid
 from typing import Any
 
 import lab
 from lab import images
-from lab.helm import NAMESPACE, Helm, lab_values
+from lab.helm import NAMESPACE, lab_values
 
 from bench.clients import CONFIG_LABEL, Api, Watch, pod_view
-from bench.dra import DRIVER, FRONTEND_LABEL, _pod, _wait
+from bench.dra import FRONTEND_LABEL
+from bench.labnode import (
+    DRIVER,
+    PODS,
+    chart_node,
+    pod_body,
+    pod_name,
+    pool_devices,
+    timed_start,
+    wait_until,
+    watching,
+)
 from bench.report import Budget, Results, percentile, say
 
 NODE = "bench-ondemand-node"
@@ -53,17 +63,15 @@ def bench_ondemand(budget: Budget, results: Results) -> None:
     bins = lab.binaries()
     say("ondemand: images, then the node up (~30 s)")
     archives = images.all_images(bins)
-    node = lab.RealNode("benchod", NODE, index=4).up(archives)
+    node, api = chart_node(
+        bins, archives, "benchod", NODE, index=4, labels={CONFIG_LABEL: CONFIG, FRONTEND_LABEL: "dra"},
+        values=lab_values({CONFIG: MIXED}, dra={"enabled": True}),
+    )  # fmt: skip
     try:
-        api = Api(f"https://{node.address}:6443", node.state / "control-plane")
-        api.label_node(NODE, {CONFIG_LABEL: CONFIG, FRONTEND_LABEL: "dra"})
-        Helm(node.kubeconfig, binary=bins.helm).upgrade_install(
-            lab_values({CONFIG: MIXED}, dra={"enabled": True})
-        )
-        _wait(lambda: _ready(api), 240, "pre-made 1g.5gb on GPU 0 and on-demand devices of GPU 1")
+        wait_until(lambda: _ready(api), 240, "pre-made 1g.5gb on GPU 0 and on-demand devices of GPU 1")
         parents = _parents(api)
         with contextlib.ExitStack() as stack:
-            pods = stack.enter_context(_watching(Watch(api, "/api/v1/namespaces/default/pods", pod_view)))
+            pods = stack.enter_context(watching(Watch(api, PODS, pod_view)))
             premade, premade_prep = _series(
                 node, api, pods, budget.pod_starts, parent=parents[0], what="pre-made"
             )
@@ -104,23 +112,8 @@ def _idle_claim_requests(node: lab.RealNode, seconds: float) -> float:
     return (_claim_lists(node) - before) * 60 / seconds
 
 
-@contextlib.contextmanager
-def _watching(watch: Watch) -> Any:
-    watch.start()
-    try:
-        yield watch
-    finally:
-        watch.stop()
-
-
 def _devices(api: Api) -> dict[str, dict[str, Any]]:
-    items = api.request("GET", "/apis/resource.k8s.io/v1/resourceslices")["items"]
-    return {
-        d["name"]: {k: next(iter(v.values())) for k, v in d.get("attributes", {}).items()}
-        for s in items
-        if s["spec"]["driver"] == DRIVER and s["spec"].get("nodeName") == NODE
-        for d in s["spec"].get("devices", [])
-    }
+    return pool_devices(api, NODE)
 
 
 def _ready(api: Api) -> bool:
@@ -164,21 +157,8 @@ def _prepare_totals(node: lab.RealNode) -> tuple[float, float]:
 
 
 def _start(api: Api, pods: Watch, parent: str) -> float:
-    name = f"bench-{uuid.uuid4().hex[:8]}"
-    since = pods.mark()
-    start = time.monotonic()
-    api.create("/apis/resource.k8s.io/v1/namespaces/default/resourceclaims", _claim(name, parent))
-    api.create("/api/v1/namespaces/default/pods", _pod(name, name))
-    running = pods.wait(name, lambda v: v["running"], since, 120) - start
-    since = pods.mark()
-    api.request("DELETE", f"/api/v1/namespaces/default/pods/{name}?gracePeriodSeconds=0")
-    deadline = time.monotonic() + 60
-    while not any(kind == "DELETED" and who == name for _, kind, who, _ in pods.since(since)):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"pod {name} not gone within 60 s")
-        time.sleep(0.05)
-    api.request("DELETE", f"/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/{name}")
-    return running
+    name = pod_name()
+    return timed_start(api, pods, pod_body(name, claim=name), _claim(name, parent))
 
 
 def _series(

@@ -19,22 +19,20 @@ from __future__ import annotations
 
 import contextlib
 import time
-import uuid
-from typing import Any
 
 import lab
 from lab import images
-from lab.helm import Helm, lab_values
+from lab.helm import lab_values
 
 from bench.clients import CONFIG_LABEL, Api, Watch, node_view, pod_view
 from bench.expect import allocatable_match, expected_inventory, expected_labels, labels_match
+from bench.labnode import PODS, chart_node, pod_body, pod_name, timed_start, watching
 from bench.report import Budget, Results, percentile, say
 from sharing.config import parse_configmap
 from sharing.mig.catalog import default_catalog
 
 NODE = "bench-real-node"
 GPUS = ["A100-SXM4-40GB", "A100-SXM4-40GB", "H100-80GB-HBM3", "H100-80GB-HBM3"]
-TOOLBOX = "localhost/toolbox:1"
 # Two configs with different allocatable, both with mig-1g.5gb (the device pods ask for one).
 CONFIGS = {
     "bench-kinds": """version: v1
@@ -68,17 +66,16 @@ def bench_real_node(budget: Budget, results: Results) -> None:
     say("real node: images (built when their inputs changed), then the node up (~30 s)")
     archives = images.all_images(bins)
     start = time.monotonic()
-    node = lab.RealNode("bench", NODE, index=2).up(archives)
+    first = next(iter(CONFIGS))
+    node, api = chart_node(
+        bins, archives, "bench", NODE, index=2, labels={CONFIG_LABEL: first}, values=lab_values(CONFIGS)
+    )
     try:
-        api = Api(f"https://{node.address}:6443", node.state / "control-plane")
-        first = next(iter(CONFIGS))
-        api.label_node(NODE, {CONFIG_LABEL: first})
-        Helm(node.kubeconfig, binary=bins.helm).upgrade_install(lab_values(CONFIGS))
         with contextlib.ExitStack() as stack:
             nodes = stack.enter_context(
-                _watching(Watch(api, "/api/v1/nodes", node_view, f"metadata.name={NODE}"))
+                watching(Watch(api, "/api/v1/nodes", node_view, f"metadata.name={NODE}"))
             )
-            pods = stack.enter_context(_watching(Watch(api, "/api/v1/namespaces/default/pods", pod_view)))
+            pods = stack.enter_context(watching(Watch(api, PODS, pod_view)))
             inventories = {name: _expected(name, text) for name, text in CONFIGS.items()}
             nodes.wait(NODE, allocatable_match(inventories[first]), 0, 180)
             results.note(
@@ -99,15 +96,6 @@ def bench_real_node(budget: Budget, results: Results) -> None:
     results.add("node_stop_s", stopped)
 
 
-@contextlib.contextmanager
-def _watching(watch: Watch) -> Any:
-    watch.start()
-    try:
-        yield watch
-    finally:
-        watch.stop()
-
-
 def _expected(name: str, text: str) -> dict[str, tuple[int, int, int]]:
     catalog = default_catalog()
     config = parse_configmap({name: text}, products=GPUS, catalog=catalog).get(name)
@@ -115,37 +103,9 @@ def _expected(name: str, text: str) -> dict[str, tuple[int, int, int]]:
     return expected_inventory(config, GPUS, catalog)
 
 
-def _pod(name: str, limits: dict[str, str]) -> dict[str, Any]:
-    container = {
-        "name": "main",
-        "image": TOOLBOX,
-        "command": ["sleep", "1000000"],
-        "resources": {"limits": limits},
-    }
-    spec = {"restartPolicy": "Never", "terminationGracePeriodSeconds": 0, "containers": [container]}
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": spec,
-    }
-
-
 def _start_pod(api: Api, pods: Watch, limits: dict[str, str]) -> float:
     """Seconds from the POST to Running and ready; the pod is deleted and gone before this returns."""
-    name = f"bench-{uuid.uuid4().hex[:8]}"
-    since = pods.mark()
-    start = time.monotonic()
-    api.create("/api/v1/namespaces/default/pods", _pod(name, limits))
-    running = pods.wait(name, lambda v: v["running"], since, 120) - start
-    since = pods.mark()
-    api.request("DELETE", f"/api/v1/namespaces/default/pods/{name}?gracePeriodSeconds=0")
-    deadline = time.monotonic() + 60
-    while not any(kind == "DELETED" and who == name for _, kind, who, _ in pods.since(since)):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"pod {name} not gone within 60 s")
-        time.sleep(0.05)
-    return running
+    return timed_start(api, pods, pod_body(pod_name(), limits=limits))
 
 
 def _pod_starts(api: Api, pods: Watch, budget: Budget, results: Results) -> None:

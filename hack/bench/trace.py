@@ -65,7 +65,8 @@ from bench.report import Results, say
 from bench.tracesim import Outcome, TracePod, TraceSpec
 from sharing.config import parse_config
 from sharing.dra.names import DRIVER, parse_ondemand_name, profile_slug
-from sharing.dra.partitions import named, partitionable_slices
+from sharing.dra.partitions import partitionable_slices
+from sharing.dra.placements import named
 from sharing.kube import ApiClient
 from sharing.kube.api import SliceDevice, SliceSpec
 from sharing.kube.resourceslices import SlicePublisher

@@ -73,8 +73,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _apply(args: argparse.Namespace, config: SharingConfig, journal: Journal) -> ApplyReport:
-    from sharing.kubelet import PodResourcesClient
-    from sharing.rollout import read_holders
+    from sharing.kubelet import PodResourcesClient, read_holders
 
     backend = open_from_args(args)
     try:

@@ -70,9 +70,8 @@ def _from_agent(port: int) -> dict[str, Any] | None:
 
 async def _observed(args: argparse.Namespace) -> dict[str, Any]:
     from sharing.devices import build_inventory
-    from sharing.kubelet import PodResourcesClient
+    from sharing.kubelet import PodResourcesClient, read_holders
     from sharing.ops import ConfigStatus, status_document
-    from sharing.rollout import read_holders
 
     backend = open_from_args(args)
     try:

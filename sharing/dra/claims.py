@@ -1,5 +1,6 @@
-"""What a ResourceClaim asks of this node: its allocated devices mapped to ours, its opaque config
-checked. Pure: a claim and the inventory in, devices or a `ClaimError` that says why out.
+"""What a ResourceClaim asks of this node: which of its allocation results are ours, the devices they
+name looked up among ours, its opaque config checked. Pure: a claim and the inventory in, devices or a
+`ClaimError` that says why out.
 
 The kubelet hands the plugin only a claim's namespace, name and UID; the plugin reads the claim and
 uses the allocation results whose driver is its own (dra/v1 api.proto, NodePrepareResources; the Go
@@ -22,10 +23,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sharing.devices import Device
-from sharing.dra.names import DRIVER, parse_ondemand_name
+from sharing.devices import Device, Inventory
+from sharing.dra.names import CDI_KIND, DRIVER, claim_cdi_name, parse_ondemand_name, pool_device_name
 from sharing.errors import PluginError
 from sharing.kube.api import AllocatedConfig, AllocatedDevice, ResourceClaimObject
+from sharing.store import PreparedDevice
 from sharing.text import bounded
 
 CONFIG_API_VERSION = "resource.nvidia.com/v1beta1"
@@ -37,6 +39,15 @@ MPS = "MPS"
 
 class ClaimError(PluginError):
     """A claim this node cannot prepare; the message goes to the kubelet, which puts it on the pod."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimKey:
+    """A claim as the kubelet names it."""
+
+    namespace: str
+    name: str
+    uid: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +93,33 @@ def select(claim: ResourceClaimObject, pool: str, devices: Mapping[str, Device])
             )
         chosen.append(Chosen(result, device))
     return tuple(chosen)
+
+
+def devices_by_name(inventory: Inventory) -> Mapping[str, Device]:
+    """{pool device name: device} of everything the node offers (a replicated device once: its
+    replicas are shares of it)."""
+    found: dict[str, Device] = {}
+    for _, devices in inventory.resources:
+        for d in devices:
+            found.setdefault(pool_device_name(d), d)
+    return found
+
+
+def prepared_device(uid: str, chosen: Chosen) -> PreparedDevice:
+    """A chosen device as claim `uid` gets it (and the checkpoint keeps it)."""
+    return PreparedDevice(
+        # The kubelet matches a container's `resources.claims[].request` against these, so a
+        # prioritized list's `<request>/<subrequest>` is named by its request, as the Go helper
+        # names it (kubeletplugin/draplugin.go, stripSubrequestNames).
+        requests=(chosen.result.request.partition("/")[0],),
+        pool=chosen.result.pool,
+        device=chosen.result.device,
+        uuid=chosen.device.uuid,
+        gpu_uuid=chosen.device.gpu_uuid,
+        cdi_ids=(f"{CDI_KIND}={claim_cdi_name(uid, chosen.result.device)}",),
+        share_id=chosen.result.share_id,
+        admin_access=chosen.result.admin_access,
+    )
 
 
 def ondemand_results(claim: ResourceClaimObject) -> tuple[AllocatedDevice, ...]:

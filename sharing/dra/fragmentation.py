@@ -5,7 +5,7 @@ The kube-scheduler allocates a device only where its counters fit (KEP-4815), so
 Pending and the scheduler says only that no device fits. Nobody moves running instances to make the
 room whole; what the agent can do is say so: this finds those claims from the pool as it is now (the
 placements allocated to claims and the instances that exist) with the placement policy's check
-(`sharing.dra.partitions.request_fit`). A claim names a profile through its per-profile DeviceClass
+(`sharing.dra.placements.request_fit`). A claim names a profile through its per-profile DeviceClass
 `mig-<profile>.nvidia.com` (`+` written `.`, as the chart names them); claims of other classes ask
 for something this cannot judge and are left out.
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
-from sharing.dra.partitions import request_fit
+from sharing.dra.placements import request_fit
 from sharing.kube.api import PendingClaim
 from sharing.mig import Catalog, Product, geometry
 from sharing.mig.policy import Fit
@@ -57,7 +57,7 @@ def fragmented_claims(
     pending: Sequence[PendingClaim],
 ) -> tuple[Fragmented, ...]:
     """The pending claims whose profile fits no dynamic GPU but is FRAGMENTED on at least one
-    (`sharing.dra.partitions.request_fit`)."""
+    (`sharing.dra.placements.request_fit`)."""
     allocated = tuple(allocated)
     products = [
         product

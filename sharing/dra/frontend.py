@@ -33,7 +33,6 @@ import structlog
 
 from sharing.devices import HealthState, Inventory
 from sharing.dra.fragmentation import Fragmented, fragmented_claims
-from sharing.dra.holds import ClaimHold
 from sharing.dra.names import DRIVER
 from sharing.dra.ondemand import OnDemand
 from sharing.dra.partitions import partitionable_slices, pool, withdrawn_static
@@ -47,7 +46,7 @@ from sharing.kube.api import PoolClaims, SliceSpec
 from sharing.kube.resourceslices import SlicePublisher
 from sharing.kubelet.restarts import SocketId, socket_identity
 from sharing.mig import Catalog
-from sharing.model import NodeState
+from sharing.model import ClaimHold, NodeState
 from sharing.text import bounded
 
 log = structlog.get_logger(__name__)

@@ -15,27 +15,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
 
-from sharing.dra import partitions
-from sharing.model import ClaimAllocation, NodeState
+from sharing.dra import placements
+from sharing.model import ClaimAllocation, ClaimHold, NodeState
 
 _NAME = re.compile(r"^gpu-(?P<gpu>\d+)(?:-mig-(?P<mig>\d+))?(?:-replica-(?P<replica>\d+))?$")
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimHold:
-    """One claim and the GPU and MIG device UUIDs its allocation holds."""
-
-    namespace: str
-    name: str
-    pods: tuple[str, ...]
-    uuids: frozenset[str]
-
-    def describe(self) -> str:
-        """`claim ns/name` with the pods using it, for Events."""
-        used = f" (pod {', '.join(self.pods)})" if self.pods else " (no pod yet)"
-        return f"claim {self.namespace}/{self.name}{used}"
 
 
 def claim_holds(claims: Iterable[ClaimAllocation], node: NodeState) -> tuple[ClaimHold, ...]:
@@ -49,8 +33,8 @@ def claim_holds(claims: Iterable[ClaimAllocation], node: NodeState) -> tuple[Cla
 def held_by(device: str, node: NodeState) -> frozenset[str]:
     """The UUIDs one allocated device name holds: its device, or its whole GPU when it names nothing
     that exists (an unknown name that looks like no device of ours holds nothing: not our pool's).
-    An on-demand device (`gpu-0-mig-1g-5gb-at-3`) holds what `sharing.dra.partitions.held_by` says."""
-    ondemand = partitions.held_by(device, node)
+    An on-demand device (`gpu-0-mig-1g-5gb-at-3`) holds what `sharing.dra.placements.held_by` says."""
+    ondemand = placements.held_by(device, node)
     if ondemand is not None:
         return ondemand
     found = _NAME.match(device)

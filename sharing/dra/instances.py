@@ -1,29 +1,32 @@
-"""The claims' side of on-demand MIG instances: what the checkpoint keeps of each, how a failed or
-killed prepare is undone, and how unprepare destroys them.
+"""The claims' side of on-demand MIG instances: how prepare makes them, what the checkpoint keeps of each,
+how a failed or killed prepare is undone, and how unprepare destroys them.
 
-The checkpoint (`sharing.store.claims`) is the authority: an instance is destroyed only when it is
-the one recorded for the claim (same GPU, profile, placement and IDs, and the recorded MIG device),
-never while processes run on it. At start, `recover` adopts what the checkpoint owns and settles a
-prepare a killed agent left pending: a complete instance is rolled forward (kept for the claim; the
-kubelet's retried prepare finds it), a GPU instance without its compute instance is rolled back
-(destroyed; the retry makes it again), and what could not be destroyed stays owned, so it is never
+The checkpoint (`sharing.store.claims`) is the authority: an instance is destroyed only when it is the
+one recorded for the claim (same GPU, profile, placement and IDs, and the recorded MIG device), never
+while processes run on it. At start, `recover` (recorded by `settle`) adopts what the checkpoint owns
+and settles a prepare a killed agent left pending: a complete instance is rolled forward (kept for the
+claim; the kubelet's retried prepare finds it), a GPU instance without its compute instance is rolled
+back (destroyed; the retry makes it again), and what could not be destroyed stays owned, so it is never
 lost. Nothing else on the GPUs is touched.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 import structlog
 
 from sharing.devices import Device, DeviceId, Health
-from sharing.dra.claims import ClaimError
+from sharing.dra.claims import Chosen, ClaimError, ClaimKey, check_config, prepared_device
 from sharing.dra.names import CDI_KIND, claim_cdi_name
-from sharing.dra.ondemand import InstanceBusyError, OnDemand, Placement, find
-from sharing.kube.api import AllocatedDevice
+from sharing.dra.ondemand import InstanceBusyError, OnDemand, Placement, find, occupant, placement_of
+from sharing.dra.records import ClaimRecords
+from sharing.kube.api import AllocatedDevice, ResourceClaimObject
 from sharing.model import GpuInstance, MigUuid
-from sharing.store import OwnedInstance, PreparedClaim, PreparedDevice
+from sharing.store import CheckpointError, OwnedInstance, PreparedClaim, PreparedDevice, PreparedPod
+from sharing.text import bounded
 
 log = structlog.get_logger(__name__)
 
@@ -163,3 +166,96 @@ async def recover(
             del after[uid]
         settled.append(uid)
     return after, tuple(settled)
+
+
+async def settle(ondemand: OnDemand, records: ClaimRecords) -> str:
+    """Settle the on-demand instances the checkpoint owns (`recover`) and record the outcome; why it
+    could not be done, or ""."""
+    if any(d.instance is not None for c in records.claims.values() for d in c.devices):
+        try:
+            claims, settled = await recover(ondemand, records.claims)
+        except ClaimError as err:
+            log.error("ondemand_recovery_failed", error=str(err))
+            return f"the on-demand MIG instances of the checkpoint cannot be checked: {err}"
+        for uid in settled:  # a spec written before the kill may lack devices: the retry writes it
+            await records.drop_spec(uid)
+        if claims != records.claims:
+            try:
+                await asyncio.to_thread(records.checkpoint.save, claims)
+            except CheckpointError as err:
+                log.error("dra_checkpoint_unwritable", error=str(err))
+                return str(err)
+            records.claims = claims
+    try:
+        await ondemand.forget_crashed_step()
+    except ClaimError as err:  # harmless: the next step's journal replaces it
+        log.warning("ondemand_journal_not_recovered", error=str(err))
+    return ""
+
+
+async def prepare_ondemand(
+    key: ClaimKey,
+    claim: ResourceClaimObject,
+    chosen: Sequence[Chosen],
+    wanted: Sequence[AllocatedDevice],
+    *,
+    ondemand: OnDemand | None,
+    records: ClaimRecords,
+) -> tuple[PreparedDevice, ...]:
+    """Make the claim's on-demand MIG devices (or find those made for it before), then its spec; the
+    claim is in the checkpoint as pending before the first instance is made."""
+    ref = f"{key.namespace}/{key.name}"
+    if ondemand is None:
+        raise ClaimError(
+            f"claim {ref}: device {bounded(wanted[0].device, 80)} is an on-demand MIG device, and "
+            "this node makes none (no rule with `mig: dynamic`); delete the claim so that it is "
+            "allocated again"
+        )
+    state = await ondemand.observe()
+    places = []
+    for result in wanted:
+        try:
+            places.append((result, placement_of(state, result.device)))
+        except ClaimError as err:
+            raise ClaimError(f"claim {ref}: {err}") from None
+    mine = {r.device: occupant(p, records.claims, key.uid, ref) for r, p in places}
+    check_config(
+        claim, (*chosen, *(Chosen(r, mig_device(p, MigUuid("(made at prepare)"))) for r, p in places))
+    )
+    static = tuple(prepared_device(key.uid, c) for c in chosen)
+    pods = tuple(PreparedPod(p.name, p.uid) for p in claim.reserved_for)
+    before = records.claims.get(key.uid)
+    intent = PreparedClaim(
+        key.namespace, key.name, key.uid,
+        static + tuple(made_device(key.uid, r, p, mine[r.device]) for r, p in places),
+        pods, pending=True,
+    )  # fmt: skip
+    await records.save({**records.claims, key.uid: intent}, ref)
+    made: list[Made] = []
+    try:
+        for result, place in places:
+            gi = mine[result.device]
+            if gi is None or not gi.compute_instances:
+                made.append((result, place, await ondemand.create(ref, place), gi is None))
+            else:
+                made.append((result, place, gi, False))
+        after = await ondemand.observe()
+        devices = static + tuple(made_device(key.uid, r, p, gi) for r, p, gi, _ in made)
+        entries = [(claim_cdi_name(key.uid, c.result.device), c.device) for c in chosen] + [
+            (claim_cdi_name(key.uid, r.device), mig_device(p, gi.compute_instances[0].uuid, gi))
+            for r, p, gi, _ in made
+        ]
+        await records.write_spec(ref, key.uid, entries, after)
+        record = PreparedClaim(key.namespace, key.name, key.uid, devices, pods)
+        await records.save({**records.claims, key.uid: record}, ref)
+    except ClaimError:
+        left = await undo(ondemand, ref, key.uid, made)
+        await records.forget(
+            ref, key.uid, before if not left else replace(intent, devices=left, pending=False)
+        )
+        raise
+    log.info(
+        "claim_prepared", claim=ref, uid=key.uid, devices=[d.device for d in devices],
+        made=[p.where for _, p, _, new in made if new], pods=[p.name for p in pods],
+    )  # fmt: skip
+    return devices

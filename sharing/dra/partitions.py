@@ -4,14 +4,12 @@ its driver reports, so the kube-scheduler itself picks profile and placement (pu
 KEP-4815 (partitionable devices, beta and on by default in Kubernetes 1.36;
 https://github.com/kubernetes/enhancements/tree/master/keps/sig-scheduling/4815-dra-partitionable-devices)
 models a MIG GPU the way NVIDIA's DRA driver does for `DynamicMIG`
-(kubernetes-sigs/dra-driver-nvidia-gpu, cmd/gpu-kubelet-plugin/partitions.go): one counter set per
-GPU with a counter per capacity (`memory`, `multiprocessors`) and one `memory-slice-<n>` counter of
-value 1 per memory slice; a device per (profile, placement) consumes the memory slices it occupies
-and its memory and multiprocessors. Two placements that overlap share a memory slice, so the
-scheduler can never allocate both, nor more than the GPU holds. A profile the driver allows fewer
-times than it has disjoint placements (the `+me` ones: one per GPU) gets a counter of its own with
-its maximum count. Placements come from the GPU's driver (`Gpu.profiles`, read with NVML's
-`nvmlDeviceGetGpuInstancePossiblePlacements_v2`); the catalog only fills in for a GPU read without.
+(kubernetes-sigs/dra-driver-nvidia-gpu, cmd/gpu-kubelet-plugin/partitions.go): one counter set per GPU,
+and a device per (profile, placement) that consumes from it what the placement occupies, so the
+scheduler can never allocate two overlapping placements, nor more than the GPU holds (the counters and
+what each device takes: `sharing.dra.counters`). Placements come from the GPU's driver (`Gpu.profiles`,
+read with NVML's `nvmlDeviceGetGpuInstancePossiblePlacements_v2`); the catalog only fills in for a GPU
+read without.
 
 The 1.35+ slice rules (k8s.io/api resource/v1 types.go, `ResourceSliceSpec`): a slice holds devices
 or counter sets, never both; at most 8 counter sets per slice, 32 counters per set; at most 64
@@ -37,47 +35,28 @@ GPUs as possible and leaves the others whole.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from sharing.dra.names import DRIVER, ondemand_device_name, parse_ondemand_name, profile_slug
+from sharing.dra.counters import MEMORY, consumption, counters
+from sharing.dra.names import DRIVER, ondemand_device_name
+from sharing.dra.placements import allocated_placements, named, occupied_placements
 from sharing.dra.slices import (
     MAX_DEVICES_WITH_TAINTS,
     NO_SCHEDULE,
     TAINT_GPU_LOST,
     TAINT_XID,
     _bytes,
-    _count,
     _gpu_attributes,
     _mig_capacity,
 )
 from sharing.kube.api import AttributeValue, Capacity, CounterSet, DeviceTaint, SliceDevice, SliceSpec
-from sharing.mig import Catalog, Placement, Product, Profile, default_catalog, geometry
-from sharing.mig.policy import Fit, fit, ranked
+from sharing.mig import Catalog, Placement, Product, default_catalog, geometry
+from sharing.mig.policy import ranked
 from sharing.model import Gpu, NodeState
 
 MAX_COUNTER_SETS = 8
 """Counter sets per ResourceSlice (types.go, `ResourceSliceMaxCounterSets`)."""
-MAX_COUNTERS = 32
-"""Counters per counter set (types.go, `ResourceSliceMaxCountersPerCounterSet`)."""
-MEMORY = "memory"
-MULTIPROCESSORS = "multiprocessors"
-
-
-def counter_set_name(gpu_index: int) -> str:
-    """The counter set of GPU `gpu_index`: `gpu-0-counters` (a DNS label, unique in the pool)."""
-    return f"gpu-{gpu_index}-counters"
-
-
-def memory_slice(n: int) -> str:
-    """The counter of memory slice `n` (NVIDIA's name)."""
-    return f"memory-slice-{n}"
-
-
-def count_counter(profile: str) -> str:
-    """The counter that caps how many instances of `profile` a GPU holds (`1g-5gb-me-instances`)."""
-    return f"{profile_slug(profile)}-instances"
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,62 +70,6 @@ class OnDemandGpu:
     """Placements taken now: allocated to claims, or held by instances that exist."""
     withdrawn: tuple[str, ...] = ()
     """Devices not published because they overlap an instance no allocated device accounts for."""
-
-
-def named(product: Product) -> dict[str, Profile]:
-    """{device-name slug: profile}: the profiles whose devices can be named. Two profiles can have
-    one slug (`1g.24gb+me` and `1g.24gb-me` of an RTX PRO 6000 are both `1g-24gb-me`): the first of
-    them, smallest first then by name, is offered and the others are not, so a name always parses
-    back to one profile."""
-    found: dict[str, Profile] = {}
-    for profile in sorted(product.profiles, key=lambda p: (p.size, p.compute_slices, p.memory_mib, p.name)):
-        found.setdefault(profile_slug(profile.name), profile)
-    return found
-
-
-def allocated_placements(product: Product, gpu_index: int, allocated: Iterable[str]) -> tuple[Placement, ...]:
-    """The placements of GPU `gpu_index` that the allocated device names (of our pool) stand for."""
-    slugs = named(product)
-    found: list[Placement] = []
-    for name in allocated:
-        parsed = parse_ondemand_name(name)
-        if parsed is None or parsed[0] != gpu_index or parsed[1] not in slugs:
-            continue
-        profile = slugs[parsed[1]]
-        if parsed[2] in profile.placements:
-            found.append(Placement(profile.name, parsed[2], profile.size))
-    return tuple(sorted(set(found)))
-
-
-def counters(product: Product, gpu_index: int) -> CounterSet:
-    """The counter set of a dynamic GPU: memory, multiprocessors (where every profile's is known), a
-    counter per memory slice, and one per profile capped below its disjoint placements."""
-    memory, sms = _most(product)
-    values: dict[str, str] = {MEMORY: _bytes(memory)}
-    if sms is not None:
-        values[MULTIPROCESSORS] = _count(sms)
-    values |= {memory_slice(n): "1" for n in range(product.slots)}
-    for profile in product.profiles:
-        if profile.max_count < _disjoint(profile.placements, profile.size):
-            values[count_counter(profile.name)] = _count(profile.max_count)
-    if len(values) > MAX_COUNTERS:
-        raise ValueError(f"{product.name}: {len(values)} counters, more than {MAX_COUNTERS} in one set")
-    return CounterSet(counter_set_name(gpu_index), tuple(sorted(values.items())))
-
-
-def consumption(
-    product: Product, placement: Placement, gpu_index: int, of: CounterSet | None = None
-) -> CounterSet:
-    """What one (profile, placement) takes from its GPU's counter set (`of`, when built already)."""
-    profile = product.require_profile(placement.profile)
-    have = dict((of or counters(product, gpu_index)).counters)
-    values: dict[str, str] = {MEMORY: _bytes(profile.memory_mib)}
-    if MULTIPROCESSORS in have and profile.multiprocessors is not None:
-        values[MULTIPROCESSORS] = _count(profile.multiprocessors)
-    values |= {memory_slice(n): "1" for n in range(placement.start, placement.start + placement.size)}
-    if count_counter(profile.name) in have:
-        values[count_counter(profile.name)] = "1"
-    return CounterSet(counter_set_name(gpu_index), tuple(sorted(values.items())))
 
 
 def ondemand_gpu(
@@ -216,55 +139,6 @@ def ondemand_gpu(
             )
         )
     return OnDemandGpu(gpu.index, whole, tuple(devices), occupied, tuple(withdrawn))
-
-
-def held_by(device: str, node: NodeState) -> frozenset[str] | None:
-    """The UUIDs an allocated on-demand device holds, for the safe change protocol; None when
-    `device` is not an on-demand name. Always the whole GPU, so no other layout is made around a
-    claim's instance (a static layout keeping it would advertise it a second time), plus the MIG
-    devices of the GPU instance at its placement once it is made, or every MIG device of the GPU
-    while it is not (fail closed)."""
-    parsed = parse_ondemand_name(device)
-    if parsed is None:
-        return None
-    gpu = next((g for g in node.gpus if g.index == parsed[0]), None)
-    if gpu is None:
-        return frozenset()
-    for gi in gpu.instances:
-        if profile_slug(gi.profile) == parsed[1] and gi.start == parsed[2] and gi.compute_instances:
-            return frozenset({gpu.uuid, *(ci.uuid for ci in gi.compute_instances)})
-    return frozenset({gpu.uuid, *(ci.uuid for _, ci in gpu.mig_devices)})
-
-
-def occupied_placements(gpu: Gpu, product: Product, allocated: Iterable[str]) -> tuple[Placement, ...]:
-    """The placements of a dynamic GPU taken now: allocated to claims, or held by an instance."""
-    existing = {Placement(gi.profile, gi.start, gi.size) for gi in gpu.instances}
-    return tuple(sorted(existing | set(allocated_placements(product, gpu.index, allocated))))
-
-
-def request_fit(
-    node: NodeState,
-    dynamic: Collection[str],
-    profile: str,
-    catalog: Catalog | None = None,
-    *,
-    allocated: Iterable[str] = (),
-) -> tuple[Fit, tuple[int, ...]]:
-    """Whether one more `profile` fits a dynamic GPU of the node, and the GPUs that say so: FITS with
-    the GPUs that have a free placement; else FRAGMENTED with the GPUs whose free memory and compute
-    would hold it but no placement does (for `sharing status`, an Event and a metric); else FULL."""
-    catalog = catalog if catalog is not None else default_catalog()
-    allocated = tuple(allocated)
-    found: dict[Fit, list[int]] = {Fit.FITS: [], Fit.FRAGMENTED: [], Fit.FULL: []}
-    for gpu in node.gpus:
-        product = geometry(gpu, catalog) if gpu.uuid in dynamic and gpu.mig_enabled else None
-        if product is None or product.profile(profile) is None:
-            continue
-        found[fit(product, occupied_placements(gpu, product, allocated), profile)].append(gpu.index)
-    for kind in (Fit.FITS, Fit.FRAGMENTED):
-        if found[kind]:
-            return kind, tuple(found[kind])
-    return Fit.FULL, tuple(found[Fit.FULL])
 
 
 def device_name_of_gpu(gpu_index: int) -> str:
@@ -360,49 +234,11 @@ def _overlap(a: Placement, b: Placement) -> bool:
     return a.start < b.start + b.size and b.start < a.start + a.size
 
 
-def _disjoint(starts: Sequence[int], size: int) -> int:
-    """The most placements of one size that can be chosen without overlap (greedy by start is exact)."""
-    end, found = -1, 0
-    for start in sorted(starts):
-        if start >= end:
-            found, end = found + 1, start + size
-    return found
-
-
-@functools.cache
-def _most(product: Product) -> tuple[int, int | None]:
-    """At least the most memory (MiB) and multiprocessors any valid layout of the GPU uses together
-    (more than the full profile's on some GPUs): the counters must never refuse a layout the hardware
-    allows. Disjoint placements, maximum counts left out (so an upper bound; the memory-slice
-    counters do the excluding), by the interval-scheduling recurrence over the slots."""
-    sms_known = all(p.multiprocessors is not None for p in product.profiles)
-    best: list[tuple[int, int]] = [(0, 0)] * (product.slots + 1)
-    for slot in range(product.slots - 1, -1, -1):
-        memory, sms = best[slot + 1]
-        for p in product.profiles:
-            if slot in p.placements and slot + p.size <= product.slots:
-                rest = best[slot + p.size]
-                memory = max(memory, p.memory_mib + rest[0])
-                sms = max(sms, (p.multiprocessors or 0) + rest[1])
-        best[slot] = (memory, sms)
-    return best[0][0], best[0][1] if sms_known else None
-
-
 __all__ = [
     "OnDemandGpu",
-    "allocated_placements",
-    "consumption",
-    "count_counter",
-    "counter_set_name",
-    "counters",
     "device_name_of_gpu",
-    "held_by",
-    "memory_slice",
-    "named",
-    "occupied_placements",
     "ondemand_gpu",
     "partitionable_slices",
     "pool",
-    "request_fit",
     "withdrawn_static",
 ]

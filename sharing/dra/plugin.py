@@ -26,7 +26,8 @@ import structlog
 from sharing.devices import HealthState, Inventory
 from sharing.dra.names import CHECKPOINT, DRIVER, LEGACY_SOCKETS, dra_socket, registration_socket
 from sharing.dra.ondemand import OnDemand
-from sharing.dra.prepare import ClaimReader, PreparedClaims, Preparer, Recorder
+from sharing.dra.prepare import ClaimReader, Preparer, Recorder
+from sharing.dra.records import PreparedClaims
 from sharing.dra.registration import RegistrationService
 from sharing.dra.service import DraService, HealthFeed, HealthService, health_of
 from sharing.errors import PluginError

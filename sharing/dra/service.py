@@ -21,8 +21,9 @@ import grpc
 import structlog
 
 from sharing.devices import Health, HealthState, Inventory
+from sharing.dra.claims import ClaimKey
 from sharing.dra.names import pool_device_name
-from sharing.dra.prepare import ClaimKey, Preparer
+from sharing.dra.prepare import Preparer
 from sharing.kubelet.api import dra_v1_pb2 as dra
 from sharing.kubelet.api import drahealth_v1alpha1_pb2 as health
 from sharing.model import GpuUuid, MigUuid

@@ -307,10 +307,6 @@ class KubeClient(Protocol):
         """The pods bound to this node that have not ended (spec.nodeName), with what they ask for."""
         ...
 
-    def list_pool_claims(self, driver: str, pool: str) -> tuple[ClaimAllocation, ...]:
-        """The ResourceClaims that have devices of this driver's pool allocated."""
-        ...
-
     def list_claims_of_pool(self, driver: str, pool: str) -> PoolClaims:
         """Every ResourceClaim as this pool sees it (allocated devices of it, or not allocated yet)."""
         ...

@@ -18,17 +18,19 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
+from sharing.config import Frontend
 from sharing.deviceplugin import Fleet
-from sharing.devices import with_health
+from sharing.devices import Inventory, with_health
+from sharing.dra.fragmentation import Fragmented
+from sharing.gpu.mps import MpsDaemons
+from sharing.kubelet import Holders
+from sharing.model import NodeState
 from sharing.ops.http import Answer, Handler, Request
 from sharing.ops.metrics import PREFIX, Metrics
 from sharing.ops.status import ConfigStatus, mps_daemon, status_document
-
-if TYPE_CHECKING:  # the rollout imports the metrics of this package
-    from sharing.rollout import Rollout
 
 HOLDERS_TTL_S = 1.0
 RENDER_TTL_S = 1.0
@@ -38,13 +40,54 @@ METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 JSON_TYPE = "application/json"
 
 
+class Fragments(Protocol):
+    """The DRA front-end as the report reads it."""
+
+    @property
+    def fragmented(self) -> Sequence[Fragmented]:
+        """Pending claims whose MIG profile fits a dynamic GPU's free memory and compute but no placement."""
+        ...
+
+
+class Hardware(Protocol):
+    """What the report reads of the hardware side of the agent (`sharing.rollout.Rollout`)."""
+
+    @property
+    def node(self) -> NodeState:
+        """The node the advertised devices were built from."""
+        ...
+
+    @property
+    def frontend(self) -> Frontend:
+        """The front-end in service."""
+        ...
+
+    @property
+    def mps(self) -> MpsDaemons | None:
+        """The MPS control daemons (None: MPS is not offered on this node)."""
+        ...
+
+    @property
+    def dra(self) -> Fragments | None:
+        """The DRA front-end (None: this agent has none)."""
+        ...
+
+    def offered(self) -> Inventory:
+        """What the front-end offers now."""
+        ...
+
+    async def holders(self, *, deciding: bool = True) -> Holders:
+        """Who holds which device (`deciding` False: as the kubelet lists it, the API server not asked)."""
+        ...
+
+
 class Reporter:
     """Builds the status document and answers the HTTP routes."""
 
     def __init__(
         self,
         node_name: str,
-        rollout: Rollout,
+        hardware: Hardware,
         fleet: Fleet,
         metrics: Metrics,
         config: Callable[[], ConfigStatus] = ConfigStatus,
@@ -52,7 +95,7 @@ class Reporter:
         holders_localhost_only: bool = False,
     ) -> None:
         self.node_name = node_name
-        self.rollout = rollout
+        self.hardware = hardware
         self.fleet = fleet
         self.metrics = metrics
         self.config = config
@@ -81,13 +124,13 @@ class Reporter:
         loop = asyncio.get_running_loop()
         if self._cached is not None and loop.time() - self._cached[0] < HOLDERS_TTL_S:
             return self._cached[1]
-        holders = await self.rollout.holders(deciding=False)
+        holders = await self.hardware.holders(deciding=False)
         health = self.fleet.health
-        daemons = self.rollout.mps.status() if self.rollout.mps is not None else ()
+        daemons = self.hardware.mps.status() if self.hardware.mps is not None else ()
         document = status_document(
             self.node_name,
-            self.rollout.node,
-            with_health(self.rollout.offered(), health),
+            self.hardware.node,
+            with_health(self.hardware.offered(), health),
             None if holders.unknown else holders.pods,
             self.config(),
             holders_error=holders.unknown,
@@ -105,8 +148,8 @@ class Reporter:
                 for d in daemons
             },
             claims=holders.claims,
-            frontend=self.rollout.frontend.value,
-            fragmented=self.rollout.dra.fragmented if self.rollout.dra is not None else (),
+            frontend=self.hardware.frontend.value,
+            fragmented=self.hardware.dra.fragmented if self.hardware.dra is not None else (),
         )
         self.metrics.snapshot(document, ((p.resource, p.registered) for p in self.fleet.status()))
         self._cached = (loop.time(), document)

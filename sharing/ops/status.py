@@ -15,8 +15,7 @@ from typing import Any
 
 from sharing.devices import REPLICA_SEPARATOR, Device, Inventory
 from sharing.dra.fragmentation import Fragmented
-from sharing.dra.holds import ClaimHold
-from sharing.model import Gpu, GpuUuid, Holding, NodeState
+from sharing.model import ClaimHold, Gpu, GpuUuid, Holding, NodeState
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,8 +20,8 @@ import structlog
 
 from sharing.errors import SharingError
 from sharing.kube import KubeClient, NodeObject, Watched
+from sharing.kubelet import Holders
 from sharing.labels import ConfigState
-from sharing.rollout.holders import Holders
 from sharing.rollout.verdict import Retry, Verdict
 from sharing.text import bounded, listed
 

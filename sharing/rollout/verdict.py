@@ -12,11 +12,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from sharing.config import SharingConfig
+from sharing.kubelet import Holders
 from sharing.labels import ConfigState
 from sharing.mig import Outcome
 from sharing.model import NodeState
 from sharing.rollout.apply import ApplyReport, GpuReport
-from sharing.rollout.holders import Holders
 from sharing.text import bounded, listed, summary
 
 EVENT_LIMIT = 1000

@@ -29,6 +29,7 @@ import lab
 import pytest
 from lab.deadlines import scaled
 
+from tests.apiserver import agent_token, wait_for_policy
 from tests.polling import poll
 
 REPO = Path(__file__).resolve().parents[2]
@@ -55,53 +56,6 @@ def deployed(control_plane: lab.ControlPlane) -> lab.ControlPlane:
         control_plane.kubectl("create", "configmap", CONFIGMAP, "-n", NAMESPACE, check=True)
     wait_for_policy(control_plane)
     return control_plane
-
-
-def wait_for_policy(control_plane: lab.ControlPlane) -> None:
-    """Until the own-node admission policy refuses. The API server reads a new policy a moment after
-    it is created, and until then RBAC alone rules: an attack would pass. The probe is a server-side
-    dry run of an Event by the agent's token without a node claim, which RBAC allows and the policy
-    refuses."""
-    made = control_plane.kubectl("create", "token", "gpu-sharing", "-n", NAMESPACE, check=True)
-    unbound = control_plane.token_kubeconfig(made.stdout.strip(), "agent-without-node")
-    probe = {
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": {"generateName": "probe-", "namespace": "default"},
-        "involvedObject": {"kind": "Node", "name": "probe"},
-        "reason": "Probe",
-        "message": "is the admission policy in force",
-    }
-
-    def refusal() -> str:
-        done = control_plane.kubectl(
-            "create", "--dry-run=server", "-f", "-", kubeconfig=unbound, input=json.dumps(probe)
-        )
-        return done.stderr if done.returncode != 0 else ""
-
-    refused = poll("the own-node admission policy to refuse", refusal, bool, timeout=30)
-    assert "carries no node claim" in refused, refused
-
-
-def agent_token(control_plane: lab.ControlPlane, node: str) -> str:
-    """The agent ServiceAccount's token as its DaemonSet pod on `node` gets it: bound to a pod
-    scheduled there, so it carries the node claim the admission policy checks."""
-    pod = f"agent-{node}"
-    manifest = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": pod, "namespace": NAMESPACE},
-        "spec": {
-            "nodeName": node,
-            "serviceAccountName": "gpu-sharing",
-            "containers": [{"name": "agent", "image": "gpu-sharing:placeholder"}],
-        },
-    }
-    control_plane.kubectl("apply", "-f", "-", input=json.dumps(manifest), check=True)
-    return control_plane.kubectl(
-        "create", "token", "gpu-sharing", "-n", NAMESPACE, "--duration=2h",
-        "--bound-object-kind=Pod", f"--bound-object-name={pod}", check=True,
-    ).stdout.strip()  # fmt: skip
 
 
 @dataclass

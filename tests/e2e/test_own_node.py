@@ -17,7 +17,8 @@ from pathlib import Path
 import lab
 import pytest
 
-from tests.e2e.conftest import NAMESPACE, agent_token
+from tests.apiserver import agent_token
+from tests.e2e.conftest import NAMESPACE
 
 pytestmark = pytest.mark.integration
 

@@ -20,13 +20,12 @@ from sharing.agent import Agent
 from sharing.deviceplugin import Fleet, FleetSettings
 from sharing.devices import Inventory
 from sharing.dra.fragmentation import Fragmented
-from sharing.dra.holds import ClaimHold
 from sharing.errors import KubeError
 from sharing.gpu import simstate
 from sharing.gpu.nvml import NvmlBackend
 from sharing.labels import STATE_LABEL, ConfigState
 from sharing.mig.catalog import default_catalog
-from sharing.model import ClaimAllocation, HealthEvent, NodeState
+from sharing.model import ClaimAllocation, ClaimHold, HealthEvent, NodeState
 from sharing.rollout import Rollout
 from sharing.settings import Settings
 from sharing.store.journal import Journal

@@ -24,7 +24,7 @@ from sharing.labels import ConfigState
 from sharing.mig.catalog import default_catalog
 from sharing.model import BoundPod, Holding, Listing, NodeState
 from sharing.rollout import Rollout
-from sharing.rollout import rollout as rollout_module
+from sharing.rollout import withdraw as withdraw_module
 from sharing.rollout.apply import apply_config
 from sharing.store.journal import Journal
 from tests.unit.fakekubelet import FakeKubelet
@@ -91,7 +91,7 @@ async def test_the_first_change_after_an_agent_restart_waits_until_the_kubelet_s
     observed = await small_slices(backend, tmp_path)
     before = mig_uuids(observed)
     still = Kubelet({SMALL: frozenset(before)})  # the kubelet keeps offering them
-    monkeypatch.setattr(rollout_module, "CONFIRM_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(withdraw_module, "CONFIRM_TIMEOUT_S", 0.2)
     rollout = Rollout(
         backend=backend, fleet=fleet, catalog=CATALOG, journal=Journal(tmp_path / "j2"), pod_resources=still
     )

@@ -78,7 +78,7 @@ def test_the_claims_allocated_from_our_pool_are_listed_with_their_devices_and_po
         },
     }
     control_plane.kubectl("apply", "-f", "-", input=json.dumps(unallocated), check=True)
-    got = ApiClient(str(control_plane.kubeconfig)).list_pool_claims(DRIVER, pool)
+    got = ApiClient(str(control_plane.kubeconfig)).list_claims_of_pool(DRIVER, pool).allocated
     assert [
         ClaimAllocation(ns, "two", uid, ("gpu-0-mig-1", "gpu-1"), (f"{ns}/p",)),
         ClaimAllocation(ns, "waiting", waiting, ("gpu-2",), ()),

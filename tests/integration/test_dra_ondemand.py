@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -192,14 +192,6 @@ class Node:
 def _claim(obj: dict[str, Any]) -> dra.Claim:
     meta = obj["metadata"]
     return dra.Claim(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
-
-
-@pytest.fixture
-def namespace(control_plane: lab.ControlPlane) -> Iterator[str]:
-    name = f"ondemand-{uuid.uuid4().hex[:8]}"
-    control_plane.kubectl("create", "namespace", name, check=True)
-    yield name
-    control_plane.kubectl("delete", "namespace", name, "--wait=false")
 
 
 @pytest.fixture

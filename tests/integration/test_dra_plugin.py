@@ -76,14 +76,6 @@ class Node:
 
 
 @pytest.fixture
-def namespace(control_plane: lab.ControlPlane) -> Iterator[str]:
-    name = f"dra-{uuid.uuid4().hex[:8]}"
-    control_plane.kubectl("create", "namespace", name, check=True)
-    yield name
-    control_plane.kubectl("delete", "namespace", name, "--wait=false")
-
-
-@pytest.fixture
 def driver_root(tmp_path: Path) -> Path:
     """The driver's files as a node has them (device nodes, a library, nvidia-smi)."""
     root = tmp_path / "driver"

@@ -43,6 +43,7 @@ from sharing.model import (
     MigUuid,
     NodeState,
 )
+from tests.apiserver import agent_token, refusal
 from tests.polling import poll
 
 pytestmark = pytest.mark.integration
@@ -83,19 +84,7 @@ def node(chart: lab.ControlPlane) -> Iterator[Node]:
     manifest = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
     chart.kubectl("create", "-f", "-", input=json.dumps(manifest), check=True)
     uid = json.loads(chart.kubectl("get", "node", name, "-o", "json", check=True).stdout)["metadata"]["uid"]
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": f"agent-{name}", "namespace": NAMESPACE},
-        "spec": {"nodeName": name, "serviceAccountName": NAME, "containers": [{"name": "a", "image": "x"}]},
-    }
-    chart.kubectl("apply", "-f", "-", input=json.dumps(pod), check=True)
-    made = chart.kubectl(
-        "create", "token", NAME, "-n", NAMESPACE,
-        "--bound-object-kind=Pod", f"--bound-object-name=agent-{name}",
-    )  # fmt: skip
-    assert made.returncode == 0, made.stderr
-    token = made.stdout.strip()
+    token = agent_token(chart, name, service_account=NAME, namespace=NAMESPACE)
     api = ApiClient(str(chart.token_kubeconfig(token, f"agent-{name}")))
     yield Node(name, uid, api)
     api.close()
@@ -237,10 +226,9 @@ def test_the_admission_policy_keeps_the_agent_to_its_own_nodes_slices(
         chart.kubectl("delete", "resourceslice", made.name)
         return ""
 
-    # The policy is read by the API server a moment after it is created: until then RBAC alone rules.
-    refusal = poll("the policy to refuse", attempt, bool, timeout=30)
+    refused = refusal(attempt)
     expected = f"the gpu-sharing agent on {node.name} may only change ResourceSlices of its own node"
-    assert f"{expected}, not those of {other}" in refusal
+    assert f"{expected}, not those of {other}" in refused
     assert stored(chart, other) == []
     chart.kubectl("delete", "node", other, "--wait=false")
 
@@ -307,9 +295,9 @@ def test_a_token_without_a_node_claim_may_change_no_slice(chart: lab.ControlPlan
             chart.kubectl("delete", "resourceslice", made.name)
             return ""
 
-        refusal = poll("the policy to refuse", attempt, bool, timeout=30)
+        refused = refusal(attempt)
         assert (
-            "the gpu-sharing agent's token carries no node claim; it may change no ResourceSlice" in refusal
+            "the gpu-sharing agent's token carries no node claim; it may change no ResourceSlice" in refused
         )
     finally:
         loose.close()

@@ -69,9 +69,9 @@ class FakeKube:
         self.bound: tuple[BoundPod, ...] = ()
         """The pods bound to the node (none: the tests' pods exist only in the fake kubelet)."""
         self.claims: dict[tuple[str, str], ResourceClaimObject] = {}
-        self.pool_claims: tuple[ClaimAllocation, ...] = ()
-        """What list_pool_claims answers: the claims allocated devices of our pool."""
         """ResourceClaims by (namespace, name)."""
+        self.pool_claims: tuple[ClaimAllocation, ...] = ()
+        """The claims allocated devices of our pool (list_claims_of_pool)."""
         self.slices: dict[str, ResourceSliceObject] = {}
         """ResourceSlices by name."""
         self.slice_writes: list[tuple[str, str, int]] = []
@@ -178,10 +178,6 @@ class FakeKube:
     def list_node_pods(self, node: str) -> tuple[BoundPod, ...]:
         self.requests += 1
         return self.bound
-
-    def list_pool_claims(self, driver: str, pool: str) -> tuple[ClaimAllocation, ...]:
-        self.requests += 1
-        return self.pool_claims
 
     def list_claims_of_pool(self, driver: str, pool: str) -> PoolClaims:
         self.requests += 1

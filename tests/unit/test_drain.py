@@ -11,10 +11,10 @@ import pytest
 
 from sharing.kube import NodeObject
 from sharing.kube.watch import watch_node
+from sharing.kubelet.holders import Holders
 from sharing.labels import ConfigState
 from sharing.model import Holding
 from sharing.rollout.drain import CORDONED, Drainer
-from sharing.rollout.holders import Holders
 from sharing.rollout.verdict import Retry, Verdict
 from tests.unit.fakekube import FakeKube
 

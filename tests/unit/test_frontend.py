@@ -7,10 +7,19 @@ import pytest
 from sharing.cli.status import describe
 from sharing.config import FRONTEND_LABEL, Frontend, FrontendChoice, choose_frontend
 from sharing.devices.inventory import Device, DeviceId, Health, Inventory, ResourceName
-from sharing.dra.holds import ClaimHold, claim_holds
-from sharing.model import ClaimAllocation, ComputeInstance, Gpu, GpuInstance, GpuUuid, MigUuid, NodeState
+from sharing.dra.holds import claim_holds
+from sharing.kubelet.holders import Holders
+from sharing.model import (
+    ClaimAllocation,
+    ClaimHold,
+    ComputeInstance,
+    Gpu,
+    GpuInstance,
+    GpuUuid,
+    MigUuid,
+    NodeState,
+)
 from sharing.ops.status import ConfigStatus, status_document
-from sharing.rollout.holders import Holders
 
 DP, DRA = Frontend.DEVICE_PLUGIN, Frontend.DRA
 LABEL = f"label {FRONTEND_LABEL}"

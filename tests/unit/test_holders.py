@@ -7,9 +7,9 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from sharing.devices.inventory import Device, DeviceId, Health, Inventory, inventory_from, reformed
+from sharing.kubelet.holders import Holders, read_holders
 from sharing.labels import ConfigState
 from sharing.model import BoundPod, GpuUuid, Holding, Listing, MigUuid, NodeState
-from sharing.rollout.holders import Holders, read_holders
 from sharing.rollout.verdict import Retry, Verdict, held_back
 
 GPU = "nvidia.com/gpu"

@@ -13,17 +13,10 @@ from collections.abc import Iterator, Sequence
 
 import pytest
 
+from sharing.dra.counters import counters
 from sharing.dra.names import DRIVER, ondemand_device_name
-from sharing.dra.partitions import (
-    MAX_COUNTER_SETS,
-    counters,
-    held_by,
-    named,
-    partitionable_slices,
-    pool,
-    request_fit,
-    withdrawn_static,
-)
+from sharing.dra.partitions import MAX_COUNTER_SETS, partitionable_slices, pool, withdrawn_static
+from sharing.dra.placements import held_by, named, request_fit
 from sharing.dra.slices import MAX_DEVICES_WITH_TAINTS
 from sharing.kube.api import CounterSet, SliceDevice, SliceSpec
 from sharing.mig import Placement, Product, Profile, default_catalog

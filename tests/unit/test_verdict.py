@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from sharing.config.spec import SharingConfig
+from sharing.kubelet.holders import Holders
 from sharing.mig.change import Outcome, Step, StepKind
 from sharing.model import GpuUuid, Holding, NodeState, UnreadableGpu
 from sharing.rollout.apply import ApplyReport, GpuReport
-from sharing.rollout.holders import Holders
 from sharing.rollout.verdict import EVENT_LIMIT, Retry, verdict
 from sharing.text import summary
 

@@ -33,9 +33,8 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from sharing.devices import REPLICA_SEPARATOR, Inventory, forms
-from sharing.dra.holds import ClaimHold
 from sharing.errors import SharingError
-from sharing.model import BoundPod, Holding, Listing, NodeState
+from sharing.model import BoundPod, ClaimHold, Holding, Listing, NodeState
 from sharing.text import bounded, listed
 
 

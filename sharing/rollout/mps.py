@@ -1,0 +1,116 @@
+"""The MPS control daemons as part of a change and between changes: after the hardware steps, each
+GPU's daemon is started, restarted or stopped for what the GPU now has; meanwhile they are asked
+every few seconds whether they still answer.
+
+A daemon enforces the limits of its GPU's MPS replicas (`sharing.gpu.mps`), and those replicas are
+offered only while it does (`sharing.rollout.advertise`). A GPU whose hardware change did not happen
+keeps the daemon of the config still in effect on it. A daemon that cannot change while processes
+run on its GPU makes that GPU's change wait for them (BLOCKED), one that fails to start fails it. One
+that stops answering makes its replicas unhealthy at once, and the reconcile that follows starts it
+again; each way is said once with an Event on the Node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
+
+import structlog
+
+from sharing.config import SharingConfig
+from sharing.devices import MpsSettings, mps_settings
+from sharing.errors import SharingError
+from sharing.gpu.mps import MpsDaemons
+from sharing.mig import Catalog, Outcome
+from sharing.model import GpuUuid, NodeState
+from sharing.rollout.apply import ApplyReport
+from sharing.text import bounded
+
+log = structlog.get_logger(__name__)
+
+Event = Callable[[str, str, str], Awaitable[None]]
+"""Records an Event on the Node: (type, reason, message)."""
+
+
+async def enforce_mps(
+    mps: MpsDaemons,
+    config: SharingConfig,
+    report: ApplyReport,
+    after: NodeState,
+    *,
+    effective: Mapping[GpuUuid, SharingConfig | None],
+    catalog: Catalog,
+) -> tuple[ApplyReport, bool, frozenset[GpuUuid]]:
+    """Start, restart or stop the MPS daemons for what each GPU now has: the report with the GPUs whose
+    daemon waits (BLOCKED) or failed (FAILED), whether one failed, and the GPUs that wait.
+
+    `effective` is the config in effect on each GPU before this change.
+    """
+    done = {g.uuid for g in report.gpus if g.outcome in (Outcome.APPLIED, Outcome.UNCHANGED)}
+    wanted: dict[GpuUuid, MpsSettings] = {}
+    for gpu in after.gpus:
+        cfg = config if gpu.uuid in done else effective.get(gpu.uuid)
+        settings = mps_settings(cfg, gpu, catalog)
+        if settings is not None:
+            wanted[gpu.uuid] = settings
+    results = await mps.enforce(wanted, after)
+    blocked: set[GpuUuid] = set()
+    failed = False
+    gpus = []
+    for g in report.gpus:
+        result = results.get(g.uuid)
+        if g.uuid in done and result is not None and result.outcome in (Outcome.BLOCKED, Outcome.FAILED):
+            failed |= result.outcome is Outcome.FAILED
+            if result.outcome is Outcome.BLOCKED:
+                blocked.add(g.uuid)
+            blockers = (g.uuid,) if result.outcome is Outcome.BLOCKED else ()
+            gpus.append(replace(g, outcome=result.outcome, reason=result.reason, blockers=blockers))
+        else:
+            gpus.append(g)
+    return replace(report, gpus=tuple(gpus)), failed, frozenset(blocked)
+
+
+async def watch_mps(
+    mps: MpsDaemons,
+    *,
+    every_s: float,
+    republish: Callable[[], Awaitable[None]],
+    trigger: Callable[[], None],
+    node: Callable[[], NodeState],
+    event: Event,
+) -> None:
+    """Ask the MPS daemons whether they answer: one that stopped makes its replicas unhealthy at
+    once (`republish`), and the reconcile that follows (`trigger`) starts it again."""
+    down: set[str] = set()
+    while True:
+        await asyncio.sleep(every_s)
+        try:
+            changed = await mps.check()
+        except SharingError as err:
+            log.warning("mps_check_failed", error=bounded(str(err)))
+            continue
+        if changed:
+            await republish()
+            trigger()
+        down = await _said(mps, down, node, event)
+
+
+async def _said(mps: MpsDaemons, down: set[str], node: Callable[[], NodeState], event: Event) -> set[str]:
+    """An Event when a GPU's daemon stops answering, and one when it answers again; the GPUs down."""
+    daemons = mps.status()
+    now: set[str] = {s.gpu for s in daemons if s.enforced is None}
+    healthy = {s.gpu for s in daemons if s.healthy}
+    for uuid in sorted(now ^ down):
+        gpu = node().gpu(uuid)
+        where = f"GPU {gpu.index} ({gpu.product})" if gpu else f"GPU {uuid}"
+        if uuid in now:
+            await event(
+                "Warning",
+                "MpsDaemonDown",
+                f"the MPS control daemon of {where} does not answer: its replicas are unhealthy"
+                " until it is started again",
+            )
+        elif uuid in healthy:
+            await event("Normal", "MpsDaemonHealthy", f"the MPS control daemon of {where} answers again")
+    return now

@@ -1,0 +1,68 @@
+"""What tests against the real kube-apiserver (hack/lab) do the same way: the agent's token as its
+DaemonSet pod gets it, and waiting until an admission policy a test applied is in force."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import lab
+
+from tests.polling import poll
+
+AGENT = "gpu-sharing"
+"""The agent's ServiceAccount and namespace as deploy/ names them."""
+
+
+def agent_token(
+    cp: lab.ControlPlane, node: str, *, service_account: str = AGENT, namespace: str = AGENT
+) -> str:
+    """The agent ServiceAccount's token as its DaemonSet pod on `node` gets it: bound to a pod
+    scheduled there (`agent-<node>`), so it carries the node claim the admission policy checks."""
+    pod = f"agent-{node}"
+    manifest = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": pod, "namespace": namespace},
+        "spec": {
+            "nodeName": node,
+            "serviceAccountName": service_account,
+            "containers": [{"name": "agent", "image": "gpu-sharing:placeholder"}],
+        },
+    }
+    cp.kubectl("apply", "-f", "-", input=json.dumps(manifest), check=True)
+    return cp.kubectl(
+        "create", "token", service_account, "-n", namespace, "--duration=2h",
+        "--bound-object-kind=Pod", f"--bound-object-name={pod}", check=True,
+    ).stdout.strip()  # fmt: skip
+
+
+def refusal(attempt: Callable[[], str], timeout: float = 30) -> str:
+    """What the API server answers `attempt` once an admission policy refuses it (`attempt` returns ""
+    while the request passes, and undoes it). The API server reads a new policy a moment after it is
+    created, and until then RBAC alone rules: an attack would pass."""
+    return str(poll("the own-node admission policy to refuse", attempt, bool, timeout=timeout))
+
+
+def wait_for_policy(cp: lab.ControlPlane) -> None:
+    """Until the own-node admission policy refuses. The probe is a server-side dry run of an Event by
+    the agent's token without a node claim, which RBAC allows and the policy refuses."""
+    made = cp.kubectl("create", "token", AGENT, "-n", AGENT, check=True)
+    unbound = cp.token_kubeconfig(made.stdout.strip(), "agent-without-node")
+    probe = {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": "probe-", "namespace": "default"},
+        "involvedObject": {"kind": "Node", "name": "probe"},
+        "reason": "Probe",
+        "message": "is the admission policy in force",
+    }
+
+    def attempt() -> str:
+        done = cp.kubectl(
+            "create", "--dry-run=server", "-f", "-", kubeconfig=unbound, input=json.dumps(probe)
+        )
+        return done.stderr if done.returncode != 0 else ""
+
+    refused = refusal(attempt)
+    assert "carries no node claim" in refused, refused
