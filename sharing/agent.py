@@ -202,10 +202,12 @@ class Agent:
             await asyncio.gather(*self._tasks, return_exceptions=True)
             if http is not None:
                 await http.stop()
-            await self.frontends.stop()
-            await self.backend.close()
-            serving.close()
-            log.info("agent_stopped")
+            try:
+                await self.frontends.stop()
+            finally:  # NVML is released and the journal's lock dropped whatever the front-end did
+                await self.backend.close()
+                serving.close()
+                log.info("agent_stopped")
 
     async def _allocated_claims(self) -> tuple[ClaimAllocation, ...]:
         """The ResourceClaims with devices of this node's DRA pool allocated: they hold those devices."""

@@ -138,6 +138,10 @@ class Slices:
     async def stop(self) -> None:
         self.running = False
 
+    async def leave(self) -> None:
+        await self.withdraw()
+        await self.stop()
+
     async def publish(self, inventory: Inventory, node: NodeState) -> str:
         self.published.append(inventory)
         return ""
