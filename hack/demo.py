@@ -18,11 +18,13 @@ Without --detach it stays up until Ctrl-C; --down stops what a detached run left
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -63,6 +65,15 @@ def say(message: str) -> None:
     print(f"==> {message}", file=sys.stderr, flush=True)
 
 
+@contextlib.contextmanager
+def phase(name: str, doing: str) -> Iterator[None]:
+    """Say what starts, then how long it took (the README quotes these)."""
+    say(doing)
+    started = time.monotonic()
+    yield
+    say(f"{name}: {time.monotonic() - started:.0f} s")
+
+
 def wait(what: str, check: object, timeout: float = 180) -> None:
     deadline = time.monotonic() + timeout
     while not check():  # type: ignore[operator]
@@ -72,16 +83,19 @@ def wait(what: str, check: object, timeout: float = 180) -> None:
 
 
 def up() -> RealNode:
-    say("building or reusing the Go binaries (first run: ~25 minutes on 2 cores)")
-    bins = binaries()
-    say("building or reusing the images: pause, toolbox, the agent from deploy/Dockerfile")
-    archives = images.all_images(bins)
-    say(
-        f"starting node {NODE}: etcd, kube-apiserver, containerd, kubelet, scheduler, controllers, kube-proxy"
-    )
-    started = time.monotonic()
-    node = RealNode(NAME, NODE).up(archives)
-    say(f"node {NODE} Ready in {time.monotonic() - started:.0f}s (logs: {node.logs()})")
+    with phase(
+        "Go binaries", "building or reusing the Go binaries (the first build: about 11 minutes on 2 cores)"
+    ):
+        bins = binaries()
+    with phase("images", "building or reusing the images: pause, toolbox, the agent from deploy/Dockerfile"):
+        archives = images.all_images(bins)
+    with phase(
+        f"node {NODE} Ready",
+        f"starting node {NODE}: etcd, kube-apiserver, containerd, kubelet, scheduler, controllers,"
+        " kube-proxy",
+    ):
+        node = RealNode(NAME, NODE).up(archives)
+    say(f"the node's logs: {node.logs()}")
 
     def kubectl(*args: str) -> str:
         return node.kubectl(*args, check=True).stdout
@@ -100,13 +114,13 @@ def up() -> RealNode:
     wait("the slices on the Node", sliced)
     say(f"slices visible on the Node {time.monotonic() - started:.0f}s after the install")
     print(kubectl("describe", "node", NODE))
-    say("starting pod mig-demo with limits nvidia.com/mig-1g.5gb: 1")
-    node.kubectl("apply", "-f", "-", input=POD, check=True)
-    wait(
-        "pod mig-demo Running",
-        lambda: kubectl("get", "pod", "mig-demo", "-o", "jsonpath={.status.phase}") == "Running",
-        60,
-    )
+    with phase("pod mig-demo Running", "starting pod mig-demo with limits nvidia.com/mig-1g.5gb: 1"):
+        node.kubectl("apply", "-f", "-", input=POD, check=True)
+        wait(
+            "pod mig-demo Running",
+            lambda: kubectl("get", "pod", "mig-demo", "-o", "jsonpath={.status.phase}") == "Running",
+            60,
+        )
     print(kubectl("get", "pods", "-A", "-o", "wide"))
     env = kubectl("exec", "mig-demo", "--", "env")
     visible = next(
@@ -253,10 +267,12 @@ def main() -> int:
     # background of a script (which would otherwise leave SIGINT ignored).
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.default_int_handler)
+    started = time.monotonic()
     try:
         node = up()
         if args.dra:
             dra(node)
+        say(f"the demo is up: {time.monotonic() - started:.0f} s in all")
         if not args.detach:
             # From here on a stop signal waits for `sigwait` below instead of raising wherever the
             # code is: a KeyboardInterrupt raised between two statements outside the `try` that

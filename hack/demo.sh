@@ -7,8 +7,8 @@
 #   hack/demo.sh --down     stop a detached demo
 #   hack/demo.sh --dra      then switch the node to DRA: claims for a GPU and a MIG device, and
 #                           nvidia.com/mig-1g.5gb limits through the DeviceClass (ResourceSlices printed)
-# The first run builds the Go binaries (~25 minutes on 2 cores) and the images (~2 minutes); later
-# runs reuse them from ~/.cache/gpu-sharing and take well under a minute. Needs root.
+# The first run builds the Go binaries and the images; later runs reuse them from
+# ~/.cache/gpu-sharing. Each phase prints how long it took (README quotes them). Needs root.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 venv=$("$root/hack/venv.sh")
