@@ -107,6 +107,7 @@ def agentrestart_part(tmp: Path, budget: Budget, results: Results) -> None:
 
 
 def run(name: str, part: Callable[[], None], results: Results) -> None:
+    started = time.monotonic()
     try:
         part()
     except (KeyboardInterrupt, SystemExit):
@@ -114,6 +115,9 @@ def run(name: str, part: Callable[[], None], results: Results) -> None:
     except Exception as err:  # report it, go on with the other parts
         results.errors.append(f"{name}: {type(err).__name__}: {err}"[:2000])
         say(f"{name} failed: {err}"[:2000])
+    finally:
+        results.parts[name] = time.monotonic() - started
+        say(f"{name}: {results.parts[name]:.0f} s")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

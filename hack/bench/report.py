@@ -164,6 +164,8 @@ class Results:
     runs: dict[str, list[float]] = field(default_factory=dict)
     info: list[tuple[str, str]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    parts: dict[str, float] = field(default_factory=dict)
+    """Seconds each part that ran took (it ran to its end or failed: see `errors`)."""
 
     def add(self, metric: str, value: float) -> None:
         self.runs.setdefault(metric, []).append(value)
@@ -255,5 +257,6 @@ def as_json(results: Results, info: dict[str, Any]) -> dict[str, Any]:
             value = results.value(metric)
             out[metric] = None if value is None else round(value, 4)
     out["errors"] = results.errors
+    out["parts_s"] = {part: round(seconds, 1) for part, seconds in results.parts.items()}
     out["machine"] = info
     return out
