@@ -14,6 +14,7 @@ the tarballs into its containerd; pods find them by name and never pull (``IfNot
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -194,6 +195,11 @@ def agent() -> Path:
 
 
 def all_images(bins: Binaries) -> list[Path]:
-    """pause, toolbox and the agent, each built when its inputs changed."""
-    packages.ensure()
-    return [pause(bins), toolbox(), agent()]
+    """pause, toolbox and the agent, each built when its inputs changed; one builder at a time per
+    cache (parallel test workers and the bench may ask at once: the second finds them built)."""
+    lock = cache_dir() / "images.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with lock.open("w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        packages.ensure()
+        return [pause(bins), toolbox(), agent()]
