@@ -10,7 +10,9 @@
 #                                (default: one per core); also SHARING_TEST_LOAD=N. A GPU node is
 #                                never idle: a race that shows only under load is a bug.
 #
-# Other arguments go to pytest (`hack/test.sh -k plan`, `hack/test.sh --randomly-seed=N`).
+# Other arguments go to pytest (`hack/test.sh -k plan`, `hack/test.sh --randomly-seed=N`). The tests
+# run on SHARING_TEST_WORKERS workers (pytest-xdist; default one per core): the real node's tests on
+# one of them, the rest wherever a worker is free. SHARING_TEST_WORKERS=0 runs them in one process.
 # SHARING_TEST_TIMEOUT_SCALE stretches every deadline of the tests (tests/deadlines.py); under load
 # it defaults to 3.
 set -uo pipefail
@@ -48,6 +50,10 @@ if [ "$load" -gt 0 ]; then
   echo "==> under load: $load CPU-bound processes beside the tests (deadlines x$SHARING_TEST_TIMEOUT_SCALE)" >&2
 fi
 
+workers=${SHARING_TEST_WORKERS:-$(nproc)}
+parallel=()
+[ "$workers" -gt 0 ] && parallel=(-n "$workers" --dist loadgroup)
+
 venv=$(hack/venv.sh) || { echo "FAILED: could not create the Python environment" >&2; exit 1; }
 export PATH="$venv/bin:$PATH" PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
 
@@ -66,7 +72,7 @@ step "import contracts" lint-imports --no-cache
 step "generated code" hack/gen-proto.sh --check
 step "generated presets are up to date" python hack/gen-presets.py --check
 if $quick; then
-  step "pytest (unit, fakedriver)" pytest tests/unit tests/fakedriver --durations=10 "${args[@]}"
+  step "pytest (unit, fakedriver)" pytest tests/unit tests/fakedriver "${parallel[@]}" --durations=10 "${args[@]}"
 else
   # Every Go binary of hack/lab (control plane, kubelet harness, the real node's kubelet,
   # controllers, containerd, helm): built once per machine (about 11 minutes cold on 2 cores), then
@@ -87,7 +93,7 @@ else
   # with `hack/test.sh --randomly-seed=N`, keep file order with `-p no:randomly`). With CI=true a
   # test skipped outside tests/gpu fails (tests/conftest.py): a CI run without root or Go must not
   # pass as if it had run the harness, e2e and node tests. No test collected (exit code 5) fails too.
-  step "pytest" pytest --durations=30 "${args[@]}"
+  step "pytest" pytest "${parallel[@]}" --durations=30 "${args[@]}"
 fi
 stop_load
 

@@ -71,9 +71,12 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Build the Go binaries (and, for tests/node, the images) once, before any test runs.
+    """Build the Go binaries (and, for tests/node, the images) once, before any test runs, and say
+    which tests share a worker when the run is spread over several (pytest-xdist, `--dist
+    loadgroup`): every test of the real node on one (they share its one node), the bench's own group
+    on another, both first; the rest goes to whichever worker is free.
 
-    A cold build (~25 minutes) inside a fixture would count against the per-test timeout
+    A cold build (~11 minutes) inside a fixture would count against the per-test timeout
     (pytest-timeout); here it does not. Errors are kept and reported by the fixture.
     """
     global _build_error  # noqa: PLW0603
@@ -81,6 +84,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         marker = item.get_closest_marker("timeout")
         if marker is not None and marker.args:
             item.add_marker(pytest.mark.timeout(scaled(marker.args[0])), append=False)
+        group = _worker_group(item)
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
+    # The long groups first (in the order pytest-randomly gave them): the scheduler hands out the
+    # largest group first and single tests in order, so neither is left for the end of the run.
+    items.sort(key=lambda item: _worker_group(item) != "bench")
     node = any(item.get_closest_marker("node") for item in items)
     if not node and not any(item.get_closest_marker("integration") for item in items):
         return
@@ -96,6 +105,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         pass  # the fixture skips
     except lab.ClusterError as e:
         _build_error = e
+
+
+def _worker_group(item: pytest.Item) -> str:
+    if item.get_closest_marker("node"):
+        return "node"
+    return "bench" if item.path.is_relative_to(_TESTS / "bench") else ""
 
 
 @pytest.fixture(scope="session")
