@@ -70,11 +70,14 @@ def pytest_configure(config: pytest.Config) -> None:
         config._env_timeout = scaled(config._env_timeout)  # type: ignore[attr-defined]
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Build the Go binaries (and, for tests/node, the images) once, before any test runs, and say
     which tests share a worker when the run is spread over several (pytest-xdist, `--dist
-    loadgroup`): every test of the real node on one (they share its one node), the bench's own group
-    on another, both first; the rest goes to whichever worker is free.
+    loadgroup`): every test of the session's real node on one (they share its one node), those that
+    start nodes of their own and read the whole host (the bench's smoke run, `down`) on another, both
+    first; the rest goes to whichever worker is free. It runs after pytest-randomly's shuffle and
+    before pytest-xdist reads the groups.
 
     A cold build (~11 minutes) inside a fixture would count against the per-test timeout
     (pytest-timeout); here it does not. Errors are kept and reported by the fixture.
@@ -107,10 +110,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         _build_error = e
 
 
+_HOST_WIDE = (_TESTS / "bench", _TESTS / "node" / "test_teardown.py")
+"""Tests that start real nodes of their own and read the host as a whole (its cgroups, links and
+rules before and after): one at a time, on one worker."""
+
+
 def _worker_group(item: pytest.Item) -> str:
-    if item.get_closest_marker("node"):
-        return "node"
-    return "bench" if item.path.is_relative_to(_TESTS / "bench") else ""
+    if any(item.path.is_relative_to(p) for p in _HOST_WIDE):
+        return "bench"
+    return "node" if item.get_closest_marker("node") else ""
 
 
 @pytest.fixture(scope="session")
