@@ -52,7 +52,7 @@ fi
 
 workers=${SHARING_TEST_WORKERS:-$(nproc)}
 parallel=()
-[ "$workers" -gt 0 ] && parallel=(-n "$workers" --dist loadgroup)
+[ "$workers" -gt 0 ] && parallel=(-n "$workers")
 
 venv=$(hack/venv.sh) || { echo "FAILED: could not create the Python environment" >&2; exit 1; }
 export PATH="$venv/bin:$PATH" PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"

@@ -70,14 +70,8 @@ def pytest_configure(config: pytest.Config) -> None:
         config._env_timeout = scaled(config._env_timeout)  # type: ignore[attr-defined]
 
 
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Build the Go binaries (and, for tests/node, the images) once, before any test runs, and say
-    which tests share a worker when the run is spread over several (pytest-xdist, `--dist
-    loadgroup`): every test of the session's real node on one (they share its one node), those that
-    start nodes of their own and read the whole host (the bench's smoke run, `down`) on another, both
-    first; the rest goes to whichever worker is free. It runs after pytest-randomly's shuffle and
-    before pytest-xdist reads the groups.
+    """Build the Go binaries (and, for tests/node, the images) once, before any test runs.
 
     A cold build (~11 minutes) inside a fixture would count against the per-test timeout
     (pytest-timeout); here it does not. Errors are kept and reported by the fixture.
@@ -87,12 +81,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         marker = item.get_closest_marker("timeout")
         if marker is not None and marker.args:
             item.add_marker(pytest.mark.timeout(scaled(marker.args[0])), append=False)
-        group = _worker_group(item)
-        if group:
-            item.add_marker(pytest.mark.xdist_group(group))
-    # The long groups first (in the order pytest-randomly gave them): the scheduler hands out the
-    # largest group first and single tests in order, so neither is left for the end of the run.
-    items.sort(key=lambda item: _worker_group(item) != "bench")
     node = any(item.get_closest_marker("node") for item in items)
     if not node and not any(item.get_closest_marker("integration") for item in items):
         return
@@ -110,15 +98,32 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         _build_error = e
 
 
-_HOST_WIDE = (_TESTS / "bench", _TESTS / "node" / "test_teardown.py")
+_HOST_WIDE = ("tests/bench/", "tests/node/test_teardown.py")
 """Tests that start real nodes of their own and read the host as a whole (its cgroups, links and
-rules before and after): one at a time, on one worker."""
+rules before and after): never beside each other."""
 
 
-def _worker_group(item: pytest.Item) -> str:
-    if any(item.path.is_relative_to(p) for p in _HOST_WIDE):
-        return "bench"
-    return "node" if item.get_closest_marker("node") else ""
+def worker_group(nodeid: str) -> str:
+    """Which tests one worker runs together when the run is spread over several: every test of the
+    session's real node (they share its one node), and the tests of `_HOST_WIDE`; "" for the rest."""
+    if nodeid.startswith(_HOST_WIDE):
+        return "host"
+    return "node" if nodeid.startswith("tests/node/") else ""
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """pytest-xdist's load scheduling by scope, the scope being `worker_group` (each other test is a
+    scope of its own). The largest scopes go out first (the real node's tests to one worker, the
+    host-wide ones to the next), then single tests to whichever worker is free. Its own `loadgroup`
+    cannot be used: it names groups by rewriting `item._nodeid`, which pytest 9 no longer reads."""
+    from xdist.scheduler import LoadScopeScheduling  # noqa: PLC0415  (only when the run is spread)
+
+    class ByGroup(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return worker_group(nodeid) or nodeid
+
+    return ByGroup(config, log)
 
 
 @pytest.fixture(scope="session")

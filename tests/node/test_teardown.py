@@ -1,7 +1,8 @@
 """`down` leaves nothing on the host: no process, mount, cgroup, network interface or iptables rule.
 
-A node of its own (another name and subnet than the session's), compared before `up` and after
-`down`, in the host's namespaces.
+A node of its own (another name and subnet than the session's and the bench's), compared before `up`
+and after `down`, in the host's namespaces. Only what names the node or its subnet is compared:
+other nodes may come and go on the host meanwhile (the tests run on several workers).
 """
 
 from __future__ import annotations
@@ -18,19 +19,24 @@ from lab.cgroups import hierarchies
 pytestmark = pytest.mark.node
 
 
+NAME, INDEX = "teardown", 5
+SUBNET = f"10.{200 + INDEX}.0."
+
+
 def host_view() -> dict[str, set[str]]:
-    """What a node could leave behind, as seen from the host."""
+    """What this node could leave behind, as seen from the host: what names it or its subnet."""
     mounts = {" ".join(line.split()[3:5]) for line in Path("/proc/self/mountinfo").read_text().splitlines()}
     cgroups = {str(d) for h in hierarchies(unified=True) for d in h.iterdir() if d.is_dir()}
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True).stdout
     rules = subprocess.run(["iptables-save"], capture_output=True, text=True, check=True).stdout
-    return {
+    view = {
         "mounts": mounts,
         "cgroups": cgroups,
         "links": {line.split(":")[1].strip().partition("@")[0] for line in links.splitlines()},
         # Counters and the timestamp comment change by themselves; rules do not.
         "iptables": {re.sub(r"\[\d+:\d+\]", "", r) for r in rules.splitlines() if not r.startswith("#")},
     }
+    return {what: {e for e in entries if NAME in e or SUBNET in e} for what, entries in view.items()}
 
 
 def namespaces(pid: int) -> tuple[str, str]:
@@ -53,7 +59,7 @@ def test_down_leaves_nothing_on_the_host(cluster_binaries: lab.Binaries) -> None
     if os.geteuid() != 0:
         pytest.skip("the real node needs root")
     before = host_view()
-    node = lab.RealNode("teardown", "teardown-node", index=2).up()
+    node = lab.RealNode(NAME, "teardown-node", index=INDEX).up()
     try:
         holder = next(r for r in node.records if r.name == "namespace-holder")
         ns = namespaces(holder.pid)
@@ -64,7 +70,7 @@ def test_down_leaves_nothing_on_the_host(cluster_binaries: lab.Binaries) -> None
         assert len(processes_in(ns)) >= len(node.records)
         records = list(node.records)
     finally:
-        stopped = lab.RealNode.load("teardown").down()
+        stopped = lab.RealNode.load(NAME).down()
     assert {r.name for r in records} == set(stopped)
     assert not any(r.alive() for r in records)
     assert [] == processes_in(ns)
