@@ -81,6 +81,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         marker = item.get_closest_marker("timeout")
         if marker is not None and marker.args:
             item.add_marker(pytest.mark.timeout(scaled(marker.args[0])), append=False)
+    # The longest units of work first (`pytest_xdist_make_scheduler`), in pytest-randomly's order.
+    items.sort(key=lambda item: {"host": 0, "node": 1}.get(worker_group(item.nodeid), 2))
     node = any(item.get_closest_marker("node") for item in items)
     if not node and not any(item.get_closest_marker("integration") for item in items):
         return
@@ -113,16 +115,19 @@ def worker_group(nodeid: str) -> str:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """pytest-xdist's load scheduling by scope, the scope being `worker_group` (each other test is a
-    scope of its own). The largest scopes go out first (the real node's tests to one worker, the
-    host-wide ones to the next), then single tests to whichever worker is free. Its own `loadgroup`
-    cannot be used: it names groups by rewriting `item._nodeid`, which pytest 9 no longer reads."""
+    """pytest-xdist's load scheduling by scope: a scope is a `worker_group`, or else a module (so a
+    module's fixtures are set up once, not once per worker its tests land on). Scopes go out in the
+    order collected: the host-wide tests (the longest: the bench's smoke run) to one worker, the real
+    node's to the other, then each module to whichever worker is free. pytest-xdist's own
+    `loadgroup` cannot be used: it names groups by rewriting `item._nodeid`, which pytest 9 no
+    longer reads."""
     from xdist.scheduler import LoadScopeScheduling  # noqa: PLC0415  (only when the run is spread)
 
     class ByGroup(LoadScopeScheduling):  # type: ignore[misc]
         def _split_scope(self, nodeid: str) -> str:
-            return worker_group(nodeid) or nodeid
+            return worker_group(nodeid) or nodeid.split("::", 1)[0]
 
+    config.option.loadscopereorder = False
     return ByGroup(config, log)
 
 

@@ -173,7 +173,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             ("fleet", lambda: fleet.bench_fleet(nodes, budget, results) if nodes else None),
             ("probes", lambda: probes.bench_probes(tmp / "probes", budget, results)),
             ("resourceslices", lambda: resourceslices.bench_resourceslices(tmp / "slices", budget, results)),
-            ("trace", lambda: trace.bench_trace(tmp / "trace", results, seeds, pods=budget.trace_pods)),
+            (
+                "trace",
+                lambda: trace.bench_trace(
+                    tmp / "trace", results, seeds, pods=budget.trace_pods, unit_s=budget.trace_unit_s
+                ),
+            ),
         ]
         try:
             for name, part in parts:

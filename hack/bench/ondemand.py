@@ -53,7 +53,6 @@ gpus:
     mig: disabled
 """
 PREPARE = "gpu_sharing_dra_prepare_duration_seconds"
-IDLE_WINDOW_S = 30.0
 METRICS = (
     "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:9402/metrics').read().decode())"
 )
@@ -76,7 +75,7 @@ def bench_ondemand(budget: Budget, results: Results) -> None:
                 node, api, pods, budget.pod_starts, parent=parents[0], what="pre-made"
             )
             made, made_prep = _series(node, api, pods, budget.pod_starts, parent=parents[1], what="on-demand")
-            idle = _idle_claim_requests(node, IDLE_WINDOW_S)
+            idle = _idle_claim_requests(node, budget.claim_idle_s)
         results.add("ondemand_idle_claim_requests_per_min", idle)
         ratio = percentile(made, 50) / percentile(premade, 50)
         share = max(0.0, made_prep - premade_prep) / percentile(made, 50)

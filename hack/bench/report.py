@@ -123,6 +123,12 @@ class Budget:
     slice_runs: int = 3
     slice_changes: int = 20
     trace_pods: int = 120
+    trace_unit_s: float = 0.5
+    """Real seconds per unit of trace time."""
+    outage_s: float = 10.0
+    """How long the API server is down in `restart`."""
+    claim_idle_s: float = 30.0
+    """The window `ondemand` counts ResourceClaim reads in while nothing changes."""
 
 
 FULL = Budget(
@@ -142,7 +148,8 @@ SMOKE = Budget(
     allocate_runs=1, allocate_pods=20, preferred_runs=1, preferred_pods=20, listandwatch_runs=1,
     listandwatch_flips=2, startup_runs=1, idle_runs=1, idle_window_s=3, pod_starts=1,
     label_changes=1, fleet_nodes=2, fleet_edits=1, fleet_idle_s=2, restart_runs=1, flood_idle=50,
-    flood_rps=20, flood_window_s=2, slice_runs=1, slice_changes=2, trace_pods=12,
+    flood_rps=20, flood_window_s=2, slice_runs=1, slice_changes=2, trace_pods=12, trace_unit_s=0.1,
+    outage_s=2, claim_idle_s=3,
 )  # fmt: skip
 """Every part with a sample or two (`--smoke`): CI runs it so that no part rots unseen; its figures
 mean nothing."""

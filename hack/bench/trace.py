@@ -469,9 +469,15 @@ def trace_seed(
     return summaries
 
 
-def bench_trace(tmp: Path, results: Results, seeds: Sequence[int] = DEFAULT_SEEDS, pods: int = 120) -> None:
+def bench_trace(
+    tmp: Path,
+    results: Results,
+    seeds: Sequence[int] = DEFAULT_SEEDS,
+    pods: int = 120,
+    unit_s: float = UNIT_S,
+) -> None:
     product = CATALOG.product(PRODUCT)
-    say(f"trace: seeds {', '.join(map(str, seeds))}; {GPUS} x {PRODUCT}; 1 unit = {UNIT_S} s")
+    say(f"trace: seeds {', '.join(map(str, seeds))}; {GPUS} x {PRODUCT}; 1 unit = {unit_s} s")
     bins = lab.binaries()
     with lab.ControlPlane(base_dir=tmp, bins=bins) as cp:
         daemons = _start_daemons(cp, bins)
@@ -494,7 +500,7 @@ def bench_trace(tmp: Path, results: Results, seeds: Sequence[int] = DEFAULT_SEED
             api.request("PATCH", "/api/v1/nodes/trace-probe", {"spec": {"unschedulable": True}})
             vs_static, vs_hindsight, vs_plain = [], [], []
             for seed in seeds:
-                summary = trace_seed(api, kube, product, TraceSpec(seed, pods=pods), results)
+                summary = trace_seed(api, kube, product, TraceSpec(seed, pods=pods), results, unit_s=unit_s)
                 vs_static.append(summary["policy"].served / max(1, summary["preset"].served))
                 vs_hindsight.append(summary["policy"].served / max(1, summary["hindsight"].served))
                 vs_plain.append(summary["policy"].served / max(1, summary["plain"].served))

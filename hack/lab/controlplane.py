@@ -34,6 +34,10 @@ from lab.errors import ClusterError
 from lab.paths import KUBECTL
 from lab.process import PidRecord, Process, free_port, wait_until
 
+APISERVER_STOP_S = 2.0
+"""How long kube-apiserver gets to exit after SIGTERM before SIGKILL. It does not exit while a client
+holds a watch open (20 s, then killed: a test's teardown and every outage waited that long); for
+these throwaway servers an abrupt end is as good an outage as a graceful one."""
 START_TIMEOUT = float(os.environ.get("SHARING_CONTROLPLANE_START_TIMEOUT", "60"))
 # The first address of the service range: the `kubernetes` Service's ClusterIP.
 SERVICE_RANGE, SERVICE_IP = "10.0.0.0/24", "10.0.0.1"
@@ -127,7 +131,7 @@ class ControlPlane:
         """Stop kube-apiserver, then etcd; remove the temp dir (unless keep/SHARING_KEEP_CLUSTER)."""
         for p in (self._apiserver, self._etcd):
             if p is not None:
-                p.stop()
+                p.stop(timeout=APISERVER_STOP_S)
         self._apiserver = self._etcd = None
         if self._owns_dir and not self._keep and self.dir != Path():
             shutil.rmtree(self.dir, ignore_errors=True)
@@ -152,7 +156,7 @@ class ControlPlane:
         started again on the same port and etcd data; ready when the block has ended."""
         if self._apiserver is None:
             raise ClusterError("control plane not started")
-        self._apiserver.stop()
+        self._apiserver.stop(timeout=APISERVER_STOP_S)
         try:
             yield
         finally:
