@@ -26,8 +26,8 @@ and all processes stopped, and the node must converge: state `success`, the hard
 the selected config says, and the kubelet offering exactly the devices the test computes from the
 config and the hardware (and the Node's allocatable saying so).
 
-Each seed of SEEDS walks with LOAD CPU-bound processes beside it (one per core; a GPU node runs data
-loaders beside the agent, and a race that shows only under load is a bug of the product), deadlines
+Each seed of SEEDS walks with LOAD CPU-bound processes beside it (a GPU node runs data loaders beside
+the agent, and a race that shows only under load is a bug of the product), deadlines
 stretched as `hack/test.sh --under-load` stretches them. A run that breaks an invariant prints its
 replay line: `SHARING_SOAK_SEED=<seed> SHARING_SOAK_STEPS=<n> SHARING_SOAK_LOAD=<n> pytest
 tests/e2e/test_soak.py`.
@@ -73,7 +73,12 @@ pytestmark = pytest.mark.integration
 SEEDS = (int(os.environ["SHARING_SOAK_SEED"]),) if os.environ.get("SHARING_SOAK_SEED") else (1111, 2718)
 """1111: the walk that found replicas of GPUs in MIG mode offered after a kubelet restart (step 131)."""
 STEPS = int(os.environ.get("SHARING_SOAK_STEPS", "200"))
-LOAD = int(os.environ.get("SHARING_SOAK_LOAD", str(os.cpu_count() or 2)))
+LOAD = int(
+    os.environ.get("SHARING_SOAK_LOAD")
+    or (1 if os.environ.get("PYTEST_XDIST_WORKER") else os.cpu_count() or 2)
+)
+"""CPU-bound processes beside the walk: one per core, or one when the run is spread over workers
+(`hack/test.sh`: one per core, each busy with other tests of its own)."""
 LOADED_SCALE = "3"
 """The deadline factor under that load (`lab.deadlines`), as `hack/test.sh --under-load` sets it."""
 CHECKPOINT_EVERY = 25
