@@ -38,12 +38,11 @@ from sharing.gpu import GpuBackend
 from sharing.gpu.mps import MpsDaemons
 from sharing.gpu.mpscontrol import CONTROL
 from sharing.kube import ConfigSources, KubeClient, NodePublisher, watch_node
-from sharing.kubelet import PodResourcesClient
 from sharing.labels import ConfigState
 from sharing.mig import Catalog
 from sharing.model import ClaimAllocation, NodeState
 from sharing.ops import ConfigStatus, HttpServer, Metrics, Reporter
-from sharing.rollout import Drainer, Retry, Rollout, Verdict, follow_health, held_back
+from sharing.rollout import Drainer, PodResources, Retry, Rollout, Verdict, follow_health, held_back
 from sharing.rollout.frontend import DraFrontend
 from sharing.rollout.mps import watch_mps
 from sharing.rollout.switch import Frontends
@@ -70,7 +69,7 @@ class Agent:
         backend: GpuBackend,
         fleet: Fleet,
         catalog: Catalog,
-        pod_resources: PodResourcesClient | None = None,
+        pod_resources: PodResources | None = None,
         dra: DraFrontend | None = None,
         metrics: Metrics | None = None,
     ) -> None:
@@ -248,7 +247,8 @@ class Agent:
             self.metrics.reconcile_seconds.observe(time.monotonic() - started)
 
     async def _next(self) -> None:
-        """Wait for a trigger, a retry that is due, or blocking devices that have been freed."""
+        """Wait for a trigger, a retry that is due, blocking devices that have been freed, or the
+        re-check of a blocked change whose pods' eviction was refused."""
         while True:
             retry = self._verdict.retry
             timeout = None
@@ -260,8 +260,8 @@ class Agent:
                 async with asyncio.timeout(timeout):
                     await self._wake.wait()
                     return
-            if retry is not Retry.BLOCKED or await self._freed():
-                return
+            if retry is not Retry.BLOCKED or self.drain.refused or await self._freed():
+                return  # a refused eviction is tried again with the reconcile (drain mode)
 
     def _backoff(self) -> float:
         return float(min(RETRY_MAX_S, RETRY_MIN_S * 2 ** max(0, self._failures - 1)))

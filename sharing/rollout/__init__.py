@@ -14,10 +14,12 @@ from sharing.rollout.drain import Drainer
 from sharing.rollout.health import follow_health
 from sharing.rollout.rollout import Rollout
 from sharing.rollout.verdict import Retry, Verdict, held_back
+from sharing.rollout.withdraw import PodResources
 
 __all__ = [
     "ApplyReport",
     "Drainer",
+    "PodResources",
     "Retry",
     "Rollout",
     "Verdict",

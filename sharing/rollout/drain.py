@@ -2,13 +2,14 @@
 
 When a change waits for devices pods hold, the agent cordons its Node (so nothing new lands on
 it), asks the Eviction API to evict exactly the pods that hold the blocking devices (so
-PodDisruptionBudgets hold: a refused eviction is retried at the next re-check), and uncordons the
-Node as soon as the change no longer waits: applied, failed, rejected, or no config selected any
-more. It only ever uncordons a cordon it made itself, recorded in the annotation
-`nvidia.com/gpu-sharing.cordoned`; the Node remembers it, so an agent restarted mid-drain (or
-restarted with drain mode turned off) undoes it at its first reconcile that does not wait. The
-extra permissions (pods/eviction, a Node's spec.unschedulable) are granted only when the chart's
-`drain.enabled` is set (the admission policy still lets the agent undo its own cordon).
+PodDisruptionBudgets hold: a refused eviction is tried again at every re-check of the blocked
+change, as `kubectl drain` retries every few seconds), and uncordons the Node as soon as the change
+no longer waits: applied, failed, rejected, or no config selected any more. It only ever uncordons a
+cordon it made itself, recorded in the annotation `nvidia.com/gpu-sharing.cordoned`; the Node
+remembers it, so an agent restarted mid-drain (or restarted with drain mode turned off) undoes it at
+its first reconcile that does not wait. The extra permissions (pods/eviction, a Node's
+spec.unschedulable) are granted only when the chart's `drain.enabled` is set (the admission policy
+still lets the agent undo its own cordon).
 """
 
 from __future__ import annotations
@@ -43,12 +44,16 @@ class Drainer:
         self.enabled = enabled
         self._evicted: set[str] = set()
         self._said = ""
+        self.refused: tuple[str, ...] = ()
+        """Pods whose eviction a PodDisruptionBudget refused at the last try: the agent tries again
+        at each re-check (a budget changes without anything the agent watches changing)."""
 
     async def after(self, verdict: Verdict, holders: Callable[[], Awaitable[Holders]]) -> None:
         """Act on a reconcile's verdict: drain for a blocked change, release once it is through."""
         node = self.node.current
         if node is None:
             return
+        self.refused = ()
         if verdict.retry is Retry.BLOCKED and self.enabled:
             await self._drain(node, verdict, await holders())
         elif node.annotations.get(CORDONED) == "true":  # whatever the outcome: the drain is over
@@ -77,6 +82,7 @@ class Drainer:
             log.warning("drain_failed", error=bounded(str(err)))
             await self.event("Warning", "DrainFailed", f"drain mode could not evict the blocking pods: {err}")
             return
+        self.refused = tuple(refused)
         evicting = [p for p in pods if p not in refused]
         message = "drain mode: node cordoned"
         if evicting:

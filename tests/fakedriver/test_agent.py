@@ -28,8 +28,10 @@ from sharing.kube import sources as sources_module
 from sharing.kubelet.api import deviceplugin_v1beta1_pb2 as api
 from sharing.labels import STATE_LABEL
 from sharing.mig.catalog import default_catalog
-from sharing.model import HealthEvent
+from sharing.model import HealthEvent, Holding, Listing
 from sharing.settings import Settings
+from tests.fakedriver.test_frontend import until
+from tests.fakedriver.test_rollout import Kubelet
 from tests.polling import poll
 from tests.unit.conftest import plugin_dir  # noqa: F401  (the fixture)
 from tests.unit.fakekube import FakeKube
@@ -285,3 +287,52 @@ async def test_sharing_apply_refuses_beside_a_running_agent_and_changes_nothing(
     await running.task
     # The agent has gone: `sharing apply` is the node's tool again.
     assert 0 == await asyncio.to_thread(main, args)
+
+
+async def test_drain_mode_evicts_at_the_next_recheck_once_a_budget_allows_it(
+    tmp_path: Path,
+    plugin_dir: Path,  # noqa: F811
+    state: Path,
+    nvml: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A PodDisruptionBudget refused evicting the pod that blocks a change; once the budget lets go,
+    the re-check of the blocked change evicts it. A budget changing is nothing the agent watches: the
+    eviction waited for the next resync (5 minutes) before, and a node test timed out on it."""
+    monkeypatch.setattr(agent_module, "API_GRACE_S", 3600.0)  # its one reconcile would hide the wait
+    simstate.init_state(state, [simstate.resolve_product(CATALOG, "T4")])
+    kubelet = await FakeKubelet(plugin_dir).start()
+    configs = {"two": replicas(2), "one": replicas(1)}
+    kube = FakeKube("n1", {(NS, "gpu-sharing-config"): configs, (NS, "gpu-sharing-presets"): {}})
+    pod_resources = Kubelet({})
+    settings = Settings(
+        node_name="n1", driver_root=state.parents[3], device_plugin_dir=plugin_dir, journal=tmp_path / "j",
+        drain=True, blocked_recheck_seconds=0.05,
+    )  # fmt: skip
+    fleet = Fleet(FleetSettings(plugin_dir=plugin_dir, poll_interval_s=0.02))
+    backend = NvmlBackend(nvml, CATALOG)
+    agent = Agent(
+        settings, kube=kube, backend=backend, fleet=fleet, catalog=CATALOG, pod_resources=pod_resources
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(agent.run(stop))
+    try:
+        kube.label(**{"nvidia.com/device-plugin.config": "two"})
+        await kubelet.wait(lambda: kubelet.allocatable() == {GPU: 2}, timeout=10)
+        replica = max(kubelet.devices(GPU))
+        pod_resources.listing_ = Listing(
+            frozenset({"team-a/trainer"}), (Holding("team-a", "trainer", "main", GPU, frozenset({replica})),)
+        )
+        kube.budget.add("team-a/trainer")
+        kube.label(**{"nvidia.com/device-plugin.config": "one"})
+        await until("the refusal said", lambda: any(r == "Draining" for _, r, _ in kube.events), scaled(10))
+        assert [] == kube.evicted
+        assert kube.node.unschedulable
+        kube.budget.clear()  # the budget lets go; nothing else changes
+        await until("the trainer evicted", lambda: bool(kube.evicted), scaled(10))
+        assert ["team-a/trainer"] == kube.evicted
+    finally:
+        stop.set()
+        await task
+        kube.close()
+        await kubelet.stop()

@@ -65,7 +65,9 @@ class FakeKube:
         self.events_fail: Exception | None = None
         """What creating an Event raises while set (an API server outage, a refusal)."""
         self.evicted: list[str] = []
-        """`namespace/pod` of each eviction asked for (drain mode)."""
+        """`namespace/pod` of each eviction asked for and granted (drain mode)."""
+        self.budget: set[str] = set()
+        """`namespace/pod` a PodDisruptionBudget keeps: its eviction is refused (HTTP 429)."""
         self.bound: tuple[BoundPod, ...] = ()
         """The pods bound to the node (none: the tests' pods exist only in the fake kubelet)."""
         self.claims: dict[tuple[str, str], ResourceClaimObject] = {}
@@ -172,6 +174,8 @@ class FakeKube:
 
     def evict(self, namespace: str, pod: str) -> bool:
         self.requests += 1
+        if f"{namespace}/{pod}" in self.budget:
+            return False
         self.evicted.append(f"{namespace}/{pod}")
         return True
 
