@@ -11,9 +11,10 @@
 #                                never idle: a race that shows only under load is a bug.
 #
 # Other arguments go to pytest (`hack/test.sh -k plan`, `hack/test.sh --randomly-seed=N`). The tests
-# run on SHARING_TEST_WORKERS workers (pytest-xdist; default one per core): the real node's tests on
-# one of them, the rest wherever a worker is free. SHARING_TEST_WORKERS=0 runs them in one process.
-# SHARING_TEST_TIMEOUT_SCALE stretches every deadline of the tests (tests/deadlines.py); under load
+# run on SHARING_TEST_WORKERS workers (pytest-xdist; default one more than the cores, as the tests
+# often wait on the processes they start): the real node's tests on one of them, the rest wherever a
+# worker is free. SHARING_TEST_WORKERS=0 runs them in one process.
+# SHARING_TEST_TIMEOUT_SCALE stretches every deadline of the tests (hack/lab/deadlines.py); under load
 # it defaults to 3.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -50,7 +51,7 @@ if [ "$load" -gt 0 ]; then
   echo "==> under load: $load CPU-bound processes beside the tests (deadlines x$SHARING_TEST_TIMEOUT_SCALE)" >&2
 fi
 
-workers=${SHARING_TEST_WORKERS:-$(nproc)}
+workers=${SHARING_TEST_WORKERS:-$(($(nproc) + 1))}
 parallel=()
 [ "$workers" -gt 0 ] && parallel=(-n "$workers")
 

@@ -82,7 +82,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if marker is not None and marker.args:
             item.add_marker(pytest.mark.timeout(scaled(marker.args[0])), append=False)
     # The longest units of work first (`pytest_xdist_make_scheduler`), in pytest-randomly's order.
-    items.sort(key=lambda item: {"host": 0, "node": 1}.get(worker_group(item.nodeid), 2))
+    items.sort(key=_first_to_last)
     node = any(item.get_closest_marker("node") for item in items)
     if not node and not any(item.get_closest_marker("integration") for item in items):
         return
@@ -105,6 +105,19 @@ _HOST_WIDE = ("tests/bench/", "tests/node/test_teardown.py")
 rules before and after): never beside each other."""
 
 
+_LONGEST = ("tests/e2e/test_soak.py", "tests/integration/test_apply_crash.py", "tests/e2e/test_safety.py")
+"""The modules that take longest (measured: 340, 125 and 120 s in a spread run), handed out right
+after the groups: a long one started last would be the run's tail, with the other workers idle."""
+
+
+def _first_to_last(item: pytest.Item) -> int:
+    group = worker_group(item.nodeid)
+    if group:
+        return {"host": 0, "node": 1}[group]
+    module = item.nodeid.split("::", 1)[0]
+    return 2 + _LONGEST.index(module) if module in _LONGEST else 2 + len(_LONGEST)
+
+
 def worker_group(nodeid: str) -> str:
     """Which tests one worker runs together when the run is spread over several: every test of the
     session's real node (they share its one node), and the tests of `_HOST_WIDE`; "" for the rest."""
@@ -117,15 +130,27 @@ def worker_group(nodeid: str) -> str:
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """pytest-xdist's load scheduling by scope: a scope is a `worker_group`, or else a module (so a
     module's fixtures are set up once, not once per worker its tests land on). Scopes go out in the
-    order collected: the host-wide tests (the longest: the bench's smoke run) to one worker, the real
-    node's to the other, then each module to whichever worker is free. pytest-xdist's own
-    `loadgroup` cannot be used: it names groups by rewriting `item._nodeid`, which pytest 9 no
-    longer reads."""
+    order collected (`_first_to_last`): the host-wide tests (the bench's smoke run) to one worker, the
+    real node's to another, then each module, the longest first, to whichever worker is free.
+    pytest-xdist's own `loadgroup` cannot be used: it names groups by rewriting `item._nodeid`, which
+    pytest 9 no longer reads."""
     from xdist.scheduler import LoadScopeScheduling  # noqa: PLC0415  (only when the run is spread)
 
     class ByGroup(LoadScopeScheduling):  # type: ignore[misc]
         def _split_scope(self, nodeid: str) -> str:
             return worker_group(nodeid) or nodeid.split("::", 1)[0]
+
+        def _reschedule(self, node: Any) -> None:
+            # pytest-xdist sends the next scope while a worker still has two tests to go, so a long
+            # module can wait behind a long test (the bench's) while another worker is free. A
+            # worker needs one test ahead of the one it runs (pytest's `nextitem`), no more.
+            if node.shutting_down:
+                return
+            if not self.workqueue:
+                node.shutdown()
+                return
+            if self._pending_of(self.assigned_work[node]) <= 1:
+                self._assign_work_unit(node)
 
     config.option.loadscopereorder = False
     return ByGroup(config, log)

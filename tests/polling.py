@@ -15,11 +15,16 @@ def poll(what: str, read: Callable[[], Any], ok: Callable[[Any], bool], timeout:
     is for an idle machine, stretched by `lab.deadlines`)."""
     timeout = scaled(timeout)
     deadline = time.monotonic() + timeout
+    started = time.monotonic()
     value = read()
     while not ok(value):
-        if time.monotonic() > deadline:
+        now = time.monotonic()
+        if now > deadline:
             raise TimeoutError(f"{what} not reached within {timeout}s; last: {value}")
-        time.sleep(0.1)
+        # Between reads, twice what the last read took: a read through kubectl costs about 0.1 CPU-s,
+        # and reading back to back would keep a core busy that the processes under test need.
+        time.sleep(max(0.1, 2 * (now - started)))
+        started = time.monotonic()
         value = read()
     return value
 
