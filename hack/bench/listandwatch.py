@@ -26,9 +26,10 @@ from typing import Any
 
 import grpc
 import lab
+from lab.process import exec_prefix
 
 from bench.allocate import plugin_socket
-from bench.procs import REPO, die_with_parent, stop_process
+from bench.procs import REPO, stop_process
 from bench.report import Budget, Results, percentile, say
 from sharing.deviceplugin.fleet import Fleet, FleetSettings
 from sharing.devices.inventory import Device, DeviceId, Health, inventory_from
@@ -52,9 +53,9 @@ def bench_listandwatch(tmp: Path, budget: Budget, results: Results) -> None:
             lab.KubeletHarness(tmp / "kubelet-lw", extra_args=["--poll-interval=10ms"])
         )
         child = subprocess.Popen(
-            [sys.executable, "-m", "bench.listandwatch", str(kubelet.device_plugin_dir)],
+            [*exec_prefix(), sys.executable, "-m", "bench.listandwatch", str(kubelet.device_plugin_dir)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1, cwd=REPO,
-            env={**os.environ, "PYTHONPATH": f"{REPO / 'hack'}:{REPO}"}, preexec_fn=die_with_parent,  # noqa: PLW1509
+            env={**os.environ, "PYTHONPATH": f"{REPO / 'hack'}:{REPO}"},
         )  # fmt: skip
         stack.callback(stop_process, child)
         healthy = [f"Stub-{g}-{n:03d}" for g in range(GPUS) for n in range(REPLICAS)]

@@ -1,13 +1,11 @@
 """Processes the bench starts and reads: the agent as the DaemonSet runs it, and /proc figures.
 
-Every child gets SIGTERM when the bench dies (PR_SET_PDEATHSIG), so an interrupted run leaves
-nothing behind; CPU and memory are read from /proc, the same numbers `top` shows.
+Every child gets SIGTERM when the bench dies (PR_SET_PDEATHSIG, `lab.process.exec_prefix`), so an
+interrupted run leaves nothing behind; CPU and memory are read from /proc, the same numbers `top` shows.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import os
 import signal
 import socket
@@ -17,14 +15,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from lab.process import exec_prefix
+
 REPO = Path(__file__).resolve().parents[2]
-_PR_SET_PDEATHSIG = 1
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def die_with_parent() -> None:  # runs in the child before exec
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def stop_process(proc: subprocess.Popen[Any] | None, timeout: float = 15) -> None:
@@ -119,10 +113,9 @@ def start_agent(
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     with log.open("wb") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "sharing", "agent", *args],
+            [*exec_prefix(), sys.executable, "-m", "sharing", "agent", *args],
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,
             cwd=REPO,
-            preexec_fn=die_with_parent,  # noqa: PLW1509
         )

@@ -7,7 +7,6 @@ plus the kernel's start time of that PID, so a recycled PID is never signalled b
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import http.client
 import os
 import signal
@@ -25,7 +24,6 @@ from lab.errors import ClusterError
 
 STOP_TIMEOUT = 20.0
 LOG_TAIL_LINES = 30
-_PR_SET_PDEATHSIG = 1
 
 
 def free_port() -> int:
@@ -123,12 +121,21 @@ def _reap(pid: int) -> None:
         os.waitpid(pid, os.WNOHANG)
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
-    # If the test process dies (even by SIGKILL), its servers get SIGTERM instead of lingering.
-    # The kernel sends it when the *thread* that forked exits, so Process only asks for it when
-    # started from the main thread (a worker thread, e.g. asyncio.to_thread, may exit early).
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+def exec_prefix(*, die_with_parent: bool = True, cgroup_procs: Sequence[Path] = ()) -> list[str]:
+    """What to put before a command so that, without Python code between fork and exec, it joins
+    `cgroup_procs` and gets SIGTERM when the thread that started it exits (PR_SET_PDEATHSIG, kept
+    across exec): if the test process dies (even by SIGKILL), its servers do not linger.
+
+    Not `preexec_fn`: that makes subprocess fork() rather than vfork(), so grpc's fork handlers run in
+    the child, and with grpc threads busy in the parent a child aborted there ("Epoll1Poller
+    encountered epoll_wait error: Bad file descriptor", SIGABRT) before it ran what it was for."""
+    prefix: list[str] = []
+    if cgroup_procs:
+        into = 'n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ > "$1"; shift; n=$((n - 1)); done; exec "$@"'
+        prefix += ["sh", "-c", into, "sh", str(len(cgroup_procs)), *map(str, cgroup_procs)]
+    if die_with_parent:
+        prefix += ["setpriv", "--pdeathsig", "TERM", "--"]
+    return prefix
 
 
 class Process:
@@ -162,26 +169,20 @@ class Process:
 
     def start(self) -> None:
         self.log.parent.mkdir(parents=True, exist_ok=True)
+        # The kernel signals when the *thread* that started the child exits: asked for only from the
+        # main thread (a worker thread, e.g. asyncio.to_thread, may exit early).
         die_with_us = not self.detached and threading.current_thread() is threading.main_thread()
-        procs = self.cgroup_procs
-
-        def setup() -> None:  # pragma: no cover - runs in the child before exec
-            for path in procs:
-                path.write_text(str(os.getpid()))
-            if die_with_us:
-                _die_with_parent()
-
+        prefix = exec_prefix(die_with_parent=die_with_us, cgroup_procs=self.cgroup_procs)
         with open(self.log, "ab") as out:
             out.write(f"\n==== {time.strftime('%H:%M:%S')} starting {' '.join(self.args)}\n".encode())
             out.flush()
             self.proc = subprocess.Popen(
-                [*self.launcher, *self.args],
+                [*prefix, *self.launcher, *self.args],
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=self.env,
                 start_new_session=self.detached,
-                preexec_fn=setup if procs or die_with_us else None,  # noqa: PLW1509
             )
 
     @property
