@@ -15,18 +15,17 @@ def poll(what: str, read: Callable[[], Any], ok: Callable[[Any], bool], timeout:
     is for an idle machine, stretched by `lab.deadlines`)."""
     timeout = scaled(timeout)
     deadline = time.monotonic() + timeout
-    started = time.monotonic()
-    value = read()
-    while not ok(value):
-        now = time.monotonic()
-        if now > deadline:
+    while True:
+        began = time.monotonic()
+        value = read()
+        took = time.monotonic() - began
+        if ok(value):
+            return value
+        if time.monotonic() > deadline:
             raise TimeoutError(f"{what} not reached within {timeout}s; last: {value}")
         # Between reads, twice what the last read took: a read through kubectl costs about 0.1 CPU-s,
         # and reading back to back would keep a core busy that the processes under test need.
-        time.sleep(max(0.1, 2 * (now - started)))
-        started = time.monotonic()
-        value = read()
-    return value
+        time.sleep(max(0.1, 2 * took))
 
 
 def process(pid: int) -> tuple[str, int] | None:

@@ -74,14 +74,13 @@ pytestmark = pytest.mark.integration
 SEEDS = (int(os.environ["SHARING_SOAK_SEED"]),) if os.environ.get("SHARING_SOAK_SEED") else (1111, 2718)
 """1111: the walk that found replicas of GPUs in MIG mode offered after a kubelet restart (step 131)."""
 STEPS = int(os.environ.get("SHARING_SOAK_STEPS", "200"))
-LOAD = int(
-    os.environ.get("SHARING_SOAK_LOAD")
-    or (0 if os.environ.get("PYTEST_XDIST_WORKER") else os.cpu_count() or 2)
-)
+SPREAD = bool(os.environ.get("PYTEST_XDIST_WORKER"))
+"""The run is spread over workers (`hack/test.sh`)."""
+LOAD = int(os.environ.get("SHARING_SOAK_LOAD") or (0 if SPREAD else os.cpu_count() or 2))
 """CPU-bound processes beside the walk: one per core; none when the run is spread over workers
 (`hack/test.sh`): there the walk is handed out first, beside the bench's real nodes and the real
 node's tests on the other workers, one more worker than cores (the kind of load that found seed 1111's
-step 131, where two busy loops did not); the summary line prints the load average it ran under."""
+step 131, where two busy loops did not). Run alone, its summary line prints the load average."""
 LOADED_SCALE = "3"
 """The deadline factor under that load (`lab.deadlines`), as `hack/test.sh --under-load` sets it."""
 CHECKPOINT_EVERY = 25
@@ -399,7 +398,7 @@ def soak(
     for want in OWN:
         gpu_node.put_config(want.render(), name=want.name)
     gpu_node.put_config(EDITS[0].render() if EDITS[0] else BROKEN, name=EDITED)
-    if (LOAD or os.environ.get("PYTEST_XDIST_WORKER")) and not os.environ.get(deadlines.ENV):
+    if (LOAD or SPREAD) and not os.environ.get(deadlines.ENV):
         monkeypatch.setenv(deadlines.ENV, LOADED_SCALE)
     with cpu_load(LOAD):
         yield walk
