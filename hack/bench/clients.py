@@ -11,7 +11,6 @@ import contextlib
 import http.client
 import json
 import socket
-import ssl
 import threading
 import time
 import urllib.parse
@@ -19,45 +18,16 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import lab.api
+
 NAMESPACE = "gpu-sharing"
 CONFIGMAP = "gpu-sharing-config"
 CONFIG_LABEL = "nvidia.com/device-plugin.config"
 SERVICE_ACCOUNT = "gpu-sharing"
 
 
-class Api:
-    """Admin requests to a kube-apiserver on one kept-alive TLS connection (not thread-safe)."""
-
-    def __init__(self, server: str, cert_dir: Path) -> None:
-        url = urllib.parse.urlsplit(server)
-        self.host, self.port = url.hostname or "127.0.0.1", url.port or 443
-        self.context = ssl.create_default_context(cafile=str(cert_dir / "ca.crt"))
-        self.context.load_cert_chain(cert_dir / "admin.crt", cert_dir / "admin.key")
-        self._conn: http.client.HTTPSConnection | None = None
-
-    def connect(self, timeout: float | None = 30) -> http.client.HTTPSConnection:
-        return http.client.HTTPSConnection(self.host, self.port, context=self.context, timeout=timeout)
-
-    def request(self, method: str, path: str, body: Any = None, *, merge: bool = True) -> Any:
-        data = None if body is None else json.dumps(body).encode()
-        headers = {"Content-Type": "application/merge-patch+json" if merge else "application/json"}
-        for attempt in (1, 2):
-            if self._conn is None:
-                self._conn = self.connect()
-            try:
-                self._conn.request(method, path, body=data, headers=headers)
-                resp = self._conn.getresponse()
-                raw = resp.read()
-            except (OSError, http.client.HTTPException):
-                self._conn.close()
-                self._conn = None
-                if attempt == 2:
-                    raise
-                continue
-            if resp.status >= 300:
-                raise RuntimeError(f"{method} {path}: HTTP {resp.status}: {raw[:300]!r}")
-            return json.loads(raw)
-        raise AssertionError("unreachable")
+class Api(lab.api.Api):
+    """The lab's admin client (one kept-alive connection) with what the bench does through it."""
 
     def label_node(self, name: str, labels: Mapping[str, str | None]) -> None:
         self.request("PATCH", f"/api/v1/nodes/{name}", {"metadata": {"labels": dict(labels)}})
@@ -101,11 +71,6 @@ class Api:
         }
         path = f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/{SERVICE_ACCOUNT}/token"
         return str(self.create(path, request)["status"]["token"])
-
-    def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
 
 
 def node_view(obj: Mapping[str, Any]) -> dict[str, Any]:

@@ -10,6 +10,7 @@ NodeRestriction, ServiceAccounts, ``kubectl exec``/``logs`` through the kubelet)
 from __future__ import annotations
 
 import contextlib
+import functools
 import http.client
 import os
 import shutil
@@ -27,6 +28,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from lab import etcd
 from lab import kubeconfig as kc
+from lab.api import Api, close_api
 from lab.binaries import Binaries, binaries
 from lab.certs import CA, pem_cert, pem_key, write_pair, write_private
 from lab.deadlines import scaled
@@ -129,6 +131,7 @@ class ControlPlane:
 
     def stop(self) -> None:
         """Stop kube-apiserver, then etcd; remove the temp dir (unless keep/SHARING_KEEP_CLUSTER)."""
+        close_api(self)
         for p in (self._apiserver, self._etcd):
             if p is not None:
                 p.stop(timeout=APISERVER_STOP_S)
@@ -287,6 +290,12 @@ class ControlPlane:
         return kc.write(
             self.dir / f"token-{safe}.kubeconfig", self.server, self.ca_path, token=token, user=name
         )
+
+    @functools.cached_property
+    def api(self) -> Api:
+        """The API server as admin on a kept-alive connection (opened again after a restart): a
+        read without a process."""
+        return Api(self.server, self.dir)
 
     def kubectl(
         self,

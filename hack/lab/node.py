@@ -10,6 +10,8 @@ the admin kubeconfig: the API server listens on the node's address, reached thro
 
 from __future__ import annotations
 
+import functools
+import http.client
 import json
 import shutil
 import socket
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from lab import components, containerd, driver, packages
+from lab.api import Api, ApiError, close_api
 from lab.binaries import Binaries, binaries
 from lab.cgroups import CgroupTree
 from lab.controlplane import ControlPlane, NodeNetwork
@@ -165,6 +168,11 @@ class RealNode:
 
     # -- while up ------------------------------------------------------------------------------
 
+    @functools.cached_property
+    def api(self) -> Api:
+        """The API server as admin on a kept-alive connection: a read without a process."""
+        return Api(f"https://{self.address}:6443", self.state / "control-plane")
+
     def kubectl(
         self, *args: str, input: str | None = None, check: bool = False, timeout: float = 60
     ) -> subprocess.CompletedProcess[str]:
@@ -178,10 +186,11 @@ class RealNode:
         """Until the Node reports Ready."""
 
         def ready() -> bool:
-            done = self.kubectl("get", "node", self.node_name, "-o", "json")
-            if done.returncode != 0:
+            try:
+                node = self.api.request("GET", f"/api/v1/nodes/{self.node_name}")
+            except (OSError, ApiError, http.client.HTTPException):  # not up yet, or no Node yet
                 return False
-            conditions = json.loads(done.stdout)["status"].get("conditions", [])
+            conditions = node["status"].get("conditions", [])
             return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
         self._wait(f"node {self.node_name} Ready", ready, timeout)
@@ -244,6 +253,7 @@ class RealNode:
 
     def down(self) -> list[str]:
         """Stop everything, empty and remove the cgroups; return the names of what was running."""
+        close_api(self)
         holder = [r for r in self.records if r.name == "namespace-holder"]
         daemons = [r for r in self.records if r.name != "namespace-holder"]
         # Nothing on the node is kept, so nothing needs a long graceful shutdown.

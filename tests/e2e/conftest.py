@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
@@ -216,7 +217,7 @@ class GpuNode:
         return name
 
     def node(self) -> dict[str, Any]:
-        return dict(json.loads(self.kubectl("get", "node", self.name, "-o", "json")))
+        return dict(self.control_plane.api.request("GET", f"/api/v1/nodes/{self.name}"))
 
     def wait_node(self, ok: Callable[[dict[str, Any]], bool], timeout: float = 60) -> dict[str, Any]:
         return dict(poll(f"node {self.name}", self.node, ok, timeout))
@@ -225,14 +226,16 @@ class GpuNode:
         node = self.wait_node(lambda n: ok(n["metadata"].get("labels", {})), timeout)
         return dict(node["metadata"]["labels"])
 
-    def wait_event(self, reason: str, timeout: float = 60) -> dict[str, Any]:
+    def events(self, reason: str) -> list[dict[str, Any]]:
+        """The Events of this reason about the Node."""
         selector = f"involvedObject.kind=Node,involvedObject.name={self.name},reason={reason}"
+        query = urllib.parse.urlencode({"fieldSelector": selector})
+        return list(
+            self.control_plane.api.request("GET", f"/api/v1/namespaces/default/events?{query}")["items"]
+        )
 
-        def read() -> list[dict[str, Any]]:
-            out = self.kubectl("get", "events", "-n", "default", "--field-selector", selector, "-o", "json")
-            return list(json.loads(out)["items"])
-
-        return dict(poll(f"event {reason}", read, bool, timeout)[-1])
+    def wait_event(self, reason: str, timeout: float = 60) -> dict[str, Any]:
+        return dict(poll(f"event {reason}", lambda: self.events(reason), bool, timeout)[-1])
 
     def agent_requests(self, start: float, end: float) -> list[str]:
         """API requests the agent's ServiceAccount sent in [start, end) (wall clock), per the audit log:

@@ -129,13 +129,13 @@ def test_the_node_says_what_is_in_effect_after_success_failure_and_a_blocked_cha
     gpu_node.kubelet.delete_pod("holder")
     applied = poll(
         "the blocked change applied",
-        lambda: [e for e in _events(gpu_node, "ConfigApplied") if "all-1g" in e["message"]],
+        lambda: [e for e in gpu_node.events("ConfigApplied") if "all-1g" in e["message"]],
         bool,
         60,
     )[-1]
     assert "'all-1g' applied" in applied["message"]
     gpu_node.wait_node(lambda n: n["metadata"]["annotations"].get(CONFIG_NOTE) == "all-1g")
-    blocked_events = [e for e in _events(gpu_node, "ConfigApplyBlocked") if "all-1g" in e["message"]]
+    blocked_events = [e for e in gpu_node.events("ConfigApplyBlocked") if "all-1g" in e["message"]]
     assert 1 == len(blocked_events)  # said once, not on every re-check
 
 
@@ -224,9 +224,3 @@ def _index_of(gpu: dict[str, Any], device: str) -> str:
     """`<GPU index>:<MIG device index>`, the MIG device index as NVML enumerates it."""
     (instance,) = [i for i in gpu["instances"] if i["uuid"] == device]
     return f"{gpu['index']}:{instance['migIndex']}"
-
-
-def _events(node: GpuNode, reason: str) -> list[dict[str, Any]]:
-    selector = f"involvedObject.kind=Node,involvedObject.name={node.name},reason={reason}"
-    out = node.kubectl("get", "events", "-n", "default", "--field-selector", selector, "-o", "json")
-    return list(json.loads(out)["items"])

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import urllib.parse
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from typing import Any
 import lab
 import pytest
 from lab import images
+from lab.api import ApiError
 from lab.helm import NAMESPACE, RELEASE, Helm, lab_values
 
 from sharing.kubelet.api import deviceplugin_v1beta1_pb2 as api
@@ -54,6 +56,21 @@ EXPECTED = {
 }
 
 
+KINDS = {
+    "node": ("/api/v1", "nodes", False),
+    "pod": ("/api/v1", "pods", True),
+    "pods": ("/api/v1", "pods", True),
+    "configmap": ("/api/v1", "configmaps", True),
+    "service": ("/api/v1", "services", True),
+    "events": ("/api/v1", "events", True),
+    "daemonset": ("/apis/apps/v1", "daemonsets", True),
+    "endpointslices": ("/apis/discovery.k8s.io/v1", "endpointslices", True),
+    "resourceslices": ("/apis/resource.k8s.io/v1", "resourceslices", False),
+    "resourceclaim": ("/apis/resource.k8s.io/v1", "resourceclaims", True),
+}
+"""The kinds tests read with `NodeUnderTest.get`, by kubectl's name: API path, plural, namespaced."""
+
+
 @dataclass
 class NodeUnderTest:
     """The running node and what tests do with it."""
@@ -67,8 +84,42 @@ class NodeUnderTest:
         assert 0 == done.returncode, f"kubectl {' '.join(args)}: {done.stderr}"
         return done.stdout
 
-    def get(self, *args: str) -> dict[str, Any]:
-        return dict(json.loads(self.kubectl("get", *args, "-o", "json")))
+    def get(self, kind: str, *args: str) -> dict[str, Any]:
+        """What `kubectl get KIND [NAME] [-n NS] [-l SELECTOR] [--field-selector SELECTOR] -o json`
+        shows, read straight from the API server: tests poll with it, and a kubectl process per read
+        would take the CPU from what they wait for."""
+        prefix, plural, namespaced = KINDS[kind]
+        name, namespace, query = None, "default", {}
+        rest = list(args)
+        while rest:
+            arg = rest.pop(0)
+            if arg == "-n":
+                namespace = rest.pop(0)
+            elif arg in ("-l", "--field-selector"):
+                query["labelSelector" if arg == "-l" else "fieldSelector"] = rest.pop(0)
+            else:
+                assert name is None, f"get {kind} {' '.join(args)}: one name at most"
+                name = arg
+        path = f"{prefix}/namespaces/{namespace}/{plural}" if namespaced else f"{prefix}/{plural}"
+        path += f"/{name}" if name else ""
+        path += f"?{urllib.parse.urlencode(query)}" if query else ""
+        return dict(self.node.api.request("GET", path))
+
+    def exists(self, kind: str, *args: str) -> bool:
+        """Whether `get` finds it (False: the API server answers 404)."""
+        try:
+            self.get(kind, *args)
+        except ApiError as err:
+            if err.status == 404:
+                return False
+            raise
+        return True
+
+    def events(self, reason: str) -> list[str]:
+        """The messages of the Events of this reason about the Node, oldest first."""
+        selector = f"involvedObject.kind=Node,involvedObject.name={NODE},reason={reason}"
+        items = self.get("events", "--field-selector", selector)["items"]
+        return [e["message"] for e in sorted(items, key=lambda e: e["metadata"]["name"])]
 
     def allocatable_all(self) -> dict[str, str]:
         return dict(self.get("node", NODE)["status"].get("allocatable", {}))

@@ -28,14 +28,6 @@ FRONTEND = "nvidia.com/gpu-sharing.frontend"
 STATE = "nvidia.com/mig.config.state"
 
 
-def _events(node: NodeUnderTest, reason: str) -> list[str]:
-    """The Events of this reason about the Node, oldest first."""
-    selector = f"involvedObject.kind=Node,involvedObject.name={NODE},reason={reason}"
-    out = node.kubectl("get", "events", "-n", "default", "--field-selector", selector, "-o", "json")
-    items = sorted(json.loads(out)["items"], key=lambda e: e["metadata"]["name"])
-    return [e["message"] for e in items]
-
-
 def _agent(node: NodeUnderTest) -> tuple[str, int]:
     """The agent's pod UID and its container's restart count."""
     (pod,) = node.agent_pods()
@@ -311,8 +303,11 @@ def test_invalid_opaque_parameters_are_an_event_on_the_pod_and_the_agent_goes_on
 
     def said() -> list[str]:
         selector = f"involvedObject.kind=Pod,involvedObject.name={pod}"
-        out = dra.node.kubectl("get", "events", "-n", "default", "--field-selector", selector, "-o", "json")
-        return [e["message"] for e in json.loads(out)["items"] if e["type"] == "Warning"]
+        return [
+            e["message"]
+            for e in dra.node.get("events", "--field-selector", selector)["items"]
+            if e["type"] == "Warning"
+        ]
 
     messages = poll("a Warning Event on the pod", said, lambda m: any("TurboConfig" in x for x in m), 60)
     (message,) = {m for m in messages if "TurboConfig" in m}
@@ -385,8 +380,7 @@ def test_a_claim_made_while_the_agent_restarts_runs_without_a_failed_prepare(dra
     dra.node.running_agent(not_uid=old["metadata"]["uid"])
     dra.node.wait_running(pod)
     selector = f"involvedObject.name={pod},reason=FailedPrepareDynamicResources"
-    failed = dra.node.kubectl("get", "events", "-n", "default", "--field-selector", selector, "-o", "name")
-    assert "" == failed
+    assert [] == dra.node.get("events", "--field-selector", selector)["items"]
 
 
 def test_a_claim_deleted_while_the_agent_is_down_is_unprepared_when_it_is_back(dra: DraNode) -> None:
@@ -399,18 +393,8 @@ def test_a_claim_deleted_while_the_agent_is_down_is_unprepared_when_it_is_back(d
     dra.node.kubectl("delete", "pod", pod, "--wait=false")
     dra.node.kubectl("delete", "resourceclaim", claim, "--wait=false")
     dra.node.running_agent(not_uid=old["metadata"]["uid"])
-    poll(
-        "the pod gone",
-        lambda: dra.node.kubectl("get", "pod", pod, "--ignore-not-found"),
-        lambda o: o == "",
-        90,
-    )
-    poll(
-        "the claim gone",
-        lambda: dra.node.kubectl("get", "resourceclaim", claim, "--ignore-not-found"),
-        lambda o: o == "",
-        90,
-    )
+    poll("the pod gone", lambda: dra.node.exists("pod", pod), lambda found: not found, 90)
+    poll("the claim gone", lambda: dra.node.exists("resourceclaim", claim), lambda found: not found, 90)
 
 
 def test_the_node_runs_what_dra_needs(dra: DraNode) -> None:
@@ -459,11 +443,11 @@ def test_a_config_change_leaves_a_claimed_device_alone_and_finishes_when_it_is_f
     dra.node.wait_running(pod)
     (held,) = dra.seen(pod)
     gpu = _export_uuids(dra.node)[held][0]
-    said = len(_events(dra.node, "ConfigApplyBlocked"))
+    said = len(dra.node.events("ConfigApplyBlocked"))
     try:
         _set_config(dra.node, SMALL)
         waits = poll(
-            "ConfigApplyBlocked", lambda: _events(dra.node, "ConfigApplyBlocked"), lambda m: len(m) > said, 90
+            "ConfigApplyBlocked", lambda: dra.node.events("ConfigApplyBlocked"), lambda m: len(m) > said, 90
         )
         assert f"claim default/{claim} (pod default/{pod})" in waits[-1]
         other = 1 - gpu
@@ -492,28 +476,28 @@ def test_switching_the_front_end_with_pods_running_waits_for_them(dra: DraNode) 
     claim = dra.claim([{"name": "gpu", "exactly": {"deviceClassName": "mig.nvidia.com"}}])
     pod = dra.pod(claim)
     node.wait_running(pod)
-    blocked = len(_events(node, "FrontendSwitchBlocked"))
-    switched = len(_events(node, "FrontendSwitched"))
+    blocked = len(node.events("FrontendSwitchBlocked"))
+    switched = len(node.events("FrontendSwitched"))
     try:
         node.kubectl("label", "node", NODE, f"{FRONTEND}=deviceplugin", "--overwrite")
         waits = poll(
-            "the switch waits", lambda: _events(node, "FrontendSwitchBlocked"), lambda m: len(m) > blocked, 60
+            "the switch waits", lambda: node.events("FrontendSwitchBlocked"), lambda m: len(m) > blocked, 60
         )
         assert f"claim default/{claim} (pod default/{pod})" in waits[-1]
         assert [] == _slices(node)  # withdrawn: nothing new is allocated
         assert set(node.allocatable().values()) <= {"0"}  # and not offered through device plugins yet
         assert 1 == len(dra.seen(pod))  # the running pod keeps its device
         dra.cleanup()
-        poll("switched", lambda: _events(node, "FrontendSwitched"), lambda m: len(m) > switched, 90)
+        poll("switched", lambda: node.events("FrontendSwitched"), lambda m: len(m) > switched, 90)
         node.wait_allocatable()
         name = node.start_pod("nvidia.com/mig-1g.5gb")
         node.wait_running(name)
         # Back to DRA: now a device-plugin pod holds the switch.
-        blocked = len(_events(node, "FrontendSwitchBlocked"))
+        blocked = len(node.events("FrontendSwitchBlocked"))
         node.kubectl("label", "node", NODE, f"{FRONTEND}=dra", "--overwrite")
         waits = poll(
             "the switch back waits",
-            lambda: _events(node, "FrontendSwitchBlocked"),
+            lambda: node.events("FrontendSwitchBlocked"),
             lambda m: len(m) > blocked,
             60,
         )

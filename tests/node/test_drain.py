@@ -62,17 +62,6 @@ def _node(node: NodeUnderTest) -> dict[str, Any]:
     return node.get("node", NODE)
 
 
-def _events(node: NodeUnderTest, reason: str) -> list[str]:
-    selector = f"involvedObject.kind=Node,involvedObject.name={NODE},reason={reason}"
-    out = node.kubectl("get", "events", "-n", "default", "--field-selector", selector, "-o", "json")
-    items = sorted(json.loads(out)["items"], key=lambda e: e["metadata"]["name"])  # oldest first
-    return [e["message"] for e in items]
-
-
-def _gone(node: NodeUnderTest, name: str) -> bool:
-    return node.node.kubectl("get", "pod", name).returncode != 0
-
-
 def _trainer_kept_by_a_budget(node: NodeUnderTest) -> str:
     """A pod holding a 3g.20gb that a PodDisruptionBudget keeps, then a config without 3g: a drain."""
     trainer = node.start_pod("nvidia.com/mig-3g.20gb", name="trainer")
@@ -98,7 +87,7 @@ def test_drain_evicts_the_blockers_applies_and_uncordons_and_a_budget_holds_it_b
     poll("the node cordoned", lambda: _node(node)["spec"].get("unschedulable"), bool)
     refused = poll(
         "the refusal said",
-        lambda: _events(node, "Draining"),
+        lambda: node.events("Draining"),
         lambda m: any("PodDisruptionBudget" in x for x in m),
     )
     assert any(f"default/{trainer}" in m for m in refused)
@@ -106,7 +95,7 @@ def test_drain_evicts_the_blockers_applies_and_uncordons_and_a_budget_holds_it_b
     assert "Running" == node.pod(trainer)["status"]["phase"]
     # The budget goes: the next re-check evicts the trainer, the change goes through, the node opens.
     node.kubectl("delete", "pdb", "keep-trainer")
-    poll("the trainer evicted", lambda: _gone(node, trainer), bool, 60)
+    poll("the trainer evicted", lambda: node.exists("pod", trainer), lambda found: not found, 60)
     poll(
         "the change applied",
         lambda: {k: v for k, v in node.allocatable().items() if v != "0"},
@@ -117,7 +106,7 @@ def test_drain_evicts_the_blockers_applies_and_uncordons_and_a_budget_holds_it_b
     after = _node(node)
     assert "nvidia.com/gpu-sharing.cordoned" not in after["metadata"].get("annotations", {})
     assert "success" == after["metadata"]["labels"]["nvidia.com/mig.config.state"]
-    assert _events(node, "Drained")
+    assert node.events("Drained")
 
 
 @pytest.mark.parametrize("restart", [False, True], ids=["rejected", "agent-restarted-then-rejected"])
@@ -131,10 +120,10 @@ def test_a_drain_that_ends_without_the_change_uncordons_and_a_persons_cordon_sta
         (old,) = node.agent_pods()
         node.kubectl("-n", NAMESPACE, "delete", "pod", old["metadata"]["name"])
         node.running_agent(not_uid=old["metadata"]["uid"])
-    drained = len(_events(node, "Drained"))
+    drained = len(node.events("Drained"))
     node.kubectl("label", "node", NODE, f"{CONFIG_LABEL}=no-such-config", "--overwrite")
     # Uncordoned, then the annotation removed, then the Event: the last one is what is waited for.
-    (said,) = poll("the Drained Event", lambda: _events(node, "Drained")[drained:], bool, 60)
+    (said,) = poll("the Drained Event", lambda: node.events("Drained")[drained:], bool, 60)
     assert "the change did not go through (ConfigRejected)" in said
     after = _node(node)
     assert not after["spec"].get("unschedulable")

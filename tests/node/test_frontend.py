@@ -6,7 +6,6 @@ label back, so every other test finds the node as the session made it.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 
 import pytest
@@ -19,14 +18,6 @@ pytestmark = pytest.mark.node
 
 FRONTEND = "nvidia.com/gpu-sharing.frontend"
 STATE = "nvidia.com/mig.config.state"
-
-
-def _events(node: NodeUnderTest, reason: str) -> list[str]:
-    """The Events of this reason about the Node, oldest first."""
-    selector = f"involvedObject.kind=Node,involvedObject.name={NODE},reason={reason}"
-    out = node.kubectl("get", "events", "-n", "default", "--field-selector", selector, "-o", "json")
-    items = sorted(json.loads(out)["items"], key=lambda e: e["metadata"]["name"])
-    return [e["message"] for e in items]
 
 
 def _labels(node: NodeUnderTest) -> dict[str, str]:
@@ -48,10 +39,10 @@ def test_a_front_end_label_that_names_none_is_refused_and_the_node_keeps_serving
     unlabelled: NodeUnderTest,
 ) -> None:
     node = unlabelled
-    said = len(_events(node, "FrontendRejected"))
+    said = len(node.events("FrontendRejected"))
     node.kubectl("label", "node", NODE, f"{FRONTEND}=nvlink", "--overwrite")
     refused = poll(
-        "the FrontendRejected Event", lambda: _events(node, "FrontendRejected"), lambda m: len(m) > said, 60
+        "the FrontendRejected Event", lambda: node.events("FrontendRejected"), lambda m: len(m) > said, 60
     )
     assert [
         f"node label {FRONTEND}=nvlink: 'nvlink' is not a front-end: deviceplugin or dra; the node stays on"

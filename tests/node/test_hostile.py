@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from lab.helm import NAMESPACE, RELEASE
 
-from tests.node.conftest import ALL_KINDS, CONFIG, EXPECTED, NODE, NodeUnderTest, container_status
+from tests.node.conftest import ALL_KINDS, CONFIG, EXPECTED, NodeUnderTest, container_status
 from tests.polling import poll
 
 pytestmark = pytest.mark.node
@@ -48,14 +48,6 @@ def restored(node: NodeUnderTest, tmp_path: Path) -> Iterator[NodeUnderTest]:
         node.wait_allocatable()
 
 
-def _invalid_events(node: NodeUnderTest) -> list[str]:
-    """The ConfigInvalid Events about the Node, oldest first."""
-    selector = f"involvedObject.kind=Node,involvedObject.name={NODE},reason=ConfigInvalid"
-    out = node.kubectl("get", "events", "-n", "default", "--field-selector", selector, "-o", "json")
-    items = sorted(json.loads(out)["items"], key=lambda e: e["metadata"]["name"])
-    return [e["message"] for e in items]
-
-
 def _agent(node: NodeUnderTest) -> tuple[str, int]:
     """The agent's pod UID and its container's restart count."""
     (pod,) = node.agent_pods()
@@ -67,9 +59,11 @@ def test_a_hostile_configmap_key_is_refused_by_an_event_and_the_agent_keeps_serv
 ) -> None:
     node = restored
     before = _agent(node)
-    said = len(_invalid_events(node))
+    said = len(node.events("ConfigInvalid"))
     _patch(node, {HOSTILE: HOSTILE_CONFIG}, tmp_path)
-    refused = poll("the ConfigInvalid Event", lambda: _invalid_events(node), lambda m: len(m) > said, 60)
+    refused = poll(
+        "the ConfigInvalid Event", lambda: node.events("ConfigInvalid"), lambda m: len(m) > said, 60
+    )
     (message,) = refused[said:]
     assert message.startswith(f"ConfigMap keys with errors, not selected by this node: {HOSTILE}: ")
     assert "the limit for one config is 262144" in message

@@ -179,11 +179,11 @@ def test_a_killed_daemon_makes_its_replicas_unhealthy_until_it_is_restarted(mps:
         lambda out: out == "False",
     )
     down = "the MPS control daemon of GPU 3 (NVIDIA H100 80GB HBM3) does not answer"
-    poll("the Event", lambda: _events(mps, "MpsDaemonDown"), lambda found: any(down in m for m in found))
+    poll("the Event", lambda: mps.events("MpsDaemonDown"), lambda found: any(down in m for m in found))
     hook.unlink()
     offered(mps, EXPECTED)
     back = "the MPS control daemon of GPU 3 (NVIDIA H100 80GB HBM3) answers again"
-    poll("the Event", lambda: _events(mps, "MpsDaemonHealthy"), lambda found: back in found)
+    poll("the Event", lambda: mps.events("MpsDaemonHealthy"), lambda found: back in found)
     after = daemon(mps, gpu3)
     assert after is not None
     assert after["pid"] != before["pid"]
@@ -217,7 +217,7 @@ def test_a_reload_waits_for_the_client_and_restarts_only_the_daemon_whose_limits
     )
     messages = poll(
         "the change waiting for the client",
-        lambda: _events(mps, "ConfigApplyBlocked"),
+        lambda: mps.events("ConfigApplyBlocked"),
         lambda found: any("processes run on GPU" in m for m in found),
         90,
     )
@@ -239,12 +239,6 @@ def test_a_reload_waits_for_the_client_and_restarts_only_the_daemon_whose_limits
 def keeper(node: NodeUnderTest, *command: str) -> str:
     """Run a command in the agent pod's mps-keeper container, the daemons' PID namespace."""
     return node.kubectl("-n", NAMESPACE, "exec", f"ds/{RELEASE}", "-c", "mps-keeper", "--", *command)
-
-
-def _events(node: NodeUnderTest, reason: str) -> list[str]:
-    selector = f"involvedObject.kind=Node,involvedObject.name={NODE},reason={reason}"
-    out = node.kubectl("get", "events", "-n", "default", "--field-selector", selector, "-o", "json")
-    return [e["message"] for e in json.loads(out)["items"]]
 
 
 def test_a_reload_without_clients_restarts_only_the_daemon_whose_limits_changed(mps: NodeUnderTest) -> None:

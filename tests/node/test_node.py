@@ -181,7 +181,7 @@ def test_kubelet_restarts_while_a_change_waits_destroy_nothing_a_pod_holds(node:
         node.kubectl("label", "node", NODE, f"{CONFIG_LABEL}=two-3g", "--overwrite")
         poll(
             "the change waiting for the pod",
-            lambda: _events(node, "ConfigApplyBlocked"),
+            lambda: node.events("ConfigApplyBlocked"),
             lambda messages: any(f"default/{name}" in m for m in messages),
             90,
         )
@@ -209,12 +209,6 @@ def test_kubelet_restarts_while_a_change_waits_destroy_nothing_a_pod_holds(node:
 
 def _mig_uuids(node: NodeUnderTest) -> set[str]:
     return {i["uuid"] for g in node.export()["gpus"] for i in g["instances"]}
-
-
-def _events(node: NodeUnderTest, reason: str) -> list[str]:
-    selector = f"involvedObject.kind=Node,involvedObject.name={NODE},reason={reason}"
-    out = node.kubectl("get", "events", "-n", "default", "--field-selector", selector, "-o", "json")
-    return [e["message"] for e in json.loads(out)["items"]]
 
 
 def test_a_deleted_agent_pod_is_recreated_and_running_pods_keep_their_devices(node: NodeUnderTest) -> None:

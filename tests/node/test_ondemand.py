@@ -23,7 +23,7 @@ from sharing.dra.names import parse_ondemand_name
 from sharing.mig import Placement, default_catalog
 from sharing.mig.policy import plain
 from tests.node.conftest import ALL_KINDS, CONFIG, CONFIG_LABEL, EXPECTED, NODE, NodeUnderTest
-from tests.node.test_dra import DRIVER, FRONTEND, DraNode, _events, _published
+from tests.node.test_dra import DRIVER, FRONTEND, DraNode, _published
 from tests.polling import poll
 
 pytestmark = pytest.mark.node
@@ -278,7 +278,7 @@ def test_a_claim_that_only_fragmented_room_would_hold_is_an_event_a_metric_and_i
     _until(
         dra.node,
         "the MigFragmented Event",
-        lambda: _events(dra.node, "MigFragmented"),
+        lambda: dra.node.events("MigFragmented"),
         lambda m: said in m,
         60,
     )
