@@ -1,15 +1,17 @@
 """``python hack/bench``: run the benchmarks, print the table, optionally write the figures as JSON.
 
     $(hack/venv.sh)/bin/python hack/bench [--quick | --smoke] [--json PATH] [--fleet N] [--only PART,...]
-                                          [--seed N]
+                                          [--seed N] [--mix-shift] [--trace FILE.csv] [--time-scale X]
+                                          [--gpus PRODUCT:N[,PRODUCT:N]]
 
 Parts, in order: planner, hostile (parsing hostile ConfigMap keys), mutations, listandwatch,
 cluster (startup, reconcile, configmap, allocate, idle, preferred, restart: the API server's),
 agentrestart (the agent's: how long the kubelet refuses pods), realnode, dra (the DRA front-end
 on a real node), ondemand (on-demand MIG against pre-made slices on a real node), fleet, probes
 (the HTTP port under a flood), resourceslices (the DRA publisher: a changed pool until the API
-server holds it), trace (a seeded MIG workload on four A100s: the best shipped preset and the best
-static layout in hindsight vs on-demand, through the real kube-scheduler). A part that fails is
+server holds it), trace (MIG workloads, drawn with a steady or a shifting mix or read from a CSV file,
+on four A100s or the `--gpus` given: the best shipped preset and the best static layout in hindsight
+vs on-demand, through the real kube-scheduler). A part that fails is
 reported and the others still run; the exit code is 1 when any failed. Ctrl-C or SIGTERM stops
 everything it started.
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -50,6 +53,7 @@ from bench import (
     resourceslices,
     restart,
     trace,
+    tracesim,
 )
 from bench.cluster import Cluster, running_cluster
 from bench.report import FULL, QUICK, SMOKE, Budget, Results, as_json, machine, print_table, say
@@ -139,13 +143,40 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"trace: run this seed (repeatable; default {', '.join(map(str, trace.DEFAULT_SEEDS))}; "
         "--quick: the first)",
     )  # fmt: skip
+    parser.add_argument(
+        "--mix-shift", action="store_true",
+        help="trace: only the drawn traces whose mix shifts between phases (default: steady and shifting)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--trace", type=Path, metavar="FILE.csv",
+        help="trace: replay this CSV file (header arrival,lifetime,profile[,patience]; seconds; profile "
+        "a MIG profile name or gpu); with --seed, the drawn traces too",
+    )  # fmt: skip
+    parser.add_argument(
+        "--time-scale", type=float, metavar="X",
+        help=f"trace: replay X trace seconds per real second (default {1 / trace.UNIT_S:g}; --smoke 10)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--gpus", default=trace.DEFAULT_GPUS, metavar="PRODUCT:N[,PRODUCT:N]",
+        help=f"trace: the GPUs of each way's node (default {trace.DEFAULT_GPUS})",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     seeds = tuple(args.seed) if args.seed else trace.DEFAULT_SEEDS[: 1 if args.quick or args.smoke else None]
+    budget = SMOKE if args.smoke else QUICK if args.quick else FULL
     only = set(args.only.split(",")) if args.only else set(PARTS)
     if only - set(PARTS):
         parser.error(
             f"unknown parts {', '.join(sorted(only - set(PARTS)))}; the parts are {', '.join(PARTS)}"
         )
+    try:
+        gpus = tracesim.parse_gpus(args.gpus, trace.CATALOG)
+        kinds = () if args.trace and not args.seed else ("shift",) if args.mix_shift else ("steady", "shift")
+        plays = trace.traces(gpus, kinds, seeds, budget.trace_pods, args.trace) if "trace" in only else []
+    except ValueError as err:  # a TraceFileError names the file, line and column
+        parser.error(str(err))
+    if args.time_scale is not None and not (math.isfinite(args.time_scale) and args.time_scale > 0):
+        parser.error(f"--time-scale: {args.time_scale} is not a number above 0")
+    unit_s = 1 / args.time_scale if args.time_scale else budget.trace_unit_s
     quiet_logs()
 
     def terminate(signum: int, frame: object) -> None:
@@ -153,7 +184,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, terminate)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started with SIGINT ignored
-    budget = SMOKE if args.smoke else QUICK if args.quick else FULL
     nodes = budget.fleet_nodes if args.fleet is None else args.fleet
     results = Results()
     started, load_start = time.monotonic(), os.getloadavg()
@@ -176,7 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             (
                 "trace",
                 lambda: trace.bench_trace(
-                    tmp / "trace", results, seeds, pods=budget.trace_pods, unit_s=budget.trace_unit_s
+                    tmp / "trace", results, plays, gpus, unit_s=unit_s, offline_pods=budget.trace_pods
                 ),
             ),
         ]

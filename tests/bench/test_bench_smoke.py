@@ -23,8 +23,22 @@ def test_every_part_of_the_bench_runs(tmp_path: Path, cluster_binaries: object) 
     if os.geteuid() != 0:
         pytest.skip("the bench starts real nodes and kubelet harnesses (root)")
     figures = tmp_path / "bench.json"
+    trace = tmp_path / "trace.csv"  # the trace part replays a file beside the drawn traces
+    trace.write_text(
+        "arrival,lifetime,profile,patience\n0,5,1g.5gb,10\n0.5,4,gpu,\n1,6,3g.20gb,10\n2,3,7g.40gb,5\n3,5,2g.10gb,10\n"
+    )
     done = subprocess.run(
-        [sys.executable, str(REPO / "hack" / "bench"), "--smoke", "--json", str(figures)],
+        [
+            sys.executable,
+            str(REPO / "hack" / "bench"),
+            "--smoke",
+            "--json",
+            str(figures),
+            "--trace",
+            str(trace),
+            "--seed",
+            "1",
+        ],
         capture_output=True,
         text=True,
         check=False,
@@ -36,3 +50,7 @@ def test_every_part_of_the_bench_runs(tmp_path: Path, cluster_binaries: object) 
     assert set(PARTS) <= set(report["parts_s"]), (
         f"parts that did not run: {set(PARTS) - set(report['parts_s'])}"
     )
+    # The drawn traces, steady and shifting, and the file were each played on every way.
+    for prefix in ("trace", "trace_shift", "trace_file"):
+        for way in ("hindsight", "preset", "policy", "plain"):
+            assert report.get(f"{prefix}_{way}_served") is not None, f"{prefix} {way}"
