@@ -150,7 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--trace", type=Path, metavar="FILE.csv",
         help="trace: replay this CSV file (header arrival,lifetime,profile[,patience]; seconds; profile "
-        "a MIG profile name or gpu); with --seed, the drawn traces too",
+        "a MIG profile name or gpu); with --seed or --mix-shift, the drawn traces too",
     )  # fmt: skip
     parser.add_argument(
         "--time-scale", type=float, metavar="X",
@@ -170,7 +170,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     try:
         gpus = tracesim.parse_gpus(args.gpus, trace.CATALOG)
-        kinds = () if args.trace and not args.seed else ("shift",) if args.mix_shift else ("steady", "shift")
+        drawn = not args.trace or args.seed or args.mix_shift  # a file alone, unless asked for more
+        kinds = ("shift",) if args.mix_shift else ("steady", "shift") if drawn else ()
         plays = trace.traces(gpus, kinds, seeds, budget.trace_pods, args.trace) if "trace" in only else []
     except ValueError as err:  # a TraceFileError names the file, line and column
         parser.error(str(err))
