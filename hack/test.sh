@@ -62,7 +62,7 @@ export PATH="$venv/bin:$PATH" PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
 # 0.48 s with the bytecode kept). Kept outside the checkout, as the rest of the cache; Python checks
 # each file's source before it uses its bytecode.
 unset PYTHONDONTWRITEBYTECODE
-export PYTHONPYCACHEPREFIX="${SHARING_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-sharing}/pycache"
+export PYTHONPYCACHEPREFIX="$(dirname "$venv")/pycache"  # beside the venv, in the cache
 
 failed=()
 step() {
