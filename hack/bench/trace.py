@@ -62,6 +62,7 @@ from typing import Any
 
 import lab
 from lab import components
+from lab.api import ApiError
 from lab.process import Process
 
 from bench import tracesim
@@ -120,7 +121,7 @@ def occupancy(gpus: tracesim.Gpus, devices: Iterable[str]) -> list[int]:
     for name in devices:
         whole = WHOLE_DEVICE.fullmatch(name)
         if whole is not None and int(whole[1]) < len(gpus):
-            masks[int(whole[1])] = (1 << gpus[int(whole[1])].slots) - 1
+            masks[int(whole[1])] = tracesim.mask(0, gpus[int(whole[1])].slots)
             continue
         parsed = parse_ondemand_name(name)
         if parsed is None or parsed[0] >= len(gpus):
@@ -128,7 +129,7 @@ def occupancy(gpus: tracesim.Gpus, devices: Iterable[str]) -> list[int]:
         gpu, slug, start = parsed
         profile = named(gpus[gpu]).get(slug)
         if profile is not None:
-            masks[gpu] |= ((1 << profile.size) - 1) << start
+            masks[gpu] |= tracesim.mask(start, profile.size)
     return masks
 
 
@@ -268,8 +269,8 @@ def _pod_body(run: WayRun, pod: TracePod) -> dict[str, Any]:
 def _delete_pod(api: Api, run: WayRun, pod: TracePod) -> None:
     try:
         api.request("DELETE", f"/api/v1/namespaces/{run.namespace}/pods/{pod.name}?gracePeriodSeconds=0")
-    except RuntimeError as err:
-        if "HTTP 404" not in str(err):
+    except ApiError as err:
+        if err.status != 404:
             raise
 
 

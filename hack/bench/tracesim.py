@@ -259,7 +259,8 @@ def compute_slices(gpus: Gpus, profile: str) -> int:
 # --- placements ------------------------------------------------------------------------------------
 
 
-def _mask(start: int, size: int) -> int:
+def mask(start: int, size: int) -> int:
+    """The slots `size` wide from `start`, as a bit mask."""
     return ((1 << size) - 1) << start
 
 
@@ -269,7 +270,7 @@ def free_placements(product: Product, profile: str, occupied: int) -> tuple[int,
     if profile == WHOLE:
         return (0,) if not occupied else ()
     kind = product.require_profile(profile)
-    return tuple(s for s in kind.placements if not _mask(s, kind.size) & occupied)
+    return tuple(s for s in kind.placements if not mask(s, kind.size) & occupied)
 
 
 def largest_placeable(gpus: Gpus, occupied: Sequence[int], profiles: Iterable[str]) -> int:
@@ -279,8 +280,8 @@ def largest_placeable(gpus: Gpus, occupied: Sequence[int], profiles: Iterable[st
         (
             compute_slices(gpus, profile)
             for profile in profiles
-            for product, mask in zip(gpus, occupied, strict=True)
-            if has(product, profile) and free_placements(product, profile, mask)
+            for product, used in zip(gpus, occupied, strict=True)
+            if has(product, profile) and free_placements(product, profile, used)
         ),
         default=0,
     )
@@ -295,14 +296,14 @@ def stranded_ondemand(gpus: Gpus, occupied: Sequence[int], waiting: Iterable[str
     """Free slots that no placement of a waiting profile could use, over the GPUs."""
     waiting = set(waiting)
     stranded = 0
-    for product, mask in zip(gpus, occupied, strict=True):
+    for product, used in zip(gpus, occupied, strict=True):
         usable = 0
         for profile in waiting:
             if has(product, profile):
                 size = size_on(product, profile)
-                for start in free_placements(product, profile, mask):
-                    usable |= _mask(start, size)
-        stranded += bin(_mask(0, product.slots) & ~mask & ~usable).count("1")
+                for start in free_placements(product, profile, used):
+                    usable |= mask(start, size)
+        stranded += bin(mask(0, product.slots) & ~used & ~usable).count("1")
     return stranded
 
 
@@ -557,7 +558,7 @@ class Replay:
                 if spot is None:
                     return False
                 size = size_on(gpus[spot[0]], pod.profile)
-                occupied[spot[0]] |= _mask(spot[1], size)
+                occupied[spot[0]] |= mask(spot[1], size)
                 placed_on[spot[0]].append(Placement(pod.profile, spot[1], size))
                 held[pod.index] = spot
             placed[pod.index] = now
@@ -582,7 +583,7 @@ class Replay:
                     free[pod.profile] += 1
                 else:
                     size = size_on(gpus[gpu], pod.profile)
-                    occupied[gpu] &= ~_mask(start, size)
+                    occupied[gpu] &= ~mask(start, size)
                     placed_on[gpu].remove(Placement(pod.profile, start, size))
             else:
                 waiting.append(pod)
