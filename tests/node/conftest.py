@@ -229,7 +229,10 @@ def real_node(cluster_binaries: lab.Binaries) -> Iterator[NodeUnderTest]:
     if os.geteuid() != 0:
         pytest.skip("the real node needs root (namespaces, cgroups, mounts)")
     archives = images.all_images(cluster_binaries)
-    node = lab.RealNode("test", NODE, index=1).up(archives)
+    # One real node per machine at a time: a second checkout testing beside this one names another
+    # (SHARING_TEST_NODE_INDEX, its subnet 10.(200+N).0.0/24 and its own state; 1 is the suite's).
+    index = int(os.environ.get("SHARING_TEST_NODE_INDEX", "1"))
+    node = lab.RealNode("test" if index == 1 else f"test{index}", NODE, index=index).up(archives)
     try:
         node.kubectl("label", "node", NODE, f"{CONFIG_LABEL}={CONFIG}", check=True)
         helm = Helm(node.kubeconfig, binary=cluster_binaries.helm)
