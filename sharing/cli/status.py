@@ -137,6 +137,13 @@ def describe(status: dict[str, Any]) -> str:
             f"GPU {gpu['index']}  {gpu['product']}  {gpu['uuid']}  MIG {gpu['mig']}  {gpu['health']}"
             + (f"  config {gpu['config']}" if gpu.get("config") else "")
         )
+        dynamic = gpu.get("dynamic")
+        if dynamic:
+            lines.append(
+                "  mig: dynamic: MIG devices made per claim (DRA front-end)"
+                if dynamic == "onDemand"
+                else "  mig: dynamic, but this GPU has no MIG: offered as a whole GPU"
+            )
         daemon = gpu.get("mps")
         if daemon:
             enforced = daemon.get("enforced")
@@ -161,7 +168,8 @@ def describe(status: dict[str, Any]) -> str:
             for s in gpu["slices"]
         ]
         if len(rows) == 1:
-            lines.append("  (nothing advertised)")
+            if dynamic != "onDemand":  # its devices are the DRA pool's placements, not slices
+                lines.append("  (nothing advertised)")
             continue
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]

@@ -121,6 +121,8 @@ def summary(config: SharingConfig, products: list[str] | None = None) -> str:
         mig = entries[0].geometry is not None
         skipped = rule is not None and rule.skip_without_mig and rule.mig is MigMode.ENABLED and not mig
         action = _action(rule) if rule and not skipped else "left as it is"
+        if rule is not None and rule.mig is MigMode.DYNAMIC and not mig:
+            action = "no MIG: a whole GPU"  # spec.is_dynamic
         groups.setdefault((entries[0].name, action), []).append(index)
     shared = [name for name, _ in groups]
     parts = []

@@ -35,6 +35,7 @@ from sharing.config.spec import (
     Sharing,
     SharingConfig,
     identity,
+    is_dynamic,
     target_for,
 )
 from sharing.mig import Catalog, default_catalog
@@ -64,6 +65,7 @@ __all__ = [
     "SharingConfig",
     "choose_frontend",
     "identity",
+    "is_dynamic",
     "load_yaml",
     "node_from_names",
     "parse_config",

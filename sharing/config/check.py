@@ -195,9 +195,18 @@ def _check_dynamic(
             report.error(path, f"replicas are not available with mig: dynamic: {why}", config=name)
     for _, path in rule.rename.values():
         report.error(path, f"nothing to rename with mig: dynamic: {why}", config=name)
-    for target in targets or ():
-        if target.known and target.geometry is None and not rule.skip_without_mig:
-            report.error(rule.mig_path, f"{target.name} has no MIG (not a MIG product)", config=name)
+    if rule.selector.product is not None or rule.selector.pci:  # names the product: MIG or nothing
+        for target in targets or ():
+            if target.known and target.geometry is None:
+                report.error(rule.mig_path, f"{target.name} has no MIG (not a MIG product)", config=name)
+    else:  # `all`, indices, UUIDs: a mixed node's GPUs without MIG are offered whole (spec.is_dynamic)
+        whole = [t for t in _first_match(draft, rule, targets) or () if t.known and t.geometry is None]
+        gpus = list(dict.fromkeys(f"GPU {t.identity.index} ({t.name})" for t in whole))
+        if gpus:
+            said = "has no MIG: it is" if len(gpus) == 1 else "have no MIG: they are"
+            whole_gpus = "a whole GPU" if len(gpus) == 1 else "whole GPUs"
+            report.warn(rule.mig_path, f"{', '.join(gpus)} {said} offered as {whole_gpus} (mig: dynamic "
+                        "applies to the GPUs with MIG)", config=name)  # fmt: skip
     report.warn(rule.mig_path, DYNAMIC_FRONTEND, config=name)
 
 

@@ -199,5 +199,17 @@ def target_for(config: SharingConfig, gpu: Gpu, catalog: Catalog) -> Target | No
     if rule.mig is MigMode.DISABLED:
         return Target(mig_enabled=False)
     if rule.mig is MigMode.DYNAMIC:
+        if not is_dynamic(rule, gpu):
+            return Target(mig_enabled=False)  # no MIG: offered whole
         return Target(mig_enabled=True, dynamic=True)  # the instances are the claims' (DRA front-end)
     return Target(mig_enabled=True, instances=rule.instances)
+
+
+def is_dynamic(rule: Rule | None, gpu: Gpu) -> bool:
+    """The GPU's MIG devices are made per claim: its rule says `mig: dynamic` and it has MIG.
+
+    A GPU without MIG (an L4 or A10 beside A100s) under such a rule is offered whole, as `mig: disabled`
+    offers it, so one config serves every GPU of a mixed node; NVIDIA's DRA driver publishes nothing
+    for the whole node then (https://github.com/kubernetes-sigs/dra-driver-nvidia-gpu/issues/1092).
+    """
+    return rule is not None and rule.mig is MigMode.DYNAMIC and gpu.mig_capable

@@ -15,7 +15,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import NewType
 
-from sharing.config import MigMode, MigStrategy, Sharing, SharingConfig, identity
+from sharing.config import MigMode, MigStrategy, Rule, Sharing, SharingConfig, identity, is_dynamic
 from sharing.devices.xids import APPLICATION_XIDS
 from sharing.errors import PluginError
 from sharing.mig import Catalog, default_catalog
@@ -73,6 +73,8 @@ class Inventory:
     dynamic: frozenset[str] = frozenset()
     """UUIDs of the GPUs under `mig: dynamic`: they have no devices here, the DRA front-end offers
     their placements (`sharing.dra.partitions`)."""
+    whole: frozenset[str] = frozenset()
+    """UUIDs of the GPUs without MIG that a `mig: dynamic` rule matches: offered as whole GPUs."""
 
     def names(self) -> tuple[ResourceName, ...]:
         """Resource names, sorted."""
@@ -158,25 +160,30 @@ def build_inventory(
 
     singles = [g for g in node.gpus if _strategy(config_of(g.uuid)) is MigStrategy.SINGLE]
     single_ok = not singles or _single_is_uniform(NodeState(tuple(singles)), warnings)
+    rules = {g.uuid: _rule(g, config_of(g.uuid), catalog) for g in node.gpus}
     found: dict[ResourceName, list[Device]] = {}
     for gpu in node.gpus:
         cfg = config_of(gpu.uuid)
         for resource, device in _devices_of(
-            gpu, cfg, strategy=_strategy(cfg), single_ok=single_ok, catalog=catalog, warnings=warnings
+            gpu, cfg, rules[gpu.uuid], strategy=_strategy(cfg), single_ok=single_ok, warnings=warnings
         ):
             found.setdefault(resource, []).append(device)
     inventory = Inventory(
         resources=tuple((name, tuple(found[name])) for name in sorted(found)),
         fail_requests_greater_than_one=config is not None and config.fail_requests_greater_than_one,
         warnings=tuple(warnings),
-        dynamic=frozenset(g.uuid for g in node.gpus if _is_dynamic(g, config_of(g.uuid), catalog)),
+        dynamic=frozenset(g.uuid for g in node.gpus if is_dynamic(rules[g.uuid], g)),
+        whole=frozenset(
+            g.uuid
+            for g in node.gpus
+            if (r := rules[g.uuid]) and r.mig is MigMode.DYNAMIC and not g.mig_capable
+        ),
     )
     return with_health(inventory, health) if health is not None else inventory
 
 
-def _is_dynamic(gpu: Gpu, config: SharingConfig | None, catalog: Catalog) -> bool:
-    rule = config.rule_matching(identity(gpu, catalog)) if config else None
-    return rule is not None and rule.mig is MigMode.DYNAMIC
+def _rule(gpu: Gpu, config: SharingConfig | None, catalog: Catalog) -> Rule | None:
+    return config.rule_matching(identity(gpu, catalog)) if config else None
 
 
 def withdraw(inventory: Inventory, uuids: Collection[str]) -> Inventory:
@@ -243,14 +250,13 @@ def inventory_from(
 def _devices_of(
     gpu: Gpu,
     config: SharingConfig | None,
+    rule: Rule | None,
     *,
     strategy: MigStrategy,
     single_ok: bool,
-    catalog: Catalog,
     warnings: list[str],
 ) -> Iterable[tuple[ResourceName, Device]]:
-    rule = config.rule_matching(identity(gpu, catalog)) if config else None
-    if rule is not None and rule.mig is MigMode.DYNAMIC:
+    if is_dynamic(rule, gpu):
         return  # its MIG devices are made per claim: the DRA front-end offers them (sharing.dra.partitions)
     rename = _Rename(config is not None and config.rename_by_default, dict(rule.rename) if rule else {})
     if gpu.mig_enabled and strategy is MigStrategy.NONE:

@@ -82,6 +82,7 @@ def status_document(
             {
                 **_gpu(g, slices.get(g.uuid, []), config.in_effect.get(g.uuid), g.uuid not in unhealthy),
                 "mps": dict((mps or {})[g.uuid]) if g.uuid in (mps or {}) else None,
+                "dynamic": _dynamic(g.uuid, inventory),
             }
             for g in node.gpus
         ],
@@ -113,6 +114,13 @@ def mps_daemon(
         "restarts": restarts,
         "error": error,
     }
+
+
+def _dynamic(uuid: str, inventory: Inventory) -> str | None:
+    """Under `mig: dynamic`: `onDemand` (MIG devices made per claim) or `whole` (the GPU has no MIG)."""
+    if uuid in inventory.dynamic:
+        return "onDemand"
+    return "whole" if uuid in inventory.whole else None
 
 
 def _owners(holders: Sequence[Holding]) -> dict[str, dict[str, str]]:

@@ -7,14 +7,17 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
-from sharing.devices import Inventory
+from sharing.cli.status import describe
+from sharing.config.spec import MigMode, Rule, Selector, SharingConfig
+from sharing.devices import Inventory, build_inventory
 from sharing.dra import OnDemand
 from sharing.dra.frontend import DraFrontEnd
-from sharing.dra.names import DRIVER
+from sharing.dra.names import DRIVER, parse_ondemand_name
 from sharing.dra.partitions import partitionable_slices
+from sharing.dra.slices import build_slices
 from sharing.gpu import GpuBackend
 from sharing.gpu.devfiles import DeviceFiles
-from sharing.kube.api import SliceSpec
+from sharing.kube.api import SliceSpec, Version
 from sharing.mig import default_catalog
 from sharing.model import (
     ClaimAllocation,
@@ -26,6 +29,7 @@ from sharing.model import (
     MigUuid,
     NodeState,
 )
+from sharing.ops import ConfigStatus, status_document
 from sharing.store import Journal
 from tests.unit.fakekube import FakeKube
 
@@ -145,3 +149,68 @@ async def test_an_instance_made_or_destroyed_without_an_allocation_change_re_pub
     gpus.node = NODE  # unprepare destroyed it
     assert True is await front.follow_allocations()
     assert "gpu-0-mig-1g-5gb-at-0" in {n for names in _held(kube) for n in names}
+
+
+# --- a mixed node: GPUs without MIG beside dynamic ones -----------------------------------------------
+
+MIXED = NodeState(
+    (
+        _a100(0),
+        Gpu(
+            1,
+            GpuUuid("GPU-1"),
+            "NVIDIA L4",
+            23034,
+            False,
+            False,
+            False,
+            compute_capability=(8, 9),
+            minor=1,
+            pci_bus_id="0000:11:00.0",
+        ),
+        _a100(2),
+    ),
+    driver=DriverInfo("550.107.02", 12040),
+)
+ALL_DYNAMIC = SharingConfig("c", rules=(Rule(Selector(all=True), MigMode.DYNAMIC),))
+
+
+async def test_a_gpu_without_mig_under_a_dynamic_rule_is_published_whole_as_a_static_gpu_is(
+    tmp_path: Path,
+) -> None:
+    kube = FakeKube(NODE_NAME, {})
+    front = _front_end(kube, tmp_path)
+    inventory = build_inventory(MIXED, ALL_DYNAMIC, catalog=CATALOG)
+
+    assert "" == await front.publish(inventory, MIXED)
+
+    held = {d.name: d for names in kube.slices.values() for d in names.spec.devices}
+    ondemand = {p[0] for name in held if (p := parse_ondemand_name(name)) is not None}
+    assert {0, 2} == ondemand
+    # The same device, attributes and capacity as the L4 under no rule at all (a static whole GPU).
+    (static,) = [
+        d
+        for s in build_slices(NODE_NAME, MIXED, build_inventory(MIXED, None, catalog=CATALOG))
+        for d in s.devices
+    ]
+    assert static == held["gpu-1"]
+    attributes = dict(static.attributes)
+    assert {
+        "type": "gpu",
+        "uuid": "GPU-1",
+        "productName": "NVIDIA L4",
+        "architecture": "Ada Lovelace",
+        "cudaComputeCapability": Version("8.9.0"),
+    }.items() <= attributes.items()
+    assert {"gpu-1"} == {n for n in held if parse_ondemand_name(n) is None}
+
+
+def test_sharing_status_says_which_gpus_make_mig_devices_per_claim_and_which_are_whole() -> None:
+    inventory = build_inventory(MIXED, ALL_DYNAMIC, catalog=CATALOG)
+    document = status_document(NODE_NAME, MIXED, inventory, [], ConfigStatus(), frontend="dra")
+    assert ["onDemand", "whole", "onDemand"] == [g["dynamic"] for g in document["gpus"]]
+    assert [["GPU-1"]] == [[s["device"] for s in g["slices"]] for g in document["gpus"] if g["slices"]]
+    lines = describe(document).splitlines()
+    at = lines.index(next(line for line in lines if line.startswith("GPU 1  NVIDIA L4")))
+    assert "  mig: dynamic, but this GPU has no MIG: offered as a whole GPU" == lines[at + 1]
+    assert 2 == lines.count("  mig: dynamic: MIG devices made per claim (DRA front-end)")

@@ -77,9 +77,64 @@ def test_nothing_is_shared_on_a_dynamic_gpu(rule: str, error: str) -> None:
     assert error in errors
 
 
-def test_a_gpu_without_mig_cannot_be_dynamic() -> None:
-    errors, _ = problems(V1 + "- {devices: all, mig: dynamic}\n", products=["Tesla T4"])
+def test_a_dynamic_rule_that_names_a_product_without_mig_is_refused() -> None:
+    errors, _ = problems(V1 + "- {devices: {product: Tesla T4}, mig: dynamic}\n", products=["Tesla T4"])
     assert errors == ["c: gpus[0].mig: T4 has no MIG (not a MIG product)"]
+    offline, _ = problems(V1 + "- {devices: {product: L4}, mig: dynamic}\n")
+    assert offline == ["c: gpus[0].mig: L4 has no MIG (not a MIG product)"]
+
+
+@pytest.mark.parametrize(
+    ("devices", "products", "warning"),
+    [
+        pytest.param(
+            "all", ["A100-SXM4-40GB", "L4"], "GPU 1 (L4) has no MIG: it is offered as a whole GPU", id="all"
+        ),
+        pytest.param(
+            "[0, 1, 2]",
+            ["A10", "H100-80GB-HBM3", "L4"],
+            "GPU 0 (A10), GPU 2 (L4) have no MIG: they are offered as whole GPUs",
+            id="indices",
+        ),
+        pytest.param(
+            "all", ["Tesla T4"], "GPU 0 (T4) has no MIG: it is offered as a whole GPU", id="no-mig-gpu"
+        ),
+    ],
+)
+def test_a_gpu_without_mig_under_a_dynamic_rule_is_offered_whole_with_a_warning(
+    devices: str, products: list[str], warning: str
+) -> None:
+    errors, warnings = problems(V1 + f"- {{devices: {devices}, mig: dynamic}}\n", products=products)
+    assert errors == []
+    assert f"c: gpus[0].mig: {warning} (mig: dynamic applies to the GPUs with MIG)" in warnings
+
+
+def test_a_dynamic_rule_for_the_mig_product_of_a_mixed_node_leaves_the_others_alone() -> None:
+    errors, warnings = problems(
+        V1 + "- {devices: {product: A100-SXM4-40GB}, mig: dynamic}\n", products=["A100-SXM4-40GB", "L4"]
+    )
+    assert errors == []
+    assert not [w for w in warnings if "no MIG" in w]
+
+
+def l4(index: int) -> Gpu:
+    return Gpu(
+        index, GpuUuid(f"GPU-{index}"), "NVIDIA L4", 23034, False, False, False, compute_capability=(8, 9)
+    )
+
+
+def test_a_gpu_without_mig_under_a_dynamic_rule_is_a_whole_gpu_and_nothing_changes_on_it() -> None:
+    config = SharingConfig("c", rules=(Rule(Selector(all=True), MigMode.DYNAMIC),))
+    target = target_for(config, l4(1), CATALOG)
+    assert target == Target(mig_enabled=False)
+    change = plan_change(l4(1), target, CATALOG)
+    assert (change.steps, change.failure) == ((), None)
+    assert verify(change, l4(1)) is None
+    inventory = build_inventory(NodeState((a100(0, mig=True), l4(1))), config, catalog=CATALOG)
+    assert [(name, [d.uuid for d in devices]) for name, devices in inventory.resources] == [
+        ("nvidia.com/gpu", ["GPU-1"])
+    ]
+    assert (inventory.dynamic, inventory.whole) == ({"GPU-0"}, {"GPU-1"})
 
 
 def test_the_target_of_a_dynamic_gpu_is_mig_on_and_its_instances_left_alone() -> None:
