@@ -37,6 +37,8 @@ DYNAMIC = V1 + "  - devices: all\n    mig: dynamic\n"
 WITH_L4 = {**EXPECTED, "nvidia.com/gpu": "2"}
 """The session's config on the device plugins with the L4 beside: no rule matches it, so it is offered
 as it is."""
+POOL = ({0, 1, 2, 3}, {f"gpu-{L4_INDEX}"})
+"""What the pool offers: on-demand devices of the four MIG GPUs, and the L4 as a whole GPU."""
 
 
 def _exported(node: NodeUnderTest) -> dict[int, dict[str, Any]]:
@@ -76,19 +78,17 @@ def mixed_session(real_node: NodeUnderTest) -> Iterator[tuple[NodeUnderTest, str
         _until(node, "the pool: on demand and the L4", lambda: _pool(node), lambda p: p == POOL, 180)
         yield node, l4
     finally:
-        node.kubectl("label", "node", NODE, f"{FRONTEND}-")
-        _config(node, CONFIG)
-        _until(node, "device-plugin resources with the L4", node.allocatable, lambda a: a == WITH_L4, 180)
-        _put(node, {"mixed-empty": None, "mixed-dynamic": None})
-        _without_l4(node)
-        (old,) = node.agent_pods()
-        node.helm.upgrade_install(lab_values({CONFIG: ALL_KINDS}))
-        node.running_agent(not_uid=old["metadata"]["uid"])
-        node.wait_allocatable()
-
-
-POOL = ({0, 1, 2, 3}, {f"gpu-{L4_INDEX}"})
-"""What the pool offers: on-demand devices of the four MIG GPUs, and the L4 as a whole GPU."""
+        try:
+            node.kubectl("label", "node", NODE, f"{FRONTEND}-")
+            _config(node, CONFIG)
+            _until(node, "device-plugin resources with the L4", node.allocatable, lambda a: a == WITH_L4, 180)
+            _put(node, {"mixed-empty": None, "mixed-dynamic": None})
+        finally:  # whatever happened above, the session's GPUs are given back
+            _without_l4(node)
+            (old,) = node.agent_pods()
+            node.helm.upgrade_install(lab_values({CONFIG: ALL_KINDS}))
+            node.running_agent(not_uid=old["metadata"]["uid"])
+            node.wait_allocatable()
 
 
 def _pool(node: NodeUnderTest) -> tuple[set[int], set[str]]:
