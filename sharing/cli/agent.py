@@ -68,7 +68,17 @@ async def _serve(config: settings.Settings) -> None:
     if config.dra_available:
         from sharing.dra import DraPaths, OnDemand
         from sharing.dra.frontend import DraFrontEnd
+        from sharing.gpu.mps import MpsDaemons
+        from sharing.gpu.mpscontrol import CONTROL
         from sharing.store import Journal
+
+        # The daemons of on-demand MIG devices claims share with MPS (the agent's own serve whole GPUs).
+        claim_mps = MpsDaemons(
+            config.mps_root,
+            config.driver_root / CONTROL,
+            backend.set_compute_mode,
+            keeper=config.mps_keeper_socket,
+        )
 
         dra = DraFrontEnd(
             kube=kube,
@@ -79,7 +89,7 @@ async def _serve(config: settings.Settings) -> None:
             paths=DraPaths(config.kubelet_plugins_dir, config.kubelet_registry_dir),
             recorder=metrics,
             # The rollout's journal file: its lock keeps a prepare's instance step and a GPU change apart.
-            ondemand=OnDemand(backend, Journal(config.journal)),
+            ondemand=OnDemand(backend, Journal(config.journal), mps=claim_mps),
             gpu_health=lambda: fleet.health,
             kubelet_socket=fleet.settings.kubelet_socket,
         )

@@ -20,9 +20,11 @@ from sharing.model import Gpu, GpuUuid, NodeState
 
 @dataclass(frozen=True, slots=True)
 class MpsSettings:
-    """What one GPU's control daemon enforces: its clients' default limits."""
+    """What one control daemon enforces: its clients' default limits."""
 
     replicas: int
+    """The clients the GPU's limits were divided among (1 for the daemon of a claim's MIG device:
+    the claim's limits are its own)."""
     active_thread_percentage: int
     pinned_memory_mib: int
 
@@ -90,7 +92,8 @@ def pipe_dir(root: str, gpu: str) -> str:
 
 
 def client_edits(root: str, gpu: str) -> ClientEdits:
-    """The env and mounts of a client of `gpu`'s daemon under mpsRoot `root`."""
+    """The env and mounts of a client of `gpu`'s daemon under mpsRoot `root` (`gpu`: the UUID the
+    daemon serves, a GPU's or an on-demand MIG device's)."""
     inside = f"{CONTAINER_ROOT}/{gpu}/pipe"
     return ClientEdits(
         env=((PIPE_ENV, inside),),

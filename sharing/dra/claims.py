@@ -12,18 +12,27 @@ Opaque config (`status.allocation.devices.config[].opaque` with our driver) is N
 `resource.nvidia.com/v1beta1` API, so a claim written for NVIDIA's DRA driver reads the same here
 (https://github.com/kubernetes-sigs/dra-driver-nvidia-gpu/blob/main/site/content/docs/reference/api.md):
 `GpuConfig` for whole GPUs, `MigDeviceConfig` for MIG devices, each with an optional `sharing`. How a
-GPU is shared on this node is the node's sharing config, not the claim's, so what would change it per
-claim (MPS, a time-slice interval) is refused with a message that says so, as is any field NVIDIA's
-strict decoder would refuse too (unknown keys).
+GPU the node's config partitions is shared is that config's business, not the claim's, so what would
+change it per claim (MPS on a whole GPU or on a MIG device the config makes, a time-slice interval) is
+refused with a message that says so, as is any field NVIDIA's strict decoder would refuse too (unknown
+keys). A MIG device made on demand for the claim (`sharing.dra.ondemand`) is the claim's alone, so its
+sharing is the claim's to choose: `strategy: MPS` with NVIDIA's `mpsConfig` (api/nvidia.com/resource/
+v1beta1/sharing.go `MpsConfig`: `defaultActiveThreadPercentage`, `defaultPinnedDeviceMemoryLimit`,
+`defaultPerDevicePinnedMemoryLimit`) gets the device an MPS control daemon of its own, whose defaults
+are those limits (`MpsRequest`). The limits are checked as NVIDIA's driver checks them (a percentage of
+1 to 100, a memory limit of at least one MiB, cmd/gpu-kubelet-plugin/device_state.go and sharing.go
+`Normalize`), and a container is the client of one daemon, so MPS is asked for one MIG device a claim.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from decimal import ROUND_CEILING, Decimal
 from typing import Any
 
-from sharing.devices import Device, Inventory
+from sharing.devices import Device, Inventory, MpsSettings
 from sharing.dra.names import CDI_KIND, DRIVER, claim_cdi_name, parse_ondemand_name, pool_device_name
 from sharing.errors import PluginError
 from sharing.kube.api import AllocatedConfig, AllocatedDevice, ResourceClaimObject
@@ -35,6 +44,17 @@ GPU_CONFIG = "GpuConfig"
 MIG_CONFIG = "MigDeviceConfig"
 TIME_SLICING = "TimeSlicing"
 MPS = "MPS"
+MPS_FIELDS = {
+    "defaultActiveThreadPercentage", "defaultPinnedDeviceMemoryLimit", "defaultPerDevicePinnedMemoryLimit",
+    "multiUser",
+}  # fmt: skip
+_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
+"""A Kubernetes quantity without exponent or fractional suffixes (k8s.io/apimachinery pkg/api/resource
+quantity.go: binary suffixes Ki..Ei, decimal k..E)."""
+_MULTIPLIERS = {
+    None: 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+    "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
+}  # fmt: skip
 
 
 class ClaimError(PluginError):
@@ -56,6 +76,30 @@ class Chosen:
 
     result: AllocatedDevice
     device: Device
+
+
+@dataclass(frozen=True, slots=True)
+class MpsRequest:
+    """What a claim's `mpsConfig` asks of the MPS control daemon of its on-demand MIG device: its
+    clients' default limits, None where the claim sets none."""
+
+    active_thread_percentage: int | None = None
+    pinned_memory_mib: int | None = None
+    memory_path: str = ""
+    """Where the memory limit was written (for the message when the device is smaller)."""
+
+    def settings(self, ref: str, device: str, profile: str, memory_mib: int) -> MpsSettings:
+        """The daemon's defaults on a device of `memory_mib`: what is not limited is the whole device
+        (every thread, all its memory); ClaimError when the limit is more memory than the device has."""
+        memory = self.pinned_memory_mib
+        if memory is not None and memory > memory_mib:
+            raise ClaimError(
+                f"claim {ref}: {self.memory_path}: {memory} MiB is more than the {memory_mib} MiB of its "
+                f"{profile} device {device}"
+            )
+        # One claim, one set of limits: its daemon's defaults are the claim's own, not a share of them.
+        threads = self.active_thread_percentage
+        return MpsSettings(1, 100 if threads is None else threads, memory_mib if memory is None else memory)
 
 
 def claim_ref(claim: ResourceClaimObject) -> str:
@@ -127,13 +171,15 @@ def ondemand_results(claim: ResourceClaimObject) -> tuple[AllocatedDevice, ...]:
     return tuple(r for r in claim.results if r.driver == DRIVER and parse_ondemand_name(r.device) is not None)
 
 
-def check_config(claim: ResourceClaimObject, chosen: Sequence[Chosen]) -> None:
-    """ClaimError when an opaque config entry for our driver is not one this driver accepts."""
+def check_config(claim: ResourceClaimObject, chosen: Sequence[Chosen]) -> dict[str, MpsRequest]:
+    """{device name: what its MPS daemon is asked} of the claim's on-demand MIG devices shared with MPS;
+    ClaimError when an opaque config entry for our driver is not one this driver accepts."""
+    mps: dict[str, MpsRequest] = {}
     for i, config in enumerate(claim.config):
         if config.driver != DRIVER:
             continue
         where = f"claim {claim_ref(claim)}: status.allocation.devices.config[{i}].opaque.parameters"
-        kind = _check_parameters(config.parameters, where)
+        kind, request = _check_parameters(config.parameters, where)
         for c in _applies_to(config, chosen):
             is_mig = c.device.mig_uuid is not None
             if config.requests and is_mig != (kind == MIG_CONFIG):
@@ -142,6 +188,22 @@ def check_config(claim: ResourceClaimObject, chosen: Sequence[Chosen]) -> None:
                     f"{where}: a {kind} for request {c.result.request!r}, whose device "
                     f"{c.result.device} is {what}: use kind {wanted}"
                 )
+            if request is None or not is_mig:
+                continue
+            if parse_ondemand_name(c.result.device) is None:
+                raise ClaimError(
+                    f"{where}.sharing: MPS is served on MIG devices made on demand for the claim (`mig: "
+                    f"dynamic`); {c.result.device} is a MIG device the node's config makes, shared as that "
+                    "config says: remove sharing (or use strategy TimeSlicing)"
+                )
+            mps[c.result.device] = request
+    if len(mps) > 1:
+        raise ClaimError(
+            f"claim {claim_ref(claim)}: MPS is asked for {len(mps)} MIG devices ({', '.join(sorted(mps))}), "
+            "but a container is the client of one MPS control daemon and each MIG device has its own: "
+            "ask for one MIG device in a claim shared with MPS"
+        )
+    return mps
 
 
 def _applies_to(config: AllocatedConfig, chosen: Sequence[Chosen]) -> Iterable[Chosen]:
@@ -156,8 +218,9 @@ def _applies_to(config: AllocatedConfig, chosen: Sequence[Chosen]) -> Iterable[C
     )
 
 
-def _check_parameters(parameters: Mapping[str, Any], where: str) -> str:
-    """The config's kind once its shape is one this driver accepts; ClaimError naming the field if not."""
+def _check_parameters(parameters: Mapping[str, Any], where: str) -> tuple[str, MpsRequest | None]:
+    """The config's kind and what it asks of MPS (None: no MPS) once its shape is one this driver
+    accepts; ClaimError naming the field if not."""
     api_version, kind = parameters.get("apiVersion"), parameters.get("kind")
     if api_version != CONFIG_API_VERSION or kind not in (GPU_CONFIG, MIG_CONFIG):
         raise ClaimError(
@@ -168,24 +231,32 @@ def _check_parameters(parameters: Mapping[str, Any], where: str) -> str:
     _known(parameters, {"apiVersion", "kind", "sharing"}, where)
     sharing = parameters.get("sharing")
     if sharing is None:
-        return str(kind)
+        return str(kind), None
     where = f"{where}.sharing"
     if not isinstance(sharing, Mapping):
         raise ClaimError(f"{where}: expected an object, got {_shown(sharing)}")
     _known(sharing, {"strategy", "timeSlicingConfig", "mpsConfig"}, where)
     strategy = sharing.get("strategy")
-    if strategy == MPS or "mpsConfig" in sharing:
-        raise ClaimError(
-            f"{where}: MPS is not chosen per claim on this driver: the node's sharing config decides how "
-            "its GPUs are shared; remove sharing (or use strategy TimeSlicing)"
-        )
-    if strategy != TIME_SLICING:
+    if strategy not in (TIME_SLICING, MPS):
         raise ClaimError(f"{where}.strategy: {_shown(strategy)} is not {TIME_SLICING} or {MPS}")
+    if kind == MIG_CONFIG and "timeSlicingConfig" in sharing:
+        raise ClaimError(f"{where}.timeSlicingConfig: a MIG device has no time-slice interval; remove it")
+    if strategy == MPS:
+        if kind == GPU_CONFIG:
+            raise ClaimError(
+                f"{where}: MPS is not chosen per claim for whole GPUs on this driver: the node's sharing "
+                "config decides how its GPUs are shared; remove sharing (or use strategy TimeSlicing)"
+            )
+        if "timeSlicingConfig" in sharing:  # NVIDIA's words (sharing.go GetMpsConfig)
+            raise ClaimError(
+                f"{where}.timeSlicingConfig: cannot use TimeSlicingConfig with the 'MPS' strategy"
+            )
+        return str(kind), _mps_request(sharing.get("mpsConfig"), f"{where}.mpsConfig")
+    if "mpsConfig" in sharing:  # NVIDIA's words (sharing.go GetTimeSlicingConfig)
+        raise ClaimError(f"{where}.mpsConfig: cannot use MpsConfig with the 'TimeSlicing' strategy")
     slicing = sharing.get("timeSlicingConfig")
     if slicing is None:
-        return str(kind)
-    if kind == MIG_CONFIG:
-        raise ClaimError(f"{where}.timeSlicingConfig: a MIG device has no time-slice interval; remove it")
+        return str(kind), None
     if not isinstance(slicing, Mapping):
         raise ClaimError(f"{where}.timeSlicingConfig: expected an object, got {_shown(slicing)}")
     _known(slicing, {"interval"}, f"{where}.timeSlicingConfig")
@@ -195,7 +266,63 @@ def _check_parameters(parameters: Mapping[str, Any], where: str) -> str:
             f"{where}.timeSlicingConfig.interval: {_shown(interval)}: this driver leaves the time-slice "
             "interval at the GPU driver's default; remove it or set it to Default"
         )
-    return str(kind)
+    return str(kind), None
+
+
+def _mps_request(config: object, where: str) -> MpsRequest:
+    """NVIDIA's `MpsConfig` for one MIG device; none given: a daemon without limits."""
+    if config is None:
+        return MpsRequest()
+    if not isinstance(config, Mapping):
+        raise ClaimError(f"{where}: expected an object, got {_shown(config)}")
+    _known(config, MPS_FIELDS, where)
+    threads = config.get("defaultActiveThreadPercentage")
+    if threads is not None and (type(threads) is not int or not 1 <= threads <= 100):
+        raise ClaimError(
+            f"{where}.defaultActiveThreadPercentage: {_shown(threads)} is not a whole percentage "
+            "from 1 to 100"
+        )
+    multi = config.get("multiUser", False)
+    if multi is not False:
+        raise ClaimError(
+            f"{where}.multiUser: {_shown(multi)}: this driver starts MPS control daemons in single-user "
+            "mode, as it does for the node's MPS GPUs: run the claim's containers as one user and remove it"
+        )
+    memory_path = f"{where}.defaultPinnedDeviceMemoryLimit"
+    memory = None
+    if config.get("defaultPinnedDeviceMemoryLimit") is not None:
+        memory = _mib(config["defaultPinnedDeviceMemoryLimit"], memory_path)
+    per_device = config.get("defaultPerDevicePinnedMemoryLimit")
+    if per_device is not None:
+        if not isinstance(per_device, Mapping):
+            raise ClaimError(
+                f"{where}.defaultPerDevicePinnedMemoryLimit: expected an object, got {_shown(per_device)}"
+            )
+        for key, value in per_device.items():
+            path = f"{where}.defaultPerDevicePinnedMemoryLimit.{bounded(str(key), 60)}"
+            if key != "0":
+                why = (
+                    "the MIG device is made at prepare, so its UUID is not known when the claim is written"
+                    if not str(key).isdigit()
+                    else "the daemon serves one device"
+                )
+                raise ClaimError(f"{path}: {why}: key the limit by device index 0")
+            memory, memory_path = _mib(value, path), path  # it overrides the default (sharing.go Normalize)
+    return MpsRequest(threads, memory, memory_path if memory is not None else "")
+
+
+def _mib(value: object, where: str) -> int:
+    """A memory limit (a Kubernetes quantity: `4Gi`, `512Mi`, `1G`, or bytes) in whole MiB, as NVIDIA's
+    driver hands it to the daemon (sharing.go `Megabyte`: bytes / 1024 / 1024, at least 1)."""
+    text = str(value) if type(value) is int else value
+    match = _QUANTITY.match(text) if isinstance(text, str) else None
+    if match is None:
+        raise ClaimError(f"{where}: {_shown(value)} is not a memory size such as 4Gi, 512Mi or 1G")
+    size = (Decimal(match[1]) * _MULTIPLIERS[match[2]]).to_integral_value(ROUND_CEILING)
+    mib = int(size) // 2**20
+    if mib < 1:
+        raise ClaimError(f"{where}: {_shown(value)} is less than 1Mi (value set too low)")
+    return mib
 
 
 def _known(obj: Mapping[str, Any], allowed: set[str], where: str) -> None:

@@ -18,7 +18,7 @@ from dataclasses import replace
 
 import structlog
 
-from sharing.devices import Device, DeviceId, Health
+from sharing.devices import Device, DeviceId, Health, MpsSettings
 from sharing.dra.claims import Chosen, ClaimError, ClaimKey, check_config, prepared_device
 from sharing.dra.names import CDI_KIND, claim_cdi_name
 from sharing.dra.ondemand import InstanceBusyError, OnDemand, Placement, find, occupant, placement_of
@@ -35,10 +35,14 @@ Made = tuple[AllocatedDevice, Placement, GpuInstance, bool]
 
 
 def made_device(
-    uid: str, result: AllocatedDevice, place: Placement, gi: GpuInstance | None
+    uid: str,
+    result: AllocatedDevice,
+    place: Placement,
+    gi: GpuInstance | None,
+    mps: MpsSettings | None = None,
 ) -> PreparedDevice:
-    """An on-demand device as the checkpoint keeps it; without `gi` (or its compute instance) it is the
-    intent to make it."""
+    """An on-demand device as the checkpoint keeps it (with the limits of its MPS daemon, if it has
+    one); without `gi` (or its compute instance) it is the intent to make it."""
     ci = gi.compute_instances[0] if gi is not None and gi.compute_instances else None
     return PreparedDevice(
         requests=(result.request.partition("/")[0],),
@@ -57,29 +61,37 @@ def made_device(
             None if gi is None else gi.id,
             None if ci is None else ci.id,
         ),
+        mps=mps,
     )
 
 
-def mig_device(place: Placement, mig: MigUuid, gi: GpuInstance | None = None) -> Device:
-    """The inventory's view of an on-demand MIG device (for the claim checks and the CDI spec)."""
+def mig_device(place: Placement, mig: MigUuid, gi: GpuInstance | None = None, *, mps: bool = False) -> Device:
+    """The inventory's view of an on-demand MIG device (for the claim checks and the CDI spec); `mps`:
+    a client of its own MPS daemon."""
     ci = gi.compute_instances[0] if gi is not None and gi.compute_instances else None
     index = "" if ci is None or ci.mig_index is None else f"{place.gpu.index}:{ci.mig_index}"
     return Device(
-        DeviceId(mig), Health.HEALTHY, place.gpu.numa_node, place.gpu.uuid, mig_uuid=mig, index=index
+        DeviceId(mig), Health.HEALTHY, place.gpu.numa_node, place.gpu.uuid, mig_uuid=mig, index=index, mps=mps
     )
 
 
-async def undo(ondemand: OnDemand, ref: str, uid: str, made: Sequence[Made]) -> tuple[PreparedDevice, ...]:
-    """A prepare that failed half-way: destroy what it made; the devices that could not be destroyed."""
+async def undo(
+    ondemand: OnDemand, ref: str, uid: str, made: Sequence[Made], served: Mapping[str, MpsSettings]
+) -> tuple[PreparedDevice, ...]:
+    """A prepare that failed half-way: destroy what it made (its MPS daemon first, of those in
+    `served`, by MIG UUID); the devices that could not be destroyed."""
     left = []
     for result, place, gi, new in made:
         if not new:
             continue
+        mig = gi.compute_instances[0].uuid if gi.compute_instances else ""
         try:
+            if mig in served:
+                await ondemand.end_mps(ref, mig)
             await ondemand.destroy(ref, place.gpu.uuid, gi)
         except ClaimError as err:
             log.error("ondemand_undo_failed", claim=ref, device=result.device, error=str(err))
-            left.append(made_device(uid, result, place, gi))
+            left.append(made_device(uid, result, place, gi, served.get(mig)))
     return tuple(left)
 
 
@@ -101,9 +113,13 @@ async def destroy_owned(ondemand: OnDemand | None, ref: str, claim: PreparedClai
         gi = find(state, d.instance, d.uuid)
         if gi is None:
             log.info("ondemand_instance_gone", claim=ref, device=d.device, mig=d.uuid)
+            if d.mps is not None and d.uuid:
+                await ondemand.end_mps(ref, d.uuid)
             continue
         if any(ci.busy for ci in gi.compute_instances):
             raise ClaimError(busy_message(ref, d))
+        if d.mps is not None and d.uuid:  # no client is attached (its server would be a process there)
+            await ondemand.end_mps(ref, d.uuid)
         try:
             await ondemand.destroy(ref, d.instance.gpu_uuid, gi)
         except InstanceBusyError:
@@ -139,6 +155,8 @@ async def recover(
                     else "ondemand_unprepare_unfinished"  # the kubelet's retried unprepare ends it
                 )  # fmt: skip
                 log.info(event, claim=ref, device=d.device, mig=d.uuid)
+                if gi is not None and gi.compute_instances and d.mps is not None:
+                    await _keep_serving(ondemand, ref, d.uuid, d.mps)
             continue
         if any(d.instance is not None and state.gpu(d.instance.gpu_uuid) is None for d in claim.devices):
             # Its GPU cannot be read now: what is there is unknown, so the intent stays as it is.
@@ -166,6 +184,15 @@ async def recover(
             del after[uid]
         settled.append(uid)
     return after, tuple(settled)
+
+
+async def _keep_serving(ondemand: OnDemand, ref: str, mig: str, settings: MpsSettings) -> None:
+    """An adopted device's MPS daemon: still serving (the MPS keeper outlives the agent's container),
+    or started again; a failure is logged (the claim's pods reach no daemon until it is fixed)."""
+    try:
+        await ondemand.serve_mps(ref, mig, settings)
+    except ClaimError as err:
+        log.error("ondemand_mps_not_served", claim=ref, mig=mig, error=str(err))
 
 
 async def settle(ondemand: OnDemand, records: ClaimRecords) -> str:
@@ -219,19 +246,27 @@ async def prepare_ondemand(
         except ClaimError as err:
             raise ClaimError(f"claim {ref}: {err}") from None
     mine = {r.device: occupant(p, records.claims, key.uid, ref) for r, p in places}
-    check_config(
+    asked = check_config(
         claim, (*chosen, *(Chosen(r, mig_device(p, MigUuid("(made at prepare)"))) for r, p in places))
     )
+    mps = {
+        r.device: asked[r.device].settings(ref, r.device, p.profile.name, p.profile.memory_mib)
+        for r, p in places
+        if r.device in asked
+    }
+    if mps and ondemand.mps is None:
+        raise ClaimError(f"claim {ref}: it asks for MPS, and this agent runs no MPS control daemons")
     static = tuple(prepared_device(key.uid, c) for c in chosen)
     pods = tuple(PreparedPod(p.name, p.uid) for p in claim.reserved_for)
     before = records.claims.get(key.uid)
     intent = PreparedClaim(
         key.namespace, key.name, key.uid,
-        static + tuple(made_device(key.uid, r, p, mine[r.device]) for r, p in places),
+        static + tuple(made_device(key.uid, r, p, mine[r.device], mps.get(r.device)) for r, p in places),
         pods, pending=True,
     )  # fmt: skip
     await records.save({**records.claims, key.uid: intent}, ref)
     made: list[Made] = []
+    served: dict[str, MpsSettings] = {}
     try:
         for result, place in places:
             gi = mine[result.device]
@@ -239,23 +274,30 @@ async def prepare_ondemand(
                 made.append((result, place, await ondemand.create(ref, place), gi is None))
             else:
                 made.append((result, place, gi, False))
+        for r, _, gi, _ in made:  # before the prepare answers: the first client finds its daemon
+            if r.device in mps:
+                served[gi.compute_instances[0].uuid] = mps[r.device]
+                await ondemand.serve_mps(ref, gi.compute_instances[0].uuid, mps[r.device])
         after = await ondemand.observe()
-        devices = static + tuple(made_device(key.uid, r, p, gi) for r, p, gi, _ in made)
+        devices = static + tuple(made_device(key.uid, r, p, gi, mps.get(r.device)) for r, p, gi, _ in made)
         entries = [(claim_cdi_name(key.uid, c.result.device), c.device) for c in chosen] + [
-            (claim_cdi_name(key.uid, r.device), mig_device(p, gi.compute_instances[0].uuid, gi))
+            (
+                claim_cdi_name(key.uid, r.device),
+                mig_device(p, gi.compute_instances[0].uuid, gi, mps=r.device in mps),
+            )
             for r, p, gi, _ in made
         ]
         await records.write_spec(ref, key.uid, entries, after)
         record = PreparedClaim(key.namespace, key.name, key.uid, devices, pods)
         await records.save({**records.claims, key.uid: record}, ref)
     except ClaimError:
-        left = await undo(ondemand, ref, key.uid, made)
+        left = await undo(ondemand, ref, key.uid, made, served)
         await records.forget(
             ref, key.uid, before if not left else replace(intent, devices=left, pending=False)
         )
         raise
     log.info(
         "claim_prepared", claim=ref, uid=key.uid, devices=[d.device for d in devices],
-        made=[p.where for _, p, _, new in made if new], pods=[p.name for p in pods],
+        made=[p.where for _, p, _, new in made if new], pods=[p.name for p in pods], mps=sorted(served),
     )  # fmt: skip
     return devices

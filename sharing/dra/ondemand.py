@@ -15,6 +15,14 @@ written before the first NVML call, the GPU instance and compute instance IDs af
 agent killed in between finds at start what to roll forward (the instance is complete: adopted for
 the claim, the kubelet's retried prepare finds it) or back (a GPU instance without its compute
 instance: destroyed; the retry makes it again).
+
+A claim whose `MigDeviceConfig` asks for MPS (`sharing.dra.claims`) gets an MPS control daemon bound
+to its MIG device (`sharing.gpu.mps`, started by the MPS keeper as the node's MPS GPUs' are) before
+its prepare answers; the daemon's defaults are the claim's limits, so every client (every container
+of every pod that uses the claim) gets them, and its CDI spec gives each container the daemon's pipe
+directory. The daemon ends at unprepare, before the instance is destroyed. One claim shared by
+several pods is prepared once and unprepared when its last pod has gone (the kubelet's claim cache),
+so the instance and its daemon live exactly as long as the claim has users.
 """
 
 from __future__ import annotations
@@ -26,11 +34,13 @@ from dataclasses import dataclass
 
 import structlog
 
+from sharing.devices import MpsSettings
 from sharing.dra.claims import ClaimError
 from sharing.dra.names import parse_ondemand_name, profile_slug
 from sharing.errors import BackendError
 from sharing.gpu import GpuBackend
 from sharing.gpu.backend import GpuBusyError
+from sharing.gpu.mps import MpsDaemons
 from sharing.mig.catalog import Profile
 from sharing.model import Gpu, GpuInstance, GpuUuid, NodeState
 from sharing.store import Journal, JournalError, JournalLockedError, OwnedInstance, PreparedClaim
@@ -149,12 +159,46 @@ def occupant(place: Placement, claims: Mapping[str, PreparedClaim], uid: str, re
 
 
 class OnDemand:
-    """Makes and destroys the node's on-demand MIG instances, each step journaled under the lock."""
+    """Makes and destroys the node's on-demand MIG instances, each step journaled under the lock, and
+    runs the MPS control daemons of those a claim shares with MPS."""
 
-    def __init__(self, backend: GpuBackend, journal: Journal, *, lock_wait_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        backend: GpuBackend,
+        journal: Journal,
+        *,
+        lock_wait_s: float = 30.0,
+        mps: MpsDaemons | None = None,
+    ) -> None:
         self.backend = backend
         self.journal = journal
         self.lock_wait_s = lock_wait_s
+        self.mps = mps
+        """The daemons of on-demand MIG devices shared with MPS; None: a claim asking for MPS fails."""
+
+    async def serve_mps(self, ref: str, mig: str, settings: MpsSettings) -> None:
+        """Have the MIG device's MPS control daemon enforce the claim's limits (started if it is not)."""
+        if self.mps is None:
+            raise ClaimError(f"claim {ref}: it asks for MPS, and this agent runs no MPS control daemons")
+        try:
+            await self.mps.serve(mig, settings)
+        except BackendError as err:
+            raise ClaimError(f"claim {ref}: the MPS control daemon of its MIG device {mig}: {err}") from err
+        log.info("ondemand_mps_served", claim=ref, mig=mig, pipe=str(self.mps.pipe_dir(mig)),
+                 active_thread_percentage=settings.active_thread_percentage,
+                 pinned_memory_mib=settings.pinned_memory_mib)  # fmt: skip
+
+    async def end_mps(self, ref: str, mig: str) -> None:
+        """Stop the MIG device's MPS control daemon (before its instance is destroyed)."""
+        if self.mps is None:
+            raise ClaimError(
+                f"claim {ref}: its MIG device {mig} has an MPS control daemon, and this agent runs none to "
+                "stop it; its instance is kept until an agent that does unprepares the claim"
+            )
+        try:
+            await self.mps.end(mig)
+        except BackendError as err:
+            raise ClaimError(f"claim {ref}: cannot stop the MPS control daemon of {mig}: {err}") from err
 
     async def observe(self) -> NodeState:
         try:

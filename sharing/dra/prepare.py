@@ -27,7 +27,7 @@ from typing import Protocol
 
 import structlog
 
-from sharing.devices import Inventory
+from sharing.devices import DEFAULT_MPS_ROOT, Inventory
 from sharing.dra.claims import (
     ClaimError,
     ClaimKey,
@@ -103,7 +103,10 @@ class Preparer:
         self._changed = changed
         self._reader = claims
         self._inventory = inventory
-        self.records = ClaimRecords(cdi_dir=cdi_dir, checkpoint=checkpoint, files=files, node=node)
+        mps_root = DEFAULT_MPS_ROOT if ondemand is None or ondemand.mps is None else str(ondemand.mps.root)
+        self.records = ClaimRecords(
+            cdi_dir=cdi_dir, checkpoint=checkpoint, files=files, node=node, mps_root=mps_root
+        )
         """The CDI specs and checkpoint entries of the claims prepared here."""
         self._recorder = recorder
         self._unrecovered = ""

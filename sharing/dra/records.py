@@ -20,7 +20,7 @@ from pathlib import Path
 
 import structlog
 
-from sharing.devices import Device
+from sharing.devices import DEFAULT_MPS_ROOT, Device
 from sharing.dra.claims import ClaimError
 from sharing.dra.names import CDI_KIND, claim_cdi_file
 from sharing.gpu import build_named_spec, write_spec
@@ -52,9 +52,17 @@ class ClaimRecords:
     """The CDI specs and the checkpoint of the claims prepared on this node, and the claims as recorded."""
 
     def __init__(
-        self, *, cdi_dir: Path, checkpoint: ClaimCheckpoint, files: DeviceFiles, node: Callable[[], NodeState]
+        self,
+        *,
+        cdi_dir: Path,
+        checkpoint: ClaimCheckpoint,
+        files: DeviceFiles,
+        node: Callable[[], NodeState],
+        mps_root: str = DEFAULT_MPS_ROOT,
     ) -> None:
         self.cdi_dir = cdi_dir
+        self.mps_root = mps_root
+        """mpsRoot: where the pipe directories of the MPS daemons a spec's devices are clients of are."""
         self.checkpoint = checkpoint
         self._files = files
         self._node = node
@@ -132,7 +140,7 @@ class ClaimRecords:
     ) -> None:
         """The claim's CDI spec, one device per (CDI name, device); ClaimError when it cannot be written."""
         node = node if node is not None else self._node()
-        spec = build_named_spec(CDI_KIND, entries, node, self._files)
+        spec = build_named_spec(CDI_KIND, entries, node, self._files, mps_root=self.mps_root)
         try:
             await asyncio.to_thread(write_spec, self.cdi_dir, spec, claim_cdi_file(uid))
         except OSError as err:

@@ -19,8 +19,8 @@ driver's libraries and binaries as read-only bind mounts with the toolkit's opti
 injects nothing more, `void` being "the same behavior as runc"
 (cmd/nvidia-container-runtime/README.md); CUDA images set the variable to `all` themselves.
 Each device entry adds its device nodes and `GPU_SHARING_DEVICE_<NAME>=<uuid>`, and for a GPU shared
-with MPS its daemon's pipe directory (with `CUDA_MPS_PIPE_DIRECTORY`) and the MPS shared memory at
-/dev/shm, what Allocate hands out without CDI.
+with MPS (or an on-demand MIG device a DRA claim shares with MPS) its daemon's pipe directory (with
+`CUDA_MPS_PIPE_DIRECTORY`) and the MPS shared memory at /dev/shm, what Allocate hands out without CDI.
 
 Unlike the toolkit's spec, this one has no hooks: the toolkit's `create-symlinks` and
 `update-ldcache` hooks run `nvidia-cdi-hook`, which a node without the toolkit lacks, and a hook that
@@ -136,8 +136,8 @@ def _edits(name: str, device: Device, node: NodeState, files: DeviceFiles, mps_r
         "env": [f"{DEVICE_ENV}{_env_suffix(name)}={device.uuid}"],
         "deviceNodes": [_node(f) for f in _files(device, node, files)],
     }
-    if device.mps:  # a client of its GPU's MPS server: the pipes and shared memory (Allocate's edits)
-        mps = client_edits(mps_root, device.gpu_uuid)
+    if device.mps:  # a client of its device's MPS server: the pipes and shared memory (Allocate's edits)
+        mps = client_edits(mps_root, device.uuid)  # a GPU's, or an on-demand MIG device's own daemon
         edits["env"] += [f"{k}={v}" for k, v in mps.env]
         edits["mounts"] = [
             {"hostPath": host, "containerPath": inside, "options": ["rw", "nosuid", "nodev", "rbind"]}

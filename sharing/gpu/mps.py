@@ -22,6 +22,14 @@ Start), so a daemon whose GPU runs processes (NVML) is never stopped or restarte
 The shared memory the clients and servers use is `<mpsRoot>/shm` (NVIDIA's device plugin mounts it
 at /dev/shm in both, k8s-device-plugin v0.20.0 internal/plugin/mps.go).
 
+A MIG device made on demand for a DRA claim that asks for MPS gets a daemon of its own the same way
+(`serve`, `end`): NVIDIA's MPS guide runs one per MIG device ("Multi-Instance GPU (MIG) support":
+start `nvidia-cuda-mps-control -d` with `CUDA_VISIBLE_DEVICES=<MIG UUID>`; the MIG user guide, "CUDA
+Device Enumeration", takes MIG UUIDs there), in exclusive-process mode set on the MIG device handle
+("If MIG is enabled on a GPU, device must be MIG device handle": nvml.h nvmlDeviceSetComputeMode).
+Those daemons live as long as their claim is prepared; the reconcile (`enforce`) looks at whole GPUs
+only and leaves them alone.
+
 In the agent's pod the daemons are started by the MPS keeper, a container of their own
 (`sharing.gpu.mpskeeper`), so that a restart of the agent's container leaves them serving; without
 a keeper (an agent run by hand, tests) they are started here, as children of this process.
@@ -229,6 +237,28 @@ class MpsDaemons:
             if restart and results[gpu.uuid].outcome is Outcome.APPLIED:
                 self._restarts[gpu.uuid] = self._restarts.get(gpu.uuid, 0) + 1
         return results
+
+    async def serve(self, device: str, want: MpsSettings) -> None:
+        """Have `device`'s daemon enforce `want` (one already answering with them is kept, one with
+        other limits is restarted); BackendError says why it could not be done."""
+        async with self._lock:
+            current = await self._read(device)
+            if current is not None and current.matches(want):
+                self._wanted[GpuUuid(device)], self._enforced[GpuUuid(device)] = want, current
+                return
+            result = await self._start(GpuUuid(device), want, running=current is not None)
+            if result.outcome is Outcome.FAILED:
+                raise BackendError(result.reason)
+
+    async def end(self, device: str) -> None:
+        """Stop `device`'s daemon (if it runs) and remove its directories; BackendError says why not.
+        Its compute mode is left: the MIG device goes next (or is gone), and the mode with it."""
+        async with self._lock:
+            if await self._read(device) is not None:
+                await self._quit(GpuUuid(device))
+            await asyncio.to_thread(shutil.rmtree, self.root / device, True)
+            self._forget(GpuUuid(device))
+        log.info("mps_daemon_stopped", gpu=device)
 
     # ---- one daemon --------------------------------------------------------------------------
 

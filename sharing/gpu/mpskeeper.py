@@ -12,8 +12,8 @@ which the kubelet leaves alone when only the agent's container restarts. Everyth
 reads, `quit`) the agent still does over the daemon's pipe directory, which both containers mount.
 
 The wire: a unix socket in a directory the two containers share; one request per connection, one
-JSON line `{"gpu": "GPU-<uuid>"}` of at most `MAX_REQUEST` bytes, answered by one JSON line
-`{"status": N, "output": "..."}` (the tool's exit status and its output, bounded) or
+JSON line `{"gpu": "GPU-<uuid>"}` (or `"MIG-<uuid>"`) of at most `MAX_REQUEST` bytes, answered by one
+JSON line `{"status": N, "output": "..."}` (the tool's exit status and its output, bounded) or
 `{"error": "..."}` (the request refused, or the tool could not be run). The UUID is checked strictly:
 it becomes a path under mpsRoot.
 
@@ -65,8 +65,11 @@ REAP_EVERY_S = 10.0
 PR_SET_CHILD_SUBREAPER = 36
 """From <linux/prctl.h>."""
 
-_GPU_UUID = re.compile(r"GPU-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
-"""A whole GPU's UUID as NVML gives it (`sharing.model.GpuUuid`); MPS shares whole GPUs only."""
+_GPU_UUID = re.compile(
+    r"(GPU|MIG)-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+)
+"""A whole GPU's UUID as NVML gives it (`sharing.model.GpuUuid`), or a MIG device's in NVIDIA's R470+
+form (an on-demand MIG device a claim shares with MPS; MIG user guide, "Device Enumeration")."""
 
 
 class RequestError(ValueError):
@@ -98,7 +101,8 @@ def parse_request(data: bytes) -> GpuUuid:
     gpu = value["gpu"]
     if not isinstance(gpu, str) or not _GPU_UUID.fullmatch(gpu):
         raise RequestError(
-            f"{bounded(json.dumps(gpu), 80)} is not a GPU UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)"
+            f"{bounded(json.dumps(gpu), 80)} is not a GPU or MIG UUID "
+            "(GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx or MIG-...)"
         )
     return GpuUuid(gpu)
 

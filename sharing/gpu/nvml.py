@@ -197,7 +197,8 @@ class NvmlBackend:
         return await self._call(work)
 
     async def set_compute_mode(self, gpu: GpuUuid, exclusive: bool) -> None:
-        """Exclusive-process compute mode (an MPS GPU: only its MPS server holds a context) or default.
+        """Exclusive-process compute mode (an MPS GPU, or MIG device by its MIG UUID: only its MPS
+        server holds a context) or default.
 
         nvmlDeviceSetComputeMode "takes effect immediately" and is not persistent across reboots
         (nvml.h); MPS wants EXCLUSIVE_PROCESS (https://docs.nvidia.com/deploy/mps/latest/,
@@ -208,7 +209,13 @@ class NvmlBackend:
         doing = "setting exclusive-process compute mode" if exclusive else "setting the default compute mode"
 
         def work() -> None:
-            handle, where = self._read.find(gpu)
+            if gpu.startswith("MIG-"):  # "If MIG is enabled on a GPU, device must be MIG device handle"
+                try:
+                    handle, where = n.nvmlDeviceGetHandleByUUID(gpu), f"MIG device {gpu}"
+                except n.NVMLError as err:
+                    raise backend_error(n, err, doing, f"MIG device {gpu}") from err
+            else:
+                handle, where = self._read.find(gpu)
             try:
                 if n.nvmlDeviceGetComputeMode(handle) != mode:
                     n.nvmlDeviceSetComputeMode(handle, mode)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sharing.devices import MpsSettings
 from sharing.errors import SharingError
 from sharing.store.files import NotAFileError, read_capped
 from sharing.text import bounded
@@ -71,6 +72,9 @@ class PreparedDevice:
     admin_access: bool = False
     instance: OwnedInstance | None = None
     """The MIG instance made for this device at prepare (on-demand devices only)."""
+    mps: MpsSettings | None = None
+    """The limits of the MPS control daemon started for the device (an on-demand MIG device whose
+    claim asks for MPS): it runs while the claim is prepared and ends before its instance."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +169,7 @@ def _claim_json(claim: PreparedClaim) -> dict[str, Any]:
                 "shareID": d.share_id,
                 "adminAccess": d.admin_access,
                 **({"instance": _instance_json(d.instance)} if d.instance is not None else {}),
+                **({"mps": _mps_json(d.mps)} if d.mps is not None else {}),
             }
             for d in claim.devices
         ],
@@ -178,6 +183,10 @@ def _instance_json(i: OwnedInstance) -> dict[str, Any]:
         "gpuUUID": i.gpu_uuid, "profile": i.profile, "start": i.start, "size": i.size,
         "gpuInstance": i.gi_id, "computeInstance": i.ci_id,
     }  # fmt: skip
+
+
+def _mps_json(m: MpsSettings) -> dict[str, Any]:
+    return {"activeThreadPercentage": m.active_thread_percentage, "pinnedMemoryMiB": m.pinned_memory_mib}
 
 
 def _parse(raw: bytes) -> dict[str, PreparedClaim]:
@@ -227,7 +236,13 @@ def _device(d: dict[str, Any], where: str) -> PreparedDevice:
         share_id=share,
         admin_access=admin,
         instance=_instance(d["instance"], f"{where}.instance") if "instance" in d else None,
+        mps=_mps(d["mps"], f"{where}.mps") if "mps" in d else None,
     )
+
+
+def _mps(value: Any, where: str) -> MpsSettings:
+    m = _dict(value, where)
+    return MpsSettings(1, _int(m, "activeThreadPercentage", where), _int(m, "pinnedMemoryMiB", where))
 
 
 def _instance(value: Any, where: str) -> OwnedInstance:

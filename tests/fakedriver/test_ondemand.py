@@ -1,11 +1,16 @@
 """On-demand MIG instances over the real pynvml and the fake driver: made at an exact placement,
 destroyed only when free, and a prepare a killed agent left half-done rolled forward or back from
-the claim checkpoint at start (the instances it owns adopted, nothing else touched)."""
+the claim checkpoint at start (the instances it owns adopted, nothing else touched); the MPS daemon
+of a claim that shares its device with MPS ends with the claim."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import shutil
+import subprocess
+import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -17,16 +22,20 @@ from sharing.dra import ClaimError, ClaimKey, OnDemand, Preparer
 from sharing.dra.ondemand import InstanceBusyError, Placement, occupant, placement_of
 from sharing.gpu import simstate
 from sharing.gpu.devfiles import DriverFiles
+from sharing.gpu.mps import MpsDaemons
+from sharing.gpu.mpscontrol import CONTROL
 from sharing.gpu.nvml import NvmlBackend
 from sharing.gpu.nvmlapi import Nvml
-from sharing.kube.api import AllocatedDevice, ResourceClaimObject
+from sharing.kube.api import AllocatedConfig, AllocatedDevice, ResourceClaimObject
 from sharing.mig import Target
 from sharing.mig.catalog import default_catalog
 from sharing.model import GpuUuid, NodeState
 from sharing.store import ClaimCheckpoint, Journal, OwnedInstance, PreparedClaim, PreparedDevice
 from tests.fakedriver.conftest import make_gpu_instance
+from tests.fakedriver.test_mps import record_of
 
 CATALOG = default_catalog()
+A100 = next(p for p in CATALOG.products if p.name == "A100-SXM4-40GB")
 PROFILE_ID = {"1g.5gb": 19, "2g.10gb": 14, "3g.20gb": 9, "7g.40gb": 0}
 """nvidia-smi IDs on an A100-SXM4-40GB (NVIDIA MIG user guide, supported profiles)."""
 
@@ -246,3 +255,61 @@ async def test_a_prepare_waits_for_the_unprepare_of_the_claim_its_placement_was_
     assert ("", ["gpu-0-mig-1g-5gb-at-0"]) == (answer.error, [d.device for d in answer.devices])
     assert [[(19, 0, 1)], []] == instances(state)
     assert ["uid-new"] == [c.uid for c in p.prepared().claims]
+
+
+# ---- MPS: the daemon of an on-demand MIG device a claim shares -------------------------------
+
+
+def mps_claim(name: str, device: str) -> ResourceClaimObject:
+    """A claim allocated `device` with NVIDIA's MigDeviceConfig asking for MPS, without limits."""
+    parameters = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "MigDeviceConfig",
+                  "sharing": {"strategy": "MPS"}}  # fmt: skip
+    result = AllocatedDevice("mig", "gpu.nvidia.com", "node-a", device)
+    config = AllocatedConfig("FromClaim", ("mig",), "gpu.nvidia.com", parameters)
+    return ResourceClaimObject("ns", name, f"uid-{name}", True, (result,), (config,))
+
+
+@pytest.fixture
+async def daemons(backend: NvmlBackend, node_root: Path) -> AsyncIterator[MpsDaemons]:
+    root = Path(tempfile.mkdtemp(prefix="gs-mps-", dir="/tmp"))  # short: unix socket paths are limited
+    d = MpsDaemons(root, node_root / CONTROL, backend.set_compute_mode)
+    yield d
+    for pipe in root.glob("*/pipe"):  # what a failed test left
+        env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(pipe)}
+        subprocess.run(
+            [str(d.control)], input=b"quit\n", env=env, capture_output=True, timeout=30, check=False
+        )
+    shutil.rmtree(root, ignore_errors=True)
+
+
+async def test_an_mps_claim_on_an_agent_without_mps_daemons_fails_before_anything_is_made(
+    ondemand: OnDemand, state: Path, tmp_path: Path
+) -> None:
+    p = preparer(
+        ondemand, tmp_path, await ondemand.observe(), Claims(mps_claim("a", "gpu-0-mig-3g-20gb-at-0"))
+    )
+    await p.load()
+    answer = (await p.prepare([ClaimKey("ns", "a", "uid-a")]))["uid-a"]
+    assert "claim ns/a: it asks for MPS, and this agent runs no MPS control daemons" == answer.error
+    assert ([[], []], {}) == (instances(state), ClaimCheckpoint(tmp_path / "claims.json").load())
+
+
+async def test_the_daemon_of_an_mps_claim_whose_instance_went_is_stopped_at_unprepare(
+    backend: NvmlBackend, daemons: MpsDaemons, state: Path, tmp_path: Path
+) -> None:
+    ondemand = OnDemand(backend, Journal(tmp_path / "journal.jsonl"), lock_wait_s=0.5, mps=daemons)
+    p = preparer(
+        ondemand, tmp_path, await ondemand.observe(), Claims(mps_claim("a", "gpu-1-mig-1g-5gb-at-3"))
+    )
+    await p.load()
+    answer = (await p.prepare([ClaimKey("ns", "a", "uid-a")]))["uid-a"]
+    assert "" == answer.error
+    (mig,) = (d.uuid for d in answer.devices)
+    daemon = record_of(state, mig)
+    assert daemon is not None
+    memory = A100.require_profile("1g.5gb").memory_mib  # no limits: every thread, the whole device
+    assert (100, [memory]) == (daemon["activeThreadPercentage"], daemon["pinnedMemLimitMiB"])
+    with simstate.editing(state) as gpus:  # a GPU reset took the instance away
+        gpus["gpus"][1]["gpuInstances"] = []
+    assert {"uid-a": ""} == await p.unprepare([ClaimKey("ns", "a", "uid-a")])
+    assert (None, False) == (record_of(state, mig), (daemons.root / mig).exists())

@@ -1,8 +1,10 @@
 """The DRA kubelet plugin of one node as its own process, over the fake driver, for the on-demand tests.
 
 What the agent wires for a dynamic node: the NVML backend under `--driver-root` (the real pynvml over
-the fake driver), the claims through the agent's API client, the apply journal, and the health of
-the GPUs folded from the backend's XID events. It prints `serving` once both sockets are up and
+the fake driver), the claims through the agent's API client, the apply journal, the MPS control
+daemons of on-demand MIG devices under `--mps-root` (started by this process: without the agent's MPS
+keeper a daemon still outlives it, in a session of its own), and the health of the GPUs folded from
+the backend's XID events. It prints `serving` once both sockets are up and
 stops on SIGTERM; the tests kill it (SIGKILL, or the fake driver's SHARING_SIM_CRASH_AFTER) to play
 an agent that dies. pynvml loads one libnvidia-ml.so.1 per process, so each node is a process.
 """
@@ -17,6 +19,8 @@ from pathlib import Path
 
 from sharing.devices import HealthState, Inventory
 from sharing.dra import DraPaths, DraPlugin, OnDemand
+from sharing.gpu.mps import MpsDaemons
+from sharing.gpu.mpscontrol import CONTROL
 from sharing.gpu.nvml import open_nvml
 from sharing.kube import ApiClient
 from sharing.mig.catalog import default_catalog
@@ -37,7 +41,11 @@ async def serve(args: argparse.Namespace) -> None:
         cdi_dir=Path(args.cdi_dir),
         paths=DraPaths(Path(args.plugins_dir), Path(args.registry_dir)),
         health_resend_s=0.5,
-        ondemand=OnDemand(backend, Journal(Path(args.journal))),
+        ondemand=OnDemand(
+            backend,
+            Journal(Path(args.journal)),
+            mps=MpsDaemons(Path(args.mps_root), Path(args.driver_root) / CONTROL, backend.set_compute_mode),
+        ),
         gpu_health=lambda: health,
     )
 
@@ -63,7 +71,17 @@ async def serve(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    for flag in ("driver-root", "kubeconfig", "node", "plugins-dir", "registry-dir", "cdi-dir", "journal"):
+    flags = (
+        "driver-root",
+        "kubeconfig",
+        "node",
+        "plugins-dir",
+        "registry-dir",
+        "cdi-dir",
+        "journal",
+        "mps-root",
+    )
+    for flag in flags:
         parser.add_argument(f"--{flag}", required=True)
     asyncio.run(serve(parser.parse_args()))
 

@@ -17,6 +17,8 @@ import json
 import os
 import random
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -38,6 +40,8 @@ from sharing.kubelet.api import dra_v1_pb2_grpc as dra_grpc
 from sharing.kubelet.api import drahealth_v1alpha1_pb2 as health
 from sharing.kubelet.api import drahealth_v1alpha1_pb2_grpc as health_grpc
 from sharing.mig.catalog import default_catalog
+from tests.fakedriver.test_mps import record_of
+from tests.polling import poll
 
 pytestmark = pytest.mark.integration
 
@@ -91,6 +95,11 @@ class Node:
     def cdi(self) -> Path:
         return self.root / "var/run/cdi"
 
+    @property
+    def mps_root(self) -> Path:
+        """mpsRoot (short: a daemon's control socket is <root>/<MIG UUID>/pipe/control)."""
+        return self.kubelet / "mps"
+
     def checkpoint(self) -> dict[str, Any]:
         claims: dict[str, Any] = json.loads((self.plugins_dir / DRIVER / "claims.json").read_text())["claims"]
         return claims
@@ -118,7 +127,7 @@ class Node:
             sys.executable, str(NODE_SCRIPT), "--driver-root", str(self.root),
             "--kubeconfig", str(self.kubeconfig), "--node", self.name,
             "--plugins-dir", str(self.plugins_dir), "--registry-dir", str(self.kubelet / "plugins_registry"),
-            "--cdi-dir", str(self.cdi), "--journal", str(self.journal),
+            "--cdi-dir", str(self.cdi), "--journal", str(self.journal), "--mps-root", str(self.mps_root),
             env=env, stdout=asyncio.subprocess.PIPE,
         )  # fmt: skip
         assert self.process.stdout is not None
@@ -217,6 +226,10 @@ async def node(tmp_path: Path, control_plane: lab.ControlPlane, fake_driver: Pat
     yield n
     if n.process is not None:
         await n.stop()
+    for pipe in n.mps_root.glob("*/pipe"):  # daemons a failed test left
+        env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(pipe)}
+        control = root / "usr/bin/nvidia-cuda-mps-control"
+        subprocess.run([str(control)], input=b"quit\n", env=env, capture_output=True, timeout=30, check=False)
     shutil.rmtree(kubelet, ignore_errors=True)
 
 
@@ -226,8 +239,11 @@ def kubectl_json(cp: lab.ControlPlane, *args: str, input: str | None = None) -> 
     return json.loads(done.stdout)
 
 
-def allocated(cp: lab.ControlPlane, namespace: str, name: str, node: str, *devices: str) -> dict[str, Any]:
-    """A claim for MIG devices, allocated as the scheduler allocates on-demand devices."""
+def allocated(
+    cp: lab.ControlPlane, namespace: str, name: str, node: str, *devices: str, config: Any = None
+) -> dict[str, Any]:
+    """A claim for MIG devices, allocated as the scheduler allocates on-demand devices (with the opaque
+    `config` parameters of our driver for its request, as the scheduler copies them)."""
     claim = {
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
         "metadata": {"name": name, "namespace": namespace},
@@ -236,7 +252,12 @@ def allocated(cp: lab.ControlPlane, namespace: str, name: str, node: str, *devic
     }  # fmt: skip
     kubectl_json(cp, "create", "-f", "-", input=json.dumps(claim))
     results = [{"request": "mig", "driver": DRIVER, "pool": node, "device": d} for d in devices]
-    status = {"status": {"allocation": {"devices": {"results": results}}}}
+    status: dict[str, Any] = {"status": {"allocation": {"devices": {"results": results}}}}
+    if config is not None:
+        opaque = {"driver": DRIVER, "parameters": config}
+        status["status"]["allocation"]["devices"]["config"] = [
+            {"source": "FromClaim", "requests": ["mig"], "opaque": opaque}
+        ]
     return kubectl_json(
         cp, "patch", "resourceclaim", name, "-n", namespace, "--subresource=status", "--type=merge",
         "-p", json.dumps(status),
@@ -531,3 +552,97 @@ async def test_thirty_random_claims_and_releases_on_two_gpus(
     assert (served_count, unfit) == (SERVED, 30 - SERVED)
     assert {uid_of(c): "" for c, *_ in held.values()} == await node.unprepare(*(c for c, *_ in held.values()))
     assert [[], []] == node.instances()
+
+
+# ---- MPS: a MIG device made on demand, shared by the claim's users through its own daemon --------
+
+
+def mps_config(**limits: Any) -> dict[str, Any]:
+    """NVIDIA's MigDeviceConfig asking for MPS (api/nvidia.com/resource/v1beta1/sharing.go)."""
+    sharing = {"strategy": "MPS", **({"mpsConfig": limits} if limits else {})}
+    return {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "MigDeviceConfig", "sharing": sharing}
+
+
+def compute_mode(node: Node, mig: str) -> int:
+    """The MIG device's compute mode as the fake driver has it (0: default, 3: exclusive-process)."""
+    cis = [c for g in node.gpus() for gi in g["gpuInstances"] for c in gi["computeInstances"]]
+    return int(next(c for c in cis if c["uuid"] == mig).get("computeMode", 0))
+
+
+async def test_a_claim_shared_with_mps_gets_a_daemon_bound_to_its_mig_device_until_unprepare(
+    control_plane: lab.ControlPlane, namespace: str, node: Node
+) -> None:
+    await node.start()
+    device = ondemand_device_name(0, "3g.20gb", 4)
+    limits = {"defaultActiveThreadPercentage": 50, "defaultPinnedDeviceMemoryLimit": "4Gi"}
+    claim = allocated(control_plane, namespace, "a", node.name, device, config=mps_config(**limits))
+
+    assert served(node, claim, device) == await node.prepare(claim)
+    [(gpu, profile, start, mig)] = owned(node, claim)
+    assert (0, 9, 4) == (gpu, profile, start)
+    daemon = record_of(node.state, mig)  # bound to the MIG device: CUDA_VISIBLE_DEVICES=<its UUID>
+    assert daemon is not None
+    enforced = (daemon["activeThreadPercentage"], daemon["pinnedMemLimitMiB"], compute_mode(node, mig))
+    assert (50, [4096], 3) == enforced
+    kept = node.checkpoint()[uid_of(claim)]["devices"][0]["mps"]
+    assert {"activeThreadPercentage": 50, "pinnedMemoryMiB": 4096} == kept
+    spec = json.loads((node.cdi / f"k8s.gpu.nvidia.com-claim_{uid_of(claim)}.json").read_text())
+    edits = spec["devices"][0]["containerEdits"]
+    pipe = f"/mps/{mig}/pipe"
+    assert f"CUDA_MPS_PIPE_DIRECTORY={pipe}" in edits["env"]
+    assert [(pipe, f"{node.mps_root}/{mig}/pipe"), ("/dev/shm", f"{node.mps_root}/shm")] == [
+        (m["containerPath"], m["hostPath"]) for m in edits["mounts"]
+    ]
+
+    # A client of the daemon (a container of one of the claim's pods) runs an MPS server on the MIG
+    # device: nothing is stopped or destroyed while it does, and the kubelet retries.
+    client = socket.socket(socket.AF_UNIX)
+    client.connect(str(node.mps_root / mig / "pipe/control"))
+    client.sendall(b"fake_attach")
+    assert b"attached\n" == client.recv(64)
+    refused = (await node.unprepare(claim))[uid_of(claim)]
+    assert "still has processes running on it" in refused
+    still = record_of(node.state, mig) or {}
+    assert ([[(9, 4, 4)], []], daemon["pid"]) == (node.instances(), still.get("pid"))
+    client.close()
+    poll(
+        "the MPS server ended with its last client",
+        lambda: record_of(node.state, mig),
+        lambda r: r is not None and not r["serverPid"],
+    )
+
+    assert {uid_of(claim): ""} == await node.unprepare(claim)
+    assert ([[], []], {}, None) == (node.instances(), node.checkpoint(), record_of(node.state, mig))
+    assert not (node.mps_root / mig).exists()
+
+
+async def test_an_agent_restart_keeps_an_mps_claims_daemon_and_starts_one_that_died(
+    control_plane: lab.ControlPlane, namespace: str, node: Node
+) -> None:
+    await node.start()
+    device = ondemand_device_name(1, "2g.10gb", 0)
+    claim = allocated(control_plane, namespace, "b", node.name, device, config=mps_config())
+    assert served(node, claim, device) == await node.prepare(claim)
+    [(_, _, _, mig)] = owned(node, claim)
+    a100 = next(p for p in default_catalog().products if p.name == "A100-SXM4-40GB")
+    memory = a100.require_profile("2g.10gb").memory_mib
+    daemon = record_of(node.state, mig)
+    assert daemon is not None
+    assert (100, [memory]) == (daemon["activeThreadPercentage"], daemon["pinnedMemLimitMiB"])  # no limits
+
+    assert 0 == await node.stop()
+    await node.start()  # adopts the daemon it finds answering with the claim's limits
+    before = node.mutations()
+    assert served(node, claim, device) == await node.prepare(claim)  # the kubelet's retry after it
+    assert (before, daemon["pid"]) == (node.mutations(), (record_of(node.state, mig) or {}).get("pid"))
+
+    assert 0 == await node.stop()
+    os.kill(daemon["pid"], signal.SIGKILL)  # the daemon this test's node started dies while no agent runs
+    poll("the daemon gone", lambda: record_of(node.state, mig), lambda r: r is None)
+    await node.start()
+    again = poll("a daemon started again", lambda: record_of(node.state, mig), lambda r: r is not None)
+    assert (100, [memory]) == (again["activeThreadPercentage"], again["pinnedMemLimitMiB"])
+    assert daemon["pid"] != again["pid"]
+
+    assert {uid_of(claim): ""} == await node.unprepare(claim)
+    assert ([[], []], None) == (node.instances(), record_of(node.state, mig))

@@ -486,7 +486,7 @@ async def test_bad_claims_fail_alone_with_a_clear_error(
     ) == errors[other_pool["metadata"]["uid"]]
     assert errors[mps["metadata"]["uid"]].startswith(
         f"claim {namespace}/mps: status.allocation.devices.config[0].opaque.parameters.sharing: MPS is not "
-        "chosen per claim on this driver"
+        "chosen per claim for whole GPUs on this driver"
     )
     assert (
         f"claim {namespace}/never-made does not exist in the API server"

@@ -6,24 +6,28 @@ label), to `mig: dynamic`; it puts the session's config, chart values and front-
 every other module finds the node as the session made it. Each test deletes its claims and pods and
 waits until no instance is left on the A100s (unprepare destroys them), so each starts from two empty
 dynamic GPUs. What exists on the GPUs is read with `sharing export` in the agent's pod (the fake
-driver's state through the real pynvml).
+driver's state through the real pynvml); what an MPS control daemon enforces, from its record under
+the node's driver root (tests/node/test_mps.py).
 """
 
 from __future__ import annotations
 
 import json
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from lab.helm import NAMESPACE, lab_values
+from lab.images import agent_image
 
 from sharing.dra.names import parse_ondemand_name
 from sharing.mig import Placement, default_catalog
 from sharing.mig.policy import plain
 from tests.node.conftest import ALL_KINDS, CONFIG, CONFIG_LABEL, EXPECTED, NODE, NodeUnderTest
 from tests.node.test_dra import DRIVER, FRONTEND, DraNode, _published
+from tests.node.test_mps import daemon
 from tests.polling import poll
 
 pytestmark = pytest.mark.node
@@ -303,3 +307,84 @@ def test_seven_pods_arriving_at_once_pack_onto_one_gpu(dra: DraNode) -> None:
         _run(dra, pod)
     counts = {i: Counter(x["profile"] for x in instances) for i, instances in _a100s(dra.node).items()}
     assert sorted([Counter({"1g.5gb": 7}), Counter()], key=len) == sorted(counts.values(), key=len)
+
+
+# ---- one on-demand instance shared by two pods through MPS ----------------------------------
+
+ASK = (  # what a client asks its daemon over the pipe the claim's CDI spec gave it
+    "import os, socket\n"
+    "for command in ('get_default_active_thread_percentage', 'get_default_device_pinned_mem_limit 0'):\n"
+    "    s = socket.socket(socket.AF_UNIX)\n"
+    "    s.connect(os.environ['CUDA_MPS_PIPE_DIRECTORY'] + '/control')\n"
+    "    s.sendall(command.encode() + b'\\n')\n"
+    "    s.shutdown(socket.SHUT_WR)\n"
+    "    print(s.recv(64).decode().strip())\n"
+)
+MPS_CONFIG = {
+    "apiVersion": "resource.nvidia.com/v1beta1",
+    "kind": "MigDeviceConfig",
+    "sharing": {
+        "strategy": "MPS",
+        "mpsConfig": {"defaultActiveThreadPercentage": 50, "defaultPinnedDeviceMemoryLimit": "4Gi"},
+    },
+}
+
+
+def _client_pod(dra: DraNode, claim: str) -> str:
+    """A pod of the claim that can speak to the MPS pipe (the agent's image has Python)."""
+    name = f"p-{uuid.uuid4().hex[:6]}"
+    return dra.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {
+                "restartPolicy": "Never",
+                "terminationGracePeriodSeconds": 1,
+                "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": agent_image(),
+                        "imagePullPolicy": "IfNotPresent",
+                        "command": ["sleep", "1000000"],
+                        "resources": {"claims": [{"name": "gpu"}]},
+                    }
+                ],
+            },
+        }
+    )
+
+
+def test_two_pods_share_an_on_demand_3g_20gb_through_mps_until_the_second_goes(dra: DraNode) -> None:
+    config = [{"requests": ["mig"], "opaque": {"driver": DRIVER, "parameters": MPS_CONFIG}}]
+    claim = dra.claim(
+        [{"name": "mig", "exactly": {"deviceClassName": "mig-3g.20gb.nvidia.com"}}], config=config
+    )
+    pods = [_client_pod(dra, claim) for _ in range(2)]
+    for pod in pods:
+        _run(dra, pod)
+    ((gpu, instances),) = [(g, x) for g, x in _a100s(dra.node).items() if x]
+    (made,) = instances
+    mig = made["uuid"]
+    assert "3g.20gb" == made["profile"]
+    for pod in pods:  # both see the one device, its daemon's pipe, and the claim's limits through it
+        assert {mig} == dra.seen(pod)
+        pipe = dra.node.env(pod)["CUDA_MPS_PIPE_DIRECTORY"]
+        assert f"/mps/{mig}/pipe" == pipe
+        assert "control" in dra.node.kubectl("exec", pod, "--", "ls", pipe).split()
+        assert ["50.0", "4G"] == dra.node.kubectl("exec", pod, "--", "python3", "-c", ASK).split()
+    served = daemon(dra.node, mig)  # the daemon bound to the MIG device (CUDA_VISIBLE_DEVICES), keeper-run
+    assert served is not None
+    assert (50, [4096]) == (served["activeThreadPercentage"], served["pinnedMemLimitMiB"])
+
+    dra.node.kubectl("delete", "pod", "--timeout=60s", pods[0])
+    assert [(made["profile"], made["start"], mig)] == [
+        (x["profile"], x["start"], x["uuid"]) for x in _a100s(dra.node)[gpu]
+    ]  # the claim still has a user: prepared, its instance and daemon kept
+    assert served["pid"] == (daemon(dra.node, mig) or {}).get("pid")
+    assert ["50.0", "4G"] == dra.node.kubectl("exec", pods[1], "--", "python3", "-c", ASK).split()
+
+    dra.node.kubectl("delete", "pod", "--timeout=60s", pods[1])  # returns once unprepared
+    _until(dra.node, "the instance destroyed", lambda: _a100s(dra.node), _empty, 60)
+    assert None is daemon(dra.node, mig)

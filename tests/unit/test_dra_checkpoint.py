@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from sharing.devices import MpsSettings
 from sharing.devices.inventory import build_inventory
 from sharing.dra import ClaimKey, Preparer
 from sharing.dra.names import DRIVER
@@ -43,7 +44,7 @@ MADE = PreparedClaim(
     (
         PreparedDevice(
             ("mig",), "node-a", "gpu-0-mig-3g-20gb-at-4", "MIG-1", "GPU-0", ("k8s.gpu.nvidia.com/claim=x",),
-            instance=OwnedInstance("GPU-0", "3g.20gb", 4, 4, 2, 0),
+            instance=OwnedInstance("GPU-0", "3g.20gb", 4, 4, 2, 0), mps=MpsSettings(1, 50, 4096),
         ),
         PreparedDevice(
             ("mig",), "node-a", "gpu-0-mig-1g-5gb-at-0", "", "GPU-0", ("k8s.gpu.nvidia.com/claim=1c8e-y",),
@@ -52,7 +53,7 @@ MADE = PreparedClaim(
     ),
     pending=True,
 )  # fmt: skip
-"""A claim whose prepare was making its on-demand instances: one made, one not yet."""
+"""A claim whose prepare was making its on-demand instances: one made (shared with MPS), one not yet."""
 NODE = NodeState((Gpu(0, GpuUuid("GPU-0"), "NVIDIA A100-SXM4-40GB", 40960, True, False, False, minor=0),))
 
 
@@ -100,6 +101,11 @@ def entry(**changes: object) -> bytes:
             entry(devices=[{**DEVICE, "instance": {**INSTANCE, "gpuInstance": True}}]),
             "claims.uid-1.devices[0].instance: gpuInstance/computeInstance is not an integer",
             id="instance-id",
+        ),
+        pytest.param(
+            entry(devices=[{**DEVICE, "mps": {"activeThreadPercentage": "50", "pinnedMemoryMiB": 1}}]),
+            "claims.uid-1.devices[0].mps.activeThreadPercentage is not an integer",
+            id="mps-threads",
         ),
     ],
 )

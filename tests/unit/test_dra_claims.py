@@ -6,8 +6,9 @@ from typing import Any
 
 import pytest
 
+from sharing.devices import MpsSettings
 from sharing.devices.inventory import Device, DeviceId, Health
-from sharing.dra.claims import ClaimError, check_config, ondemand_results, select
+from sharing.dra.claims import Chosen, ClaimError, MpsRequest, check_config, ondemand_results, select
 from sharing.dra.names import DRIVER
 from sharing.kube.api import AllocatedConfig, AllocatedDevice, ResourceClaimObject
 from sharing.model import GpuUuid, MigUuid
@@ -128,9 +129,16 @@ REFUSED = [
     ),
     pytest.param(
         config(gpu_config(sharing={"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50}})),
-        f"{WHERE}.sharing: MPS is not chosen per claim on this driver: the node's sharing config decides "
-        "how its GPUs are shared; remove sharing (or use strategy TimeSlicing)",
-        id="mps",
+        f"{WHERE}.sharing: MPS is not chosen per claim for whole GPUs on this driver: the node's sharing "
+        "config decides how its GPUs are shared; remove sharing (or use strategy TimeSlicing)",
+        id="mps-on-a-whole-gpu",
+    ),
+    pytest.param(
+        config(mig_config(sharing={"strategy": "MPS"}), ("mig",)),
+        f"{WHERE}.sharing: MPS is served on MIG devices made on demand for the claim (`mig: dynamic`); "
+        "gpu-1-mig-0 is a MIG device the node's config makes, shared as that config says: remove sharing "
+        "(or use strategy TimeSlicing)",
+        id="mps-on-a-static-mig-device",
     ),
     pytest.param(
         config(gpu_config(sharing={"strategy": "Spatial"})),
@@ -174,3 +182,161 @@ def test_refused_configs(entry: AllocatedConfig, message: str) -> None:
     with pytest.raises(ClaimError) as err:
         check_config(value, select(value, "node-a", DEVICES))
     assert message == str(err.value)
+
+
+# ---- MPS on an on-demand MIG device: the claim's own ------------------------------------------
+
+MADE = "gpu-1-mig-3g-20gb-at-4"
+"""An on-demand device, as prepare checks it before the instance is made."""
+TO_MAKE = Device(
+    DeviceId("(made at prepare)"), Health.HEALTHY, None, GpuUuid("GPU-1"), MigUuid("(made at prepare)")
+)
+MPS_WHERE = f"{WHERE}.sharing.mpsConfig"
+
+
+def mps_asked(mps_config: Any, *devices: str) -> dict[str, MpsRequest]:
+    sharing = {"strategy": "MPS"} if mps_config is None else {"strategy": "MPS", "mpsConfig": mps_config}
+    results = [ours(d, "mig") for d in devices or (MADE,)]
+    value = claim(ours("gpu-0"), *results, config=(config(mig_config(sharing=sharing), ("mig",)),))
+    static = select(value, "node-a", DEVICES)
+    return check_config(value, [*static, *(Chosen(r, TO_MAKE) for r in results if r.device != "gpu-1-mig-0")])
+
+
+@pytest.mark.parametrize(
+    ("mps_config", "asked"),
+    [
+        pytest.param(None, MpsRequest(), id="no-mpsConfig-no-limits"),
+        pytest.param({}, MpsRequest(), id="empty"),
+        pytest.param(
+            {"defaultActiveThreadPercentage": 50, "defaultPinnedDeviceMemoryLimit": "4Gi"},
+            MpsRequest(50, 4096, f"{MPS_WHERE}.defaultPinnedDeviceMemoryLimit"),
+            id="threads-and-memory",
+        ),
+        pytest.param(
+            {"defaultPinnedDeviceMemoryLimit": "4Gi", "defaultPerDevicePinnedMemoryLimit": {"0": "2Gi"}},
+            MpsRequest(None, 2048, f"{MPS_WHERE}.defaultPerDevicePinnedMemoryLimit.0"),
+            id="per-device-overrides",
+        ),
+        pytest.param(
+            {"defaultPinnedDeviceMemoryLimit": "1G"},
+            MpsRequest(None, 953, f"{MPS_WHERE}.defaultPinnedDeviceMemoryLimit"),
+            id="decimal-rounded-down-to-mib",
+        ),
+        pytest.param(
+            {"defaultPinnedDeviceMemoryLimit": 1073741824},
+            MpsRequest(None, 1024, f"{MPS_WHERE}.defaultPinnedDeviceMemoryLimit"),
+            id="bytes",
+        ),
+        pytest.param(
+            {"multiUser": False, "defaultActiveThreadPercentage": 100}, MpsRequest(100), id="single-user"
+        ),
+    ],
+)  # fmt: skip
+def test_mps_on_an_on_demand_mig_device_is_the_claims_to_choose(mps_config: Any, asked: MpsRequest) -> None:
+    assert {MADE: asked} == mps_asked(mps_config)
+
+
+def test_time_slicing_an_on_demand_mig_device_asks_nothing_of_mps() -> None:
+    sharing = {"strategy": "TimeSlicing"}
+    value = claim(ours(MADE, "mig"), config=(config(mig_config(sharing=sharing), ("mig",)),))
+    assert {} == check_config(value, to_make(value))
+
+
+def to_make(value: ResourceClaimObject) -> list[Chosen]:
+    """The claim's one on-demand device as prepare checks it."""
+    return [Chosen(value.results[0], TO_MAKE)]
+
+
+@pytest.mark.parametrize(
+    ("mps_config", "message"),
+    [
+        pytest.param(
+            {"defaultActiveThreadPercentage": 0},
+            f"{MPS_WHERE}.defaultActiveThreadPercentage: 0 is not a whole percentage from 1 to 100",
+            id="no-threads",
+        ),
+        pytest.param(
+            {"defaultActiveThreadPercentage": 101},
+            f"{MPS_WHERE}.defaultActiveThreadPercentage: 101 is not a whole percentage from 1 to 100",
+            id="over-100",
+        ),
+        pytest.param(
+            {"defaultActiveThreadPercentage": "50"},
+            f"{MPS_WHERE}.defaultActiveThreadPercentage: '50' is not a whole percentage from 1 to 100",
+            id="threads-a-string",
+        ),
+        pytest.param(
+            {"defaultPinnedDeviceMemoryLimit": "1Ki"},
+            f"{MPS_WHERE}.defaultPinnedDeviceMemoryLimit: '1Ki' is less than 1Mi (value set too low)",
+            id="memory-too-low",
+        ),
+        pytest.param(
+            {"defaultPinnedDeviceMemoryLimit": "lots"},
+            f"{MPS_WHERE}.defaultPinnedDeviceMemoryLimit: 'lots' is not a memory size such as 4Gi, 512Mi "
+            "or 1G",
+            id="memory-not-a-quantity",
+        ),
+        pytest.param(
+            {"defaultPerDevicePinnedMemoryLimit": {"1": "2Gi"}},
+            f"{MPS_WHERE}.defaultPerDevicePinnedMemoryLimit.1: the daemon serves one device: key the limit "
+            "by device index 0",
+            id="per-device-index-1",
+        ),
+        pytest.param(
+            {"defaultPerDevicePinnedMemoryLimit": {"MIG-5a0c1e2d-9b3f-4e6a-8d7c-0123456789ab": "2Gi"}},
+            f"{MPS_WHERE}.defaultPerDevicePinnedMemoryLimit.MIG-5a0c1e2d-9b3f-4e6a-8d7c-0123456789ab: the "
+            "MIG device is made at prepare, so its UUID is not known when the claim is written: key the "
+            "limit by device index 0",
+            id="per-device-uuid",
+        ),
+        pytest.param(
+            {"multiUser": True},
+            f"{MPS_WHERE}.multiUser: True: this driver starts MPS control daemons in single-user mode, as it "
+            "does for the node's MPS GPUs: run the claim's containers as one user and remove it",
+            id="multi-user",
+        ),
+        pytest.param(
+            {"defaultActiveThreadPercentag": 50},
+            f"{MPS_WHERE}: unknown field 'defaultActiveThreadPercentag' (known: "
+            "defaultActiveThreadPercentage, defaultPerDevicePinnedMemoryLimit, "
+            "defaultPinnedDeviceMemoryLimit, multiUser)",
+            id="unknown-field",
+        ),
+        pytest.param("50%", f"{MPS_WHERE}: expected an object, got '50%'", id="not-an-object"),
+    ],
+)  # fmt: skip
+def test_mps_limits_nvidias_driver_would_refuse_are_refused(mps_config: Any, message: str) -> None:
+    with pytest.raises(ClaimError) as err:
+        mps_asked(mps_config)
+    assert message == str(err.value)
+
+
+def test_mps_config_with_the_time_slicing_strategy_is_refused_in_nvidias_words() -> None:
+    sharing = {"strategy": "TimeSlicing", "mpsConfig": {}}
+    value = claim(ours(MADE, "mig"), config=(config(mig_config(sharing=sharing), ("mig",)),))
+    with pytest.raises(ClaimError) as err:
+        check_config(value, to_make(value))
+    said = f"{WHERE}.sharing.mpsConfig: cannot use MpsConfig with the 'TimeSlicing' strategy"
+    assert said == str(err.value)
+
+
+def test_mps_for_two_mig_devices_of_one_claim_is_refused() -> None:
+    other = "gpu-0-mig-1g-5gb-at-0"
+    with pytest.raises(ClaimError) as err:
+        mps_asked({}, MADE, other)
+    assert (
+        f"claim ns/c: MPS is asked for 2 MIG devices ({other}, {MADE}), but a container is the client of "
+        "one MPS control daemon and each MIG device has its own: ask for one MIG device in a claim shared "
+        "with MPS"
+    ) == str(err.value)
+
+
+def test_the_daemons_defaults_are_the_claims_limits_or_the_whole_device() -> None:
+    assert MpsSettings(1, 100, 19968) == MpsRequest().settings("ns/c", MADE, "3g.20gb", 19968)
+    assert MpsSettings(1, 30, 4096) == MpsRequest(30, 4096, "x").settings("ns/c", MADE, "3g.20gb", 19968)
+    with pytest.raises(ClaimError) as err:
+        MpsRequest(None, 20480, "p.defaultPinnedDeviceMemoryLimit").settings("ns/c", MADE, "3g.20gb", 19968)
+    assert (
+        f"claim ns/c: p.defaultPinnedDeviceMemoryLimit: 20480 MiB is more than the 19968 MiB of its 3g.20gb "
+        f"device {MADE}"
+    ) == str(err.value)

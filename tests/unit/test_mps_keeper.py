@@ -44,6 +44,11 @@ def test_a_request_names_one_gpu_by_its_uuid(request_: bytes) -> None:
     assert GPU.lower() == parse_request(request_).lower()
 
 
+def test_a_request_names_an_on_demand_mig_device_by_its_uuid() -> None:
+    mig = GPU.replace("GPU-", "MIG-")
+    assert mig == parse_request(json.dumps({"gpu": mig}).encode() + b"\n")
+
+
 @pytest.mark.parametrize(
     ("request_", "message"),
     [
@@ -73,7 +78,7 @@ NOT_UUIDS = {
     "index": 0,
     "path": "../../etc",
     "path-after": f"{GPU}/../x",
-    "mig-device": GPU.replace("GPU-", "MIG-"),
+    "old-mig-form": f"MIG-{GPU}/1/0",  # MIG-GPU-<uuid>/<gi>/<ci> before R470: a path
     "newline": f"{GPU}\n",
     "nested": [[[[[[[[[[]]]]]]]]]] * 20,
 }
@@ -84,7 +89,9 @@ def test_the_gpu_is_named_by_its_uuid_and_nothing_else(gpu: object) -> None:
     with pytest.raises(RequestError) as refused:
         parse_request(json.dumps({"gpu": gpu}).encode() + b"\n")
     assert f"{json.dumps(gpu)[:80]}" in str(refused.value)
-    assert str(refused.value).endswith("is not a GPU UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)")
+    assert str(refused.value).endswith(
+        "is not a GPU or MIG UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx or MIG-...)"
+    )
 
 
 @pytest.mark.parametrize(
@@ -173,7 +180,7 @@ async def test_hostile_connections_are_answered_and_the_next_request_is_served(
     for data, close, error in hostile:
         assert {"error": error} == await asyncio.to_thread(exchange, path, data, close=close)
     refused = await asyncio.to_thread(exchange, path, b'{"gpu": "GPU-../../../dev/nvidia0"}\n')
-    assert '"GPU-../../../dev/nvidia0" is not a GPU UUID' in str(refused["error"])
+    assert '"GPU-../../../dev/nvidia0" is not a GPU or MIG UUID' in str(refused["error"])
     assert [] == started.gpus
     assert (0, "") == await ask_keeper(path, GPU, timeout_s=5)
     assert [GPU] == started.gpus

@@ -186,7 +186,8 @@ FAKE_EXPORT nvmlReturn_t nvmlComputeInstanceDestroy(nvmlComputeInstance_t comput
 	if (!state)
 		RETURN(NVML_ERROR_UNKNOWN);
 	nvmlReturn_t rc = fake_instance(computeInstance, K_CI, state, &gpu, &gi, &ci);
-	if (rc == NVML_SUCCESS && fake_bool(ci, "busy"))
+	/* An MPS server on the MIG device is a process there (its daemon's clients are attached). */
+	if (rc == NVML_SUCCESS && (fake_bool(ci, "busy") || fake_mps_serving(fake_str(ci, "uuid", ""))))
 		rc = NVML_ERROR_IN_USE;
 	if (rc == NVML_SUCCESS) {
 		json_t *cis = json_object_get(gi, "computeInstances");

@@ -321,6 +321,13 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t de
 			add_process(found, &n, 2000 + index * 100 + (unsigned int)fake_int(gi, "id", 0) * 10 +
 						       (unsigned int)fake_int(ci, "id", 0),
 				    (unsigned int)fake_int(gi, "id", 0), (unsigned int)fake_int(ci, "id", 0));
+		/* The MPS server of a daemon bound to this MIG device (CUDA_VISIBLE_DEVICES=<MIG UUID>)
+		 * is a compute process of the MIG device, as a GPU's is of its GPU. */
+		unsigned int servers[MAX_MPS_PIDS], clients[MAX_MPS_PIDS], nservers = 0;
+		fake_mps_processes(fake_str(ci, "uuid", ""), servers, &nservers, clients, MAX_MPS_PIDS);
+		for (unsigned int s = 0; s < nservers && n < sizeof found / sizeof *found; s++)
+			add_process(found, &n, servers[s], (unsigned int)fake_int(gi, "id", 0),
+				    (unsigned int)fake_int(ci, "id", 0));
 	} else {
 		if (fake_bool(gpu, "busy"))
 			add_process(found, &n, 1000 + index, NA, NA);
@@ -360,7 +367,7 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t
 		RETURN(NVML_ERROR_INVALID_ARGUMENT);
 	nvmlProcessInfo_t found[MAX_MPS_PIDS];
 	unsigned int servers[MAX_MPS_PIDS], clients[MAX_MPS_PIDS], nservers = 0, n = 0;
-	int count = ci ? 0 : fake_mps_processes(fake_str(gpu, "uuid", ""), servers, &nservers, clients, MAX_MPS_PIDS);
+	int count = fake_mps_processes(fake_str(ci ? ci : gpu, "uuid", ""), servers, &nservers, clients, MAX_MPS_PIDS);
 	for (int i = 0; i < count; i++)
 		add_process(found, &n, clients[i], NA, NA);
 	if (*infoCount < n) {

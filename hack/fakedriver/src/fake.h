@@ -100,5 +100,7 @@ const char *fake_state_path(void);
 #define MAX_MPS_PIDS 64
 /* The MPS server and client PIDs of the live daemons serving GPU `uuid`; returns the client count. */
 int fake_mps_processes(const char *uuid, unsigned int *servers, unsigned int *nservers, unsigned int *clients, unsigned int max);
+/* Whether an MPS server of a live daemon runs on the device `uuid` (a GPU's or a MIG device's). */
+int fake_mps_serving(const char *uuid);
 
 #endif

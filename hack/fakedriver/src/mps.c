@@ -29,6 +29,13 @@ static int alive(const char *dir, const char *pid)
 	return !taken;
 }
 
+int fake_mps_serving(const char *uuid)
+{
+	unsigned int servers[MAX_MPS_PIDS], clients[MAX_MPS_PIDS], nservers = 0;
+	fake_mps_processes(uuid, servers, &nservers, clients, MAX_MPS_PIDS);
+	return nservers > 0;
+}
+
 int fake_mps_processes(const char *uuid, unsigned int *servers, unsigned int *nservers, unsigned int *clients,
 		       unsigned int max)
 {
