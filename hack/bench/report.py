@@ -105,6 +105,10 @@ TARGETS: dict[str, Target] = {
     "dra_prepare_agent_share_s_p99": Target(
         "s", "<= 0.1 s (7 claims at once on one A100, NVML calls left out)", lambda v: v <= 0.1
     ),
+    "dra_prepare_agent_share_tmpfs_s_p99": Target("s", "- (the same, its files on tmpfs: no fsync waits)"),
+    "dra_prepare_agent_cpu_s_p99": Target(
+        "s", "- (the agent's CPU time in those prepares: no waits for a core)"
+    ),
     "ondemand_pod_start_s_p50": Target("s", "- (MIG calls at once)"),
     "ondemand_pod_start_s_p50_realistic": Target("s", "- (MIG calls at the fake driver's assumed latencies)"),
     "ondemand_pod_start_vs_premade_p50": Target("x", "<= 1.5", lambda v: v <= 1.5),
