@@ -104,8 +104,8 @@ class Preparer:
         self._reader = claims
         self._inventory = inventory
         self.records = ClaimRecords(cdi_dir=cdi_dir, checkpoint=checkpoint, files=files, node=node)
-        self._node = node
         """The CDI specs and checkpoint entries of the claims prepared here."""
+        self._node = node
         self._recorder = recorder
         self._unrecovered = ""
         """Why the on-demand instances the checkpoint owns could not be checked at start ("": they
@@ -189,10 +189,8 @@ class Preparer:
                     log.warning("claim_not_prepared", claim=f"{key.namespace}/{key.name}", error=str(err))
                     answers[key.uid] = Prepared(error=bounded(str(err), 1000))
                 if self._recorder is not None:
-                    seconds = loop.time() - started
-                    self._recorder.prepare_seconds(
-                        seconds, *prepare_labels(answers[key.uid].devices, self._node())
-                    )
+                    labels = prepare_labels(answers[key.uid].devices, self._node())
+                    self._recorder.prepare_seconds(loop.time() - started, *labels)
             self._count()
         return waiting
 

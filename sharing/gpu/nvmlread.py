@@ -129,10 +129,11 @@ class NvmlReader:
         """(MIG UUID, busy, MIG device index) of one compute instance's MIG device; None when none is
         enumerated. The devices before it are asked for their two IDs only; its UUID and processes alone
         are read. NVIDIA measured a walk that reads every MIG device after a create at "O(10 s)" under
-        load (k8s-dra-driver-gpu cmd/gpu-kubelet-plugin/nvlib.go, createMigDevice). NVML has no call from
-        (GPU, GI, CI) to the MIG device (go-nvml#57, klueska: "there is unfortunately no direct NVML API
-        for that"), and nvmlComputeInstanceGetInfo's `device` is the parent GPU (nvml.h), so the walk by
-        index stays, reading as little as it can."""
+        load (https://github.com/NVIDIA/k8s-dra-driver-gpu/blob/main/cmd/gpu-kubelet-plugin/nvlib.go,
+        createMigDevice). NVML has no call from (GPU, GI, CI) to the MIG device ("there is unfortunately
+        no direct NVML API for that", https://github.com/NVIDIA/go-nvml/issues/57), and
+        nvmlComputeInstanceGetInfo's `device` is the parent GPU (nvml.h), so the walk by index stays,
+        reading as little as it can."""
         n = self._nvml
         for index in range(n.nvmlDeviceGetMaxMigDeviceCount(handle)):
             try:

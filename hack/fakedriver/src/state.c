@@ -49,10 +49,12 @@ const char *fake_root(void) { return root_path; }
 /* The state's "latencies" ({"<exported NVML symbol>": seconds}): the call sleeps that long before
  * it does anything, as a driver call that waits on the hardware does. The library lock is released
  * meanwhile, so other threads' calls go on (README.md, "Latencies"). __func__ is the symbol: nvml.h's
- * #defines (nvmlDeviceGetHandleByIndex -> ..._v2) rename the definitions too. */
+ * #defines (nvmlDeviceGetHandleByIndex -> ..._v2) rename the definitions too. Read from the state as
+ * last parsed, without the stat() that checks for a newer one (it would double an idle call's cost):
+ * the call itself reads the state, so a change counts from this process's next call on. */
 void fake_delay(const char *call)
 {
-	json_t *seconds = json_object_get(json_object_get(fake_state(), "latencies"), call);
+	json_t *seconds = json_object_get(json_object_get(cached, "latencies"), call);
 	double s = json_is_number(seconds) ? json_number_value(seconds) : 0.0;
 	if (!(s > 0.0))
 		return;
