@@ -152,9 +152,9 @@ def _lost(args: argparse.Namespace) -> int:
 def _latency(args: argparse.Namespace) -> int:
     wanted: dict[str, float] = dict(simstate.REALISTIC_LATENCIES) if args.realistic else {}
     for item in args.calls:
-        name, sep, seconds = item.partition("=")
+        name, _, seconds = item.partition("=")
         try:
-            wanted[name] = float(seconds) if sep else math.nan
+            wanted[name] = float(seconds)  # "" (no "=") is a ValueError too
         except ValueError:
             wanted[name] = math.nan
         if math.isnan(wanted[name]):
