@@ -4,14 +4,15 @@
                                           [--seed N] [--mix-shift] [--trace FILE.csv] [--time-scale X]
                                           [--gpus PRODUCT:N[,PRODUCT:N]]
 
-Parts, in order: planner, hostile (parsing hostile ConfigMap keys), mutations, listandwatch,
-cluster (startup, reconcile, configmap, allocate, idle, preferred, restart: the API server's),
-agentrestart (the agent's: how long the kubelet refuses pods), realnode, dra (the DRA front-end
-on a real node), ondemand (on-demand MIG against pre-made slices on a real node), fleet, probes
-(the HTTP port under a flood), resourceslices (the DRA publisher: a changed pool until the API
-server holds it), trace (MIG workloads, drawn with a steady or a shifting mix or read from a CSV file,
-on four A100s or the `--gpus` given: the best shipped preset and the best static layout in hindsight
-vs on-demand, through the real kube-scheduler). A part that fails is
+Parts, in order: planner, hostile (parsing hostile ConfigMap keys), mutations, prepare (the agent's
+own share of seven on-demand MIG prepares at once on one fake-driver A100), listandwatch, cluster
+(startup, reconcile, configmap, allocate, idle, preferred, restart: the API server's), agentrestart
+(the agent's: how long the kubelet refuses pods), realnode, dra (the DRA front-end on a real node),
+ondemand (on-demand MIG against pre-made slices on a real node, and at the fake driver's assumed MIG
+latencies), fleet, probes (the HTTP port under a flood), resourceslices (the DRA publisher: a
+changed pool until the API server holds it), trace (MIG workloads, drawn with a steady or a shifting
+mix or read from a CSV file, on four A100s or the `--gpus` given: the best shipped preset and the
+best static layout in hindsight vs on-demand, through the real kube-scheduler). A part that fails is
 reported and the others still run; the exit code is 1 when any failed. Ctrl-C or SIGTERM stops
 everything it started.
 """
@@ -47,6 +48,7 @@ from bench import (
     mutations,
     ondemand,
     planner,
+    prepare,
     probes,
     realnode,
     reconcile,
@@ -62,6 +64,7 @@ PARTS = (
     "planner",
     "hostile",
     "mutations",
+    "prepare",
     "listandwatch",
     "cluster",
     "agentrestart",
@@ -195,6 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ("planner", lambda: planner.bench_plan(budget, results)),
             ("hostile", lambda: hostile.bench_hostile(results)),
             ("mutations", lambda: mutations.bench_mutations(tmp, results)),
+            ("prepare", lambda: prepare.bench_prepare(tmp, budget, results)),
             ("listandwatch", lambda: listandwatch.bench_listandwatch(tmp, budget, results)),
             ("cluster", lambda: cluster_parts(tmp / "cluster", budget, results)),
             ("agentrestart", lambda: agentrestart_part(tmp / "agentrestart", budget, results)),

@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Mapping
 from pathlib import Path
 
-from bench.procs import install_driver
+from bench.procs import in_process_driver
 from bench.report import Results
 from sharing.config.spec import MigMode, MigStrategy, Rule, Selector, SharingConfig
 from sharing.gpu import open_backend, simstate
@@ -57,8 +57,7 @@ def bench_mutations(tmp: Path, results: Results) -> None:
 
 async def _mutations(tmp: Path, results: Results) -> None:
     catalog = default_catalog()
-    root = tmp / "mutations-driver"
-    sim = install_driver(root)
+    root, sim = in_process_driver(tmp)
     simstate.init_state(
         sim,
         [

@@ -9,6 +9,10 @@
 - ondemand_create_share: the share of the on-demand start spent making the instance: (mean
   NodePrepareResources time of the on-demand claims - that of the pre-made ones, from the agent's
   `gpu_sharing_dra_prepare_duration_seconds` histogram) / the on-demand start p50.
+- ondemand_pod_start_s_p50: that on-demand start's p50 in seconds, the fake driver's MIG calls
+  returning at once; ondemand_pod_start_s_p50_realistic: the same once they take the fake driver's
+  assumed latencies (`sharing sim latency --realistic`: 1 s to make an instance, 0.5 s to destroy one;
+  hack/fakedriver/README.md, "Latencies"), a series of its own after the others.
 - ondemand_idle_claim_requests_per_min: then 30 s with nothing changing, the API server's own count
   of ResourceClaim LIST requests (`apiserver_request_total`, every client: the scheduler's and the
   controller's informers list once and watch, so what moves is the agent's).
@@ -39,6 +43,7 @@ from bench.labnode import (
     watching,
 )
 from bench.report import Budget, Results, percentile, say
+from sharing.gpu import simstate
 
 NODE = "bench-ondemand-node"
 CONFIG = "bench-ondemand"
@@ -75,17 +80,28 @@ def bench_ondemand(budget: Budget, results: Results) -> None:
                 node, api, pods, budget.pod_starts, parent=parents[0], what="pre-made"
             )
             made, made_prep = _series(node, api, pods, budget.pod_starts, parent=parents[1], what="on-demand")
+            simstate.set_latencies(node.gpus_state, simstate.REALISTIC_LATENCIES)
+            slow, slow_prep = _series(
+                node, api, pods, budget.pod_starts, parent=parents[1], what="on-demand, realistic latencies"
+            )
+            simstate.set_latencies(node.gpus_state, {}, replace=True)
             idle = _idle_claim_requests(node, budget.claim_idle_s)
         results.add("ondemand_idle_claim_requests_per_min", idle)
         ratio = percentile(made, 50) / percentile(premade, 50)
         share = max(0.0, made_prep - premade_prep) / percentile(made, 50)
         results.add("ondemand_pod_start_vs_premade_p50", ratio)
         results.add("ondemand_create_share", share)
+        results.add("ondemand_pod_start_s_p50", percentile(made, 50))
+        results.add("ondemand_pod_start_s_p50_realistic", percentile(slow, 50))
         results.note(
             "ondemand: pod start p50/p95, on-demand / pre-made 1g.5gb; mean prepare on-demand / pre-made",
             f"{percentile(made, 50):.2f}/{percentile(made, 95):.2f} s / "
             f"{percentile(premade, 50):.2f}/{percentile(premade, 95):.2f} s; "
             f"{made_prep * 1000:.0f} / {premade_prep * 1000:.0f} ms",
+        )
+        results.note(
+            "ondemand: at the realistic latencies, on-demand pod start p50/p95; mean prepare",
+            f"{percentile(slow, 50):.2f}/{percentile(slow, 95):.2f} s; {slow_prep * 1000:.0f} ms",
         )
     finally:
         node.down()
@@ -145,14 +161,15 @@ def _claim(name: str, parent: str) -> dict[str, Any]:
 
 
 def _prepare_totals(node: lab.RealNode) -> tuple[float, float]:
-    """(sum, count) of the agent's prepare-time histogram."""
+    """(sum, count) of the agent's prepare-time histogram, over its profiles."""
     done = node.kubectl("-n", NAMESPACE, "exec", "ds/gpu-sharing", "--", "python3", "-c", METRICS, check=True)
-    values = {
-        line.split()[0]: float(line.split()[1])
-        for line in done.stdout.splitlines()
-        if line.startswith(PREPARE) and not line.startswith("#")
-    }
-    return values.get(f"{PREPARE}_sum", 0.0), values.get(f"{PREPARE}_count", 0.0)
+    totals = {"_sum": 0.0, "_count": 0.0}
+    for line in done.stdout.splitlines():
+        name, _, value = line.partition(" ")
+        for suffix in totals:
+            if name.startswith(f"{PREPARE}{suffix}{{"):
+                totals[suffix] += float(value)
+    return totals["_sum"], totals["_count"]
 
 
 def _start(api: Api, pods: Watch, parent: str) -> float:

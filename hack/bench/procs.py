@@ -79,6 +79,13 @@ def install_driver(root: Path) -> Path:
     return root / "var/lib/fake-nvidia/gpus.json"
 
 
+def in_process_driver(tmp: Path) -> tuple[Path, Path]:
+    """(root, state file) of the fake driver that parts calling NVML in this process share: pynvml
+    binds one libnvidia-ml.so.1 per process (`sharing.gpu.nvmllib.preload`). Each part makes its GPUs."""
+    root = tmp / "in-process-driver"
+    return root, install_driver(root)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

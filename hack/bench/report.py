@@ -102,6 +102,15 @@ TARGETS: dict[str, Target] = {
     "trace_shift_offline_policy_vs_plain_slice_mean": Target(
         "x", ">= 1 (shifting, slice-s; offline, seeds 1-40)", lambda v: v >= 1
     ),
+    "dra_prepare_agent_share_s_p99": Target(
+        "s", "<= 0.1 s (7 claims at once on one A100, NVML calls left out)", lambda v: v <= 0.1
+    ),
+    "dra_prepare_agent_share_tmpfs_s_p99": Target("s", "- (the same, its files on tmpfs: no fsync waits)"),
+    "dra_prepare_agent_cpu_s_p99": Target(
+        "s", "- (the agent's CPU time in those prepares: no waits for a core)"
+    ),
+    "ondemand_pod_start_s_p50": Target("s", "- (MIG calls at once)"),
+    "ondemand_pod_start_s_p50_realistic": Target("s", "- (MIG calls at the fake driver's assumed latencies)"),
     "ondemand_pod_start_vs_premade_p50": Target("x", "<= 1.5", lambda v: v <= 1.5),
     "ondemand_create_share": Target("", "-"),
     "ondemand_idle_claim_requests_per_min": Target(
@@ -146,6 +155,8 @@ class Budget:
     """How long the API server is down in `restart`."""
     claim_idle_s: float = 30.0
     """The window `ondemand` counts ResourceClaim reads in while nothing changes."""
+    prepare_rounds: int = 20
+    """Rounds of seven claims prepared at once in `prepare`."""
 
 
 FULL = Budget(
@@ -159,6 +170,7 @@ QUICK = Budget(
     allocate_runs=1, allocate_pods=500, preferred_runs=1, preferred_pods=300, listandwatch_runs=1,
     listandwatch_flips=12, startup_runs=2, idle_runs=1, idle_window_s=20, pod_starts=3,
     label_changes=3, fleet_nodes=10, fleet_edits=1, fleet_idle_s=10, restart_runs=1, flood_window_s=8,
+    prepare_rounds=5,
 )  # fmt: skip
 SMOKE = Budget(
     plan_runs=1, reconcile_runs=1, reconcile_changes=2, configmap_runs=1, configmap_flips=2,
@@ -166,7 +178,7 @@ SMOKE = Budget(
     listandwatch_flips=2, startup_runs=1, idle_runs=1, idle_window_s=3, pod_starts=1,
     label_changes=1, fleet_nodes=2, fleet_edits=1, fleet_idle_s=2, restart_runs=1, flood_idle=50,
     flood_rps=20, flood_window_s=2, slice_runs=1, slice_changes=2, trace_pods=12, trace_unit_s=0.1,
-    outage_s=2, claim_idle_s=3,
+    outage_s=2, claim_idle_s=3, prepare_rounds=1,
 )  # fmt: skip
 """Every part with a sample or two (`--smoke`): CI runs it so that no part rots unseen; its figures
 mean nothing."""

@@ -48,14 +48,15 @@ async def _serve(config: settings.Settings) -> None:
     catalog = default_catalog()
     config.journal.parent.mkdir(parents=True, exist_ok=True)
     kube = ApiClient(config.kubeconfig)
+    metrics = Metrics(__version__)
     backend = open_backend(
         config.backend,
         catalog,
         driver_root=config.driver_root,
         host_driver_root=config.host_driver_root,
         ignored_xids=config.ignored_xids,
+        mig_seconds=metrics.mig_operation,
     )
-    metrics = Metrics(__version__)
     fleet = Fleet(
         FleetSettings(
             plugin_dir=config.device_plugin_dir,

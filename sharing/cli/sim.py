@@ -1,4 +1,5 @@
-"""`sharing sim`: create and poke the fake NVIDIA driver's GPUs (init, busy, idle, xid, reset, lost, found).
+"""`sharing sim`: create and poke the fake NVIDIA driver's GPUs (init, busy, idle, xid, reset, lost, found,
+latency).
 
 The command writes the state file the fake libnvidia-ml.so.1 (hack/fakedriver) reads; the agent and
 every other command reach those GPUs only through that library (--driver-root).
@@ -7,6 +8,7 @@ every other command reach those GPUs only through that library (--driver-root).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 from pathlib import Path
@@ -79,6 +81,17 @@ def register(commands: Subparsers) -> None:
         lost = action(name, help_text)
         lost.add_argument("--gpu", required=True, type=int, metavar="INDEX", help="GPU index")
         lost.set_defaults(run=_lost, lost=name == "lost")
+    latency = action("latency", "make NVML calls take time, as on hardware (seconds per call)")
+    latency.add_argument(
+        "calls", nargs="*", metavar="FUNCTION=SECONDS",
+        help="an exported NVML function and its seconds, e.g. nvmlGpuInstanceDestroy=0.3 (0: none)",
+    )  # fmt: skip
+    latency.add_argument(
+        "--realistic", action="store_true",
+        help="the MIG calls' assumed latencies (hack/fakedriver/README.md, \"Latencies\")",
+    )  # fmt: skip
+    latency.add_argument("--clear", action="store_true", help="no latencies first (every call at once)")
+    latency.set_defaults(run=_latency)
 
 
 def parse_gpus(text: str) -> list[simstate.SimGpuSpec]:
@@ -133,6 +146,27 @@ def _reset(args: argparse.Namespace) -> int:
 def _lost(args: argparse.Namespace) -> int:
     uuid = simstate.set_lost(_state(args), args.gpu, args.lost)
     print(f"GPU {args.gpu} ({uuid}) {'lost' if args.lost else 'found'}")
+    return 0
+
+
+def _latency(args: argparse.Namespace) -> int:
+    wanted: dict[str, float] = dict(simstate.REALISTIC_LATENCIES) if args.realistic else {}
+    for item in args.calls:
+        name, _, seconds = item.partition("=")
+        try:
+            wanted[name] = float(seconds)  # "" (no "=") is a ValueError too
+        except ValueError:
+            wanted[name] = math.nan
+        if math.isnan(wanted[name]):
+            raise UsageError(f"{item!r} is not FUNCTION=SECONDS (e.g. nvmlGpuInstanceDestroy=0.3)")
+    try:
+        now = simstate.set_latencies(_state(args), wanted, replace=args.clear)
+    except BackendError as err:
+        raise UsageError(str(err)) from err
+    for name, seconds in now.items():
+        print(f"{name}  {seconds:g} s")
+    if not now:
+        print("no latencies: every call returns at once")
     return 0
 
 

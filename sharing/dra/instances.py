@@ -24,7 +24,7 @@ from sharing.dra.names import CDI_KIND, claim_cdi_name
 from sharing.dra.ondemand import InstanceBusyError, OnDemand, Placement, find, occupant, placement_of
 from sharing.dra.records import ClaimRecords
 from sharing.kube.api import AllocatedDevice, ResourceClaimObject
-from sharing.model import GpuInstance, MigUuid
+from sharing.model import GpuInstance, MigUuid, NodeState
 from sharing.store import CheckpointError, OwnedInstance, PreparedClaim, PreparedDevice, PreparedPod
 from sharing.text import bounded
 
@@ -73,6 +73,18 @@ def mig_device(place: Placement, mig: MigUuid, gi: GpuInstance | None = None, *,
     return Device(
         DeviceId(mig), Health.HEALTHY, place.gpu.numa_node, place.gpu.uuid, mig_uuid=mig, index=index, mps=mps
     )
+
+
+def with_made(state: NodeState, made: Sequence[Made]) -> NodeState:
+    """The node as observed before a prepare, with the instances it made (or found) in place of what
+    was at their placements: what the claim's CDI spec is written from."""
+    gpus = []
+    for gpu in state.gpus:
+        mine = [gi for _, place, gi, _ in made if place.gpu.uuid == gpu.uuid]
+        kept = [gi for gi in gpu.instances if all(gi.start != m.start for m in mine)]
+        instances = tuple(sorted((*kept, *mine), key=lambda g: (g.start, g.id)))
+        gpus.append(replace(gpu, instances=instances) if mine else gpu)
+    return replace(state, gpus=tuple(gpus))
 
 
 async def undo(
@@ -278,7 +290,7 @@ async def prepare_ondemand(
             if r.device in mps:
                 served[gi.compute_instances[0].uuid] = mps[r.device]
                 await ondemand.serve_mps(ref, gi.compute_instances[0].uuid, mps[r.device])
-        after = await ondemand.observe()
+        after = with_made(state, made)  # not the whole node read again: each create said what it made
         devices = static + tuple(made_device(key.uid, r, p, gi, mps.get(r.device)) for r, p, gi, _ in made)
         entries = [(claim_cdi_name(key.uid, c.result.device), c.device) for c in chosen] + [
             (

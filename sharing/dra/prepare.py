@@ -68,8 +68,8 @@ class Recorder(Protocol):
     def prepared_claims(self, count: int) -> None:
         """The number of claims prepared on the node now."""
 
-    def prepare_seconds(self, seconds: float) -> None:
-        """The time one claim's prepare took, failed or not."""
+    def prepare_seconds(self, seconds: float, profile: str, ondemand: bool) -> None:
+        """The time one claim's prepare took, failed or not, by `prepare_labels`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +108,7 @@ class Preparer:
             cdi_dir=cdi_dir, checkpoint=checkpoint, files=files, node=node, mps_root=mps_root
         )
         """The CDI specs and checkpoint entries of the claims prepared here."""
+        self._node = node
         self._recorder = recorder
         self._unrecovered = ""
         """Why the on-demand instances the checkpoint owns could not be checked at start ("": they
@@ -191,7 +192,8 @@ class Preparer:
                     log.warning("claim_not_prepared", claim=f"{key.namespace}/{key.name}", error=str(err))
                     answers[key.uid] = Prepared(error=bounded(str(err), 1000))
                 if self._recorder is not None:
-                    self._recorder.prepare_seconds(loop.time() - started)
+                    labels = prepare_labels(answers[key.uid].devices, self._node())
+                    self._recorder.prepare_seconds(loop.time() - started, *labels)
             self._count()
         return waiting
 
@@ -278,6 +280,26 @@ class Preparer:
     def _count(self) -> None:
         if self._recorder is not None:
             self._recorder.prepared_claims(len(self.records.claims))
+
+
+def prepare_labels(devices: Sequence[PreparedDevice], node: NodeState) -> tuple[str, bool]:
+    """(profile, made on demand) of a prepared claim, what its prepare time is recorded by: the MIG
+    profile of its devices (`gpu` for a whole GPU or a share of one, `several` when they differ,
+    `unknown` for a MIG device the node no longer shows, `none` when the prepare failed), and whether
+    any was made at prepare."""
+    profiles = {_profile(d, node) for d in devices}
+    profile = "none" if not profiles else profiles.pop() if len(profiles) == 1 else "several"
+    return profile, any(d.instance is not None for d in devices)
+
+
+def _profile(device: PreparedDevice, node: NodeState) -> str:
+    if device.instance is not None:
+        return device.instance.profile
+    if device.uuid == device.gpu_uuid:
+        return "gpu"
+    gpu = node.gpu(device.gpu_uuid)
+    mine = gpu.mig_devices if gpu is not None else ()
+    return next((gi.profile for gi, ci in mine if ci.uuid == device.uuid), "unknown")
 
 
 def _check_uid(key: ClaimKey) -> None:

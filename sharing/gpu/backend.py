@@ -7,12 +7,21 @@ driver calls off the event loop.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
 from sharing.errors import BackendError
 from sharing.gpu.devfiles import DeviceFiles
 from sharing.model import GpuInstance, GpuUuid, HealthEvent, NodeState
+
+MIG_OPERATIONS = (
+    "enable_mig", "disable_mig", "create_gpu_instance", "create_compute_instance",
+    "destroy_compute_instance", "destroy_gpu_instance",
+)  # fmt: skip
+"""The driver calls that change MIG, as the backend times them (`MigSeconds`)."""
+MigSeconds = Callable[[str, float], None]
+"""Where a backend reports the time of each MIG operation it asked the driver for: (one of
+MIG_OPERATIONS, seconds), failed calls too."""
 
 
 class NvmlUnavailableError(BackendError):

@@ -8,34 +8,37 @@ this module changes MIG (nvmlDeviceSetMigMode reports refusal in its activation 
 raising; GPU instances are created at explicit placements from the driver's own profile table;
 compute instances are destroyed before their GPU instance), polls XID events, logs once per GPU
 where the driver disagrees with the hardware catalog, and turns NVML errors into BackendError
-subclasses that name the GPU and say what to do.
+subclasses that name the GPU and say what to do. Each NVML call that changes MIG is timed here, in
+`_timed`, for the rollout's steps and the on-demand prepares alike (`MigSeconds`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import ctypes
+import time
 from collections.abc import AsyncIterator, Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
-from typing import TypeVar
+from typing import ParamSpec, TypeVar
 
 import structlog
 
 from sharing.devices import APPLICATION_XIDS
 from sharing.errors import BackendError
-from sharing.gpu.backend import NvmlUnavailableError
+from sharing.gpu.backend import MigSeconds, NvmlUnavailableError
 from sharing.gpu.devfiles import DeviceFiles, DriverFiles
 from sharing.gpu.naming import CI_ENUM_FOR_SLICES
 from sharing.gpu.nvmlapi import Handle, Nvml, code, optional_int
 from sharing.gpu.nvmlerrors import backend_error
 from sharing.gpu.nvmllib import name_os_thread, preload
-from sharing.gpu.nvmlread import NvmlReader
+from sharing.gpu.nvmlread import NoMigDeviceError, NvmlReader
 from sharing.mig import Catalog, Product, differences
-from sharing.model import GpuInstance, GpuUuid, HealthEvent, NodeState
+from sharing.model import ComputeInstance, GpuInstance, GpuUuid, HealthEvent, NodeState
 
 T = TypeVar("T")
+P = ParamSpec("P")
 log = structlog.get_logger(__name__)
 
 _NOT_ATTRIBUTED = 0xFFFFFFFF
@@ -72,6 +75,7 @@ def open_nvml(
     *,
     host_driver_root: Path | None = None,
     ignored_xids: Collection[int] = APPLICATION_XIDS,
+    mig_seconds: MigSeconds | None = None,
 ) -> NvmlBackend:
     """The backend over the NVIDIA driver under `driver_root` (its library, its device files); the
     node sees that root at `host_driver_root` (the CDI spec's host paths), by default the same path."""
@@ -81,6 +85,7 @@ def open_nvml(
         ignored_xids=ignored_xids,
         machine=read_machine,
         device_files=DriverFiles(driver_root, host_driver_root),
+        mig_seconds=mig_seconds,
     )
 
 
@@ -96,8 +101,10 @@ class NvmlBackend:
         ignored_xids: Collection[int] = APPLICATION_XIDS,
         machine: Callable[[], str | None] | None = None,
         device_files: DeviceFiles | None = None,
+        mig_seconds: MigSeconds | None = None,
     ) -> None:
         self._nvml = nvml
+        self._mig_seconds = mig_seconds
         self.device_files: DeviceFiles = device_files or DriverFiles()
         self._catalog = catalog
         self._ignored_xids = frozenset(ignored_xids)
@@ -131,6 +138,16 @@ class NvmlBackend:
                 ) from err
             self._initialised = True
         return work()
+
+    def _timed(self, operation: str, call: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """One NVML call that changes MIG, its time reported to `mig_seconds` (the one place both the
+        rollout's steps and the on-demand prepares run through)."""
+        started = time.perf_counter()
+        try:
+            return call(*args, **kwargs)
+        finally:
+            if self._mig_seconds is not None:
+                self._mig_seconds(operation, time.perf_counter() - started)
 
     async def observe(self) -> NodeState:
         """Every GPU, each read on its own: a GPU whose reads fail is listed in `unreadable`."""
@@ -185,7 +202,9 @@ class NvmlBackend:
         def work() -> bool:
             handle, where = self._read.find(gpu)
             try:
-                status = n.nvmlDeviceSetMigMode(handle, mode)
+                status = self._timed(
+                    "enable_mig" if enabled else "disable_mig", n.nvmlDeviceSetMigMode, handle, mode
+                )
                 current, _ = n.nvmlDeviceGetMigMode(handle)
             except n.NVMLError as err:
                 raise backend_error(n, err, doing, where) from err
@@ -236,8 +255,8 @@ class NvmlBackend:
                 raise backend_error(n, err, f"finding GPU instance {gi_id}", where) from err
             try:
                 for ci in self._read.compute_instances(gi):
-                    n.nvmlComputeInstanceDestroy(ci)
-                n.nvmlGpuInstanceDestroy(gi)
+                    self._timed("destroy_compute_instance", n.nvmlComputeInstanceDestroy, ci)
+                self._timed("destroy_gpu_instance", n.nvmlGpuInstanceDestroy, gi)
             except n.NVMLError as err:
                 raise backend_error(n, err, f"destroying GPU instance {gi_id}", where) from err
 
@@ -266,8 +285,12 @@ class NvmlBackend:
                 if gi is None:
                     placement = n.c_nvmlGpuInstancePlacement_t()
                     placement.start, placement.size = start, chosen.size
-                    gi = n.nvmlDeviceCreateGpuInstanceWithPlacement(
-                        handle, chosen.id, ctypes.byref(placement)
+                    gi = self._timed(
+                        "create_gpu_instance",
+                        n.nvmlDeviceCreateGpuInstanceWithPlacement,
+                        handle,
+                        chosen.id,
+                        ctypes.byref(placement),
                     )
                     created = True
                 try:
@@ -276,16 +299,39 @@ class NvmlBackend:
                         CI_ENUM_FOR_SLICES[chosen.compute_slices],
                         n.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
                     )
-                    n.nvmlGpuInstanceCreateComputeInstance(gi, ci_info.id)
+                    ci = self._timed(
+                        "create_compute_instance", n.nvmlGpuInstanceCreateComputeInstance, gi, ci_info.id
+                    )
                 except n.NVMLError:
                     if created:  # leave no GPU instance without its compute instance behind
-                        n.nvmlGpuInstanceDestroy(gi)
+                        self._timed("destroy_gpu_instance", n.nvmlGpuInstanceDestroy, gi)
                     raise
-                return self._read.instance(gi, chosen.name, self._read.mig_devices(handle))
+                return self._made(handle, gi, ci, chosen.name)
             except n.NVMLError as err:
                 raise backend_error(n, err, doing, where) from err
 
         return await self._call(work)
+
+    def _made(self, handle: Handle, gi: Handle, ci: Handle, profile: str) -> GpuInstance:
+        """The instance just made, from its own handles and its one MIG device (not the GPU's others)."""
+        n = self._nvml
+        info = n.nvmlGpuInstanceGetInfo(gi)
+        ci_id = n.nvmlComputeInstanceGetInfo(ci).id
+        found = self._read.mig_device(handle, info.id, ci_id)
+        if found is None:
+            # The compute instance's `device` is the parent GPU (nvml.h): never a stand-in. Fail closed.
+            raise NoMigDeviceError(
+                f"compute instance {ci_id} of GPU instance {info.id} has no MIG device "
+                "(nvmlDeviceGetMigDeviceHandleByIndex lists none): the GPU is not used until it has"
+            )
+        uuid, busy, index = found
+        return GpuInstance(
+            id=info.id,
+            profile=profile,
+            start=info.placement.start,
+            size=info.placement.size,
+            compute_instances=(ComputeInstance(id=ci_id, uuid=uuid, busy=busy, mig_index=index),),
+        )
 
     def _gi_at(
         self, handle: Handle, profile: tuple[int, int], start: int, doing: str, where: str

@@ -4,7 +4,7 @@ The state is one JSON document (its schema: hack/fakedriver/README.md), written 
 the lock the fake libnvidia-ml.so.1 takes, so separate processes (the agent, `sharing sim busy`, a
 test) and restarts see the same GPUs. The library reads and changes it through the NVML functions;
 the hooks here do what no NVML call can: create the GPUs, start and stop work on a device, raise
-an XID, reset a GPU, lose a GPU and find it again.
+an XID, reset a GPU, lose a GPU and find it again, make NVML calls take time.
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -190,6 +191,39 @@ def set_lost(path: Path, index: int, lost: bool) -> str:
         gpu = state["gpus"][index]
         gpu["lost"] = lost
         return str(gpu["uuid"])
+
+
+REALISTIC_LATENCIES: dict[str, float] = {
+    "nvmlDeviceSetMigMode": 1.0,
+    "nvmlDeviceCreateGpuInstanceWithPlacement": 0.6,
+    "nvmlGpuInstanceCreateComputeInstance": 0.4,
+    "nvmlComputeInstanceDestroy": 0.2,
+    "nvmlGpuInstanceDestroy": 0.3,
+}
+"""Seconds per MIG call for `sharing sim latency --realistic`. No per-call timing is published: these
+are assumed, so that making one instance takes 1 s and destroying one 0.5 s (hack/fakedriver/README.md,
+"Latencies", says what they rest on)."""
+_SYMBOL = re.compile(r"^nvml[A-Za-z0-9_]+$")
+MAX_LATENCY_S = 60.0
+
+
+def set_latencies(path: Path, latencies: Mapping[str, float], *, replace: bool = False) -> dict[str, float]:
+    """Make the fake driver's calls take time: {exported NVML symbol: seconds} merged into the state's
+    `latencies` (all replaced with `replace`; 0 removes one). The latencies in effect."""
+    for name, seconds in latencies.items():
+        if not _SYMBOL.match(name):
+            raise BackendError(f"latency of {name!r}: not an NVML function name (nvml...)")
+        if isinstance(seconds, bool) or not (
+            isinstance(seconds, int | float) and 0 <= seconds <= MAX_LATENCY_S
+        ):
+            raise BackendError(
+                f"latency of {name}: {seconds!r} is not a number of seconds in 0..{MAX_LATENCY_S:g}"
+            )
+    with editing(path) as state:
+        merged = {} if replace else dict(state.get("latencies", {}))
+        merged.update(latencies)
+        state["latencies"] = {k: float(v) for k, v in sorted(merged.items()) if v > 0}
+        return dict(state["latencies"])
 
 
 def gpu_busy(gpu: State) -> bool:

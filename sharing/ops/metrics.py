@@ -1,9 +1,10 @@
 """Prometheus metrics of the agent, named as Prometheus asks (`gpu_sharing_…`, base units, `_total`).
 
-Two kinds: events the agent counts as they happen (reconciles and applies timed, hardware steps,
-changes by outcome, XIDs), and the node's state, read at scrape time from the same status document
-`sharing status` prints (slices advertised and allocated per resource, which pod holds which slice,
-GPU health, the config state, the plugins registered), so metrics and status never disagree.
+Two kinds: events the agent counts as they happen (reconciles, applies, claim prepares and each MIG
+operation on the driver timed, hardware steps, changes by outcome, XIDs), and the node's state, read
+at scrape time from the same status document `sharing status` prints (slices advertised and
+allocated per resource, which pod holds which slice, GPU health, the config state, the plugins
+registered), so metrics and status never disagree.
 docs/metrics.md lists every metric.
 """
 
@@ -17,6 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from sharing.gpu import MIG_OPERATIONS
 from sharing.labels import ConfigState
 
 PREFIX = "gpu_sharing_"
@@ -63,10 +65,21 @@ class Metrics:
         )
         self.dra_prepare_seconds = Histogram(
             PREFIX + "dra_prepare_duration_seconds",
-            "Time of one claim's NodePrepareResources, failed or not: read the claim, CDI spec, checkpoint.",
+            "Time of one claim's NodePrepareResources, failed or not: read the claim, CDI spec, checkpoint; "
+            "by the MIG profile of its devices and whether the prepare made them.",
+            ["profile", "ondemand"],
             buckets=_SECONDS,
             registry=self.registry,
         )
+        self.mig_operation_seconds = Histogram(
+            PREFIX + "mig_operation_seconds",
+            "Time of one NVML call that changes MIG (mode, GPU and compute instances), failed or not.",
+            ["operation"],
+            buckets=_SECONDS,
+            registry=self.registry,
+        )
+        for operation in MIG_OPERATIONS:  # every series from the start: an empty one reads 0, not absent
+            self.mig_operation_seconds.labels(operation=operation)
         Info(PREFIX + "build", "The agent's version.", registry=self.registry).info({"version": version})
         self._state = _State()
         self.registry.register(self._state)
@@ -80,9 +93,13 @@ class Metrics:
         """The DRA front-end's claims prepared now (a `sharing.dra.Recorder`)."""
         self.dra_prepared_claims.set(count)
 
-    def prepare_seconds(self, seconds: float) -> None:
-        """The time of one claim's prepare (a `sharing.dra.Recorder`)."""
-        self.dra_prepare_seconds.observe(seconds)
+    def prepare_seconds(self, seconds: float, profile: str, ondemand: bool) -> None:
+        """The time of one claim's prepare, by its devices' profile (a `sharing.dra.Recorder`)."""
+        self.dra_prepare_seconds.labels(profile=profile, ondemand=str(ondemand).lower()).observe(seconds)
+
+    def mig_operation(self, operation: str, seconds: float) -> None:
+        """The time of one MIG operation on the driver (the GPU backend's `MigSeconds`; any thread)."""
+        self.mig_operation_seconds.labels(operation=operation).observe(seconds)
 
     def render(self) -> bytes:
         """The text exposition format (blocking: call it off the event loop)."""

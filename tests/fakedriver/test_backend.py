@@ -27,6 +27,7 @@ from sharing.gpu.nvml import NvmlBackend
 from sharing.gpu.nvmlapi import Nvml
 from sharing.mig.catalog import Catalog, default_catalog, differences
 from sharing.model import DriverInfo, GpuUuid, HealthEvent
+from sharing.ops import Metrics
 from tests.fakedriver.conftest import make_gpu_instance
 
 CATALOG = default_catalog()
@@ -96,6 +97,95 @@ async def test_create_observe_destroy(backend: NvmlBackend, gpus: Path) -> None:
     await backend.destroy_instance(a100, made.id)
     assert simstate.counters(state).mutations - before == 2  # the compute instance, then the GPU instance
     assert (await backend.observe()).gpus[0].instances == (small,)
+
+
+def histogram_counts(metrics: Metrics, name: str) -> dict[str, float]:
+    """{first label value: count} of a histogram, as Prometheus scrapes it."""
+    counts = {}
+    for line in metrics.render().decode().splitlines():
+        if line.startswith(f"{name}_count{{"):
+            series, value = line.rsplit(" ", 1)
+            counts[series.split('"')[1]] = float(value)
+    return counts
+
+
+async def test_each_mig_operation_is_timed_by_its_name(gpus: Path, nvml: Nvml) -> None:
+    """Both directions of every operation the driver is asked for, each in its series of
+    gpu_sharing_mig_operation_seconds, failed calls too (the half-built completion makes no GPU instance)."""
+    metrics = Metrics("test")
+    backend = NvmlBackend(nvml, CATALOG, mig_seconds=metrics.mig_operation)
+    try:
+        a100 = (await uuids(backend))[0]
+        await backend.set_mig_mode(a100, True)
+        made = await backend.create_instance(a100, "3g.20gb", 4)
+        with pytest.raises(InsufficientResourcesError):  # overlaps the 3g.20gb: the driver refuses it
+            await backend.create_instance(a100, "7g.40gb", 0)
+        await backend.destroy_instance(a100, made.id)
+        await backend.set_mig_mode(a100, False)
+    finally:
+        await backend.close()
+    assert {
+        "enable_mig": 1.0, "disable_mig": 1.0, "create_gpu_instance": 2.0, "create_compute_instance": 1.0,
+        "destroy_compute_instance": 1.0, "destroy_gpu_instance": 1.0,
+    } == histogram_counts(metrics, "gpu_sharing_mig_operation_seconds")  # fmt: skip
+
+
+async def test_the_new_mig_device_is_found_without_reading_the_others(gpus: Path, nvml: Nvml) -> None:
+    """After a create only the new MIG device's UUID and processes are read, not every device's (NVIDIA
+    measured such a walk at O(10 s) under load, k8s-dra-driver-gpu nvlib.go createMigDevice)."""
+    read: list[str] = []
+    asked: list[object] = []
+
+    def uuid_of(handle: object) -> str:
+        found = str(nvml.nvmlDeviceGetUUID(handle))
+        read.append(found)
+        return found
+
+    def processes(handle: object) -> list[object]:
+        asked.append(handle)
+        return list(nvml.nvmlDeviceGetComputeRunningProcesses(handle))
+
+    counting = replaced(nvml, nvmlDeviceGetUUID=uuid_of, nvmlDeviceGetComputeRunningProcesses=processes)
+    backend = over(counting)
+    try:
+        a100 = (await uuids(backend))[0]
+        await backend.set_mig_mode(a100, True)
+        for start in range(6):
+            await backend.create_instance(a100, "1g.5gb", start)
+        before = {ci.uuid for _, ci in (await backend.observe()).gpus[0].mig_devices}
+        read.clear()
+        asked.clear()
+        made = await backend.create_instance(a100, "1g.5gb", 6)
+        uuids_read, processes_read = list(read), len(asked)
+        after = (await backend.observe()).gpus[0]
+    finally:
+        await backend.close()
+    new = made.compute_instances[0]
+    assert (len(before), new.uuid not in before) == (6, True)
+    assert [u for u in uuids_read if u.startswith("MIG-")] == [new.uuid]  # not the six others
+    assert processes_read == 1
+    assert made in after.instances  # what create says it made is what the driver then reports
+
+
+async def test_a_latency_in_the_state_is_spent_in_that_call_and_the_call_still_does_its_work(
+    gpus: Path, nvml: Nvml
+) -> None:
+    """The fake driver's contract (hack/fakedriver/README.md, "Latencies"): a call with a latency
+    returns no sooner than that, with the result it has without one."""
+    simstate.set_latencies(gpus, {"nvmlGpuInstanceCreateComputeInstance": 0.25})
+    seconds: list[tuple[str, float]] = []
+    backend = NvmlBackend(nvml, CATALOG, mig_seconds=lambda op, s: seconds.append((op, s)))
+    try:
+        a100 = (await uuids(backend))[0]
+        await backend.set_mig_mode(a100, True)
+        made = await backend.create_instance(a100, "2g.10gb", 2)
+        observed = (await backend.observe()).gpus[0].instances
+    finally:
+        await backend.close()
+    assert [op for op, _ in seconds] == ["enable_mig", "create_gpu_instance", "create_compute_instance"]
+    assert dict(seconds)["create_compute_instance"] >= 0.25
+    assert observed == (made,)
+    assert (made.profile, made.start, len(made.compute_instances)) == ("2g.10gb", 2, 1)
 
 
 async def test_mode_change_pending_until_reset(state: Path, node_root: Path) -> None:

@@ -175,6 +175,41 @@ def test_sim_hooks(state: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["sim", "idle", "--sim-state", str(state), "--uuid", "GPU-nope"]) == 1
 
 
+def test_sim_latency_sets_merges_and_clears_the_states_latencies(
+    state: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sim = ["sim", "latency", "--sim-state", str(state)]
+    assert main([*sim, "--realistic", "nvmlGpuInstanceDestroy=0", "nvmlDeviceGetCount_v2=0.01"]) == 0
+    wanted = {**simstate.REALISTIC_LATENCIES, "nvmlDeviceGetCount_v2": 0.01}
+    del wanted["nvmlGpuInstanceDestroy"]
+    assert wanted == simstate.read(state)["latencies"]
+    assert "nvmlDeviceCreateGpuInstanceWithPlacement  0.6 s" in capsys.readouterr().out
+    assert main([*sim, "nvmlGpuInstanceDestroy=0.5"]) == 0  # merged into what is there
+    assert {**wanted, "nvmlGpuInstanceDestroy": 0.5} == simstate.read(state)["latencies"]
+    assert main([*sim, "--clear"]) == 0
+    assert {} == simstate.read(state)["latencies"]
+    assert "no latencies" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("item", "message"),
+    [
+        pytest.param("nvmlGpuInstanceDestroy", "is not FUNCTION=SECONDS", id="no-seconds"),
+        pytest.param("nvmlGpuInstanceDestroy=soon", "is not FUNCTION=SECONDS", id="not-a-number"),
+        pytest.param("nvmlGpuInstanceDestroy=-1", "not a number of seconds in 0..60", id="negative"),
+        pytest.param("nvmlGpuInstanceDestroy=nan", "is not FUNCTION=SECONDS", id="nan"),
+        pytest.param("cudaMalloc=1", "not an NVML function name", id="not-nvml"),
+    ],
+)
+def test_a_bad_latency_is_a_usage_error_and_changes_nothing(
+    state: Path, item: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["sim", "latency", "--sim-state", str(state), "nvmlDeviceSetMigMode=1"]) == 0
+    assert main(["sim", "latency", "--sim-state", str(state), item]) == 2
+    assert message in capsys.readouterr().err
+    assert {"nvmlDeviceSetMigMode": 1.0} == simstate.read(state)["latencies"]
+
+
 def test_a_lost_gpu_is_left_out_of_export_and_found_again(
     state: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -412,13 +412,14 @@ async def test_prepare_and_unprepare_are_idempotent_and_counted(
 
 
 def scraped(metrics: Metrics) -> tuple[float, float]:
-    """(prepared claims, prepares timed) as Prometheus scrapes them."""
+    """(prepared claims, prepares timed, of every profile) as Prometheus scrapes them."""
     lines = dict(
         line.rsplit(" ", 1) for line in metrics.render().decode().splitlines() if not line.startswith("#")
     )
+    timed = "gpu_sharing_dra_prepare_duration_seconds_count{"
     return (
         float(lines["gpu_sharing_dra_prepared_claims"]),
-        float(lines["gpu_sharing_dra_prepare_duration_seconds_count"]),
+        sum(float(v) for k, v in lines.items() if k.startswith(timed)),
     )
 
 

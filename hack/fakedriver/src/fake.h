@@ -38,6 +38,7 @@ void fake_enter(void);
 void fake_leave(void);
 int fake_initialised(void);
 void fake_count_init(int delta);
+void fake_delay(const char *call); /* the call's latency from the state, slept unlocked (README) */
 #define ENTER()                                                                                    \
 	do {                                                                                       \
 		fake_enter();                                                                      \
@@ -45,6 +46,7 @@ void fake_count_init(int delta);
 			fake_leave();                                                              \
 			return NVML_ERROR_UNINITIALIZED;                                           \
 		}                                                                                  \
+		fake_delay(__func__);                                                              \
 	} while (0)
 #define RETURN(code)                                                                               \
 	do {                                                                                       \

@@ -45,6 +45,25 @@ int fake_initialised(void) { return init_count > 0; }
 void fake_count_init(int delta) { init_count += delta; }
 long long fake_first_event(void) { return first_event; }
 const char *fake_root(void) { return root_path; }
+
+/* The state's "latencies" ({"<exported NVML symbol>": seconds}): the call sleeps that long before
+ * it does anything, as a driver call that waits on the hardware does. The library lock is released
+ * meanwhile, so other threads' calls go on (README.md, "Latencies"). __func__ is the symbol: nvml.h's
+ * #defines (nvmlDeviceGetHandleByIndex -> ..._v2) rename the definitions too. Read from the state as
+ * last parsed, without the stat() that checks for a newer one (it would double an idle call's cost):
+ * the call itself reads the state, so a change counts from this process's next call on. */
+void fake_delay(const char *call)
+{
+	json_t *seconds = json_object_get(json_object_get(cached, "latencies"), call);
+	double s = json_is_number(seconds) ? json_number_value(seconds) : 0.0;
+	if (!(s > 0.0))
+		return;
+	struct timespec pause = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+	fake_leave();
+	while (nanosleep(&pause, &pause) != 0 && errno == EINTR)
+		;
+	fake_enter();
+}
 const char *fake_state_path(void) { return state_path; }
 
 static int ends_with(const char *s, const char *suffix)
