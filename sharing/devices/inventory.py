@@ -15,7 +15,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import NewType
 
-from sharing.config import MigMode, MigStrategy, Sharing, SharingConfig, identity
+from sharing.config import MigMode, MigStrategy, Rule, Sharing, SharingConfig, identity
 from sharing.devices.xids import APPLICATION_XIDS
 from sharing.errors import PluginError
 from sharing.mig import Catalog, default_catalog
@@ -73,6 +73,8 @@ class Inventory:
     dynamic: frozenset[str] = frozenset()
     """UUIDs of the GPUs under `mig: dynamic`: they have no devices here, the DRA front-end offers
     their placements (`sharing.dra.partitions`)."""
+    reclaim: frozenset[str] = frozenset()
+    """The dynamic GPUs whose rule says `reclaimForeign: idle` (`sharing.dra.foreign`)."""
 
     def names(self) -> tuple[ResourceName, ...]:
         """Resource names, sorted."""
@@ -169,14 +171,19 @@ def build_inventory(
         resources=tuple((name, tuple(found[name])) for name in sorted(found)),
         fail_requests_greater_than_one=config is not None and config.fail_requests_greater_than_one,
         warnings=tuple(warnings),
-        dynamic=frozenset(g.uuid for g in node.gpus if _is_dynamic(g, config_of(g.uuid), catalog)),
+        dynamic=frozenset(g.uuid for g in node.gpus if _dynamic_rule(g, config_of(g.uuid), catalog)),
+        reclaim=frozenset(
+            g.uuid
+            for g in node.gpus
+            if (r := _dynamic_rule(g, config_of(g.uuid), catalog)) and r.reclaim_foreign
+        ),
     )
     return with_health(inventory, health) if health is not None else inventory
 
 
-def _is_dynamic(gpu: Gpu, config: SharingConfig | None, catalog: Catalog) -> bool:
+def _dynamic_rule(gpu: Gpu, config: SharingConfig | None, catalog: Catalog) -> Rule | None:
     rule = config.rule_matching(identity(gpu, catalog)) if config else None
-    return rule is not None and rule.mig is MigMode.DYNAMIC
+    return rule if rule is not None and rule.mig is MigMode.DYNAMIC else None
 
 
 def withdraw(inventory: Inventory, uuids: Collection[str]) -> Inventory:
