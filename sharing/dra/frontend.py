@@ -276,7 +276,10 @@ class DraFrontEnd:
         made = await self._observe_instances()
         allocated = await self._read_allocations()
         reclaim = self.inventory.reclaim & self.inventory.dynamic
-        if reclaim and await self.plugin.preparer.reclaim_foreign(reclaim, self.allocated, self.catalog):
+        # Only while the plugin serves: its checkpoint is loaded, so what claims hold is known.
+        if reclaim and self.plugin.serving and await self.plugin.preparer.reclaim_foreign(
+            reclaim, self.allocated, self.catalog
+        ):
             made = await self._observe_instances() or made
         if not (made or allocated):
             return False
