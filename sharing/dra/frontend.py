@@ -277,8 +277,10 @@ class DraFrontEnd:
         allocated = await self._read_allocations()
         reclaim = self.inventory.reclaim & self.inventory.dynamic
         # Only while the plugin serves: its checkpoint is loaded, so what claims hold is known.
-        if reclaim and self.plugin.serving and await self.plugin.preparer.reclaim_foreign(
-            reclaim, self.allocated, self.catalog
+        if (
+            reclaim
+            and self.plugin.serving
+            and await self.plugin.preparer.reclaim_foreign(reclaim, self.allocated, self.catalog)
         ):
             made = await self._observe_instances() or made
         if not (made or allocated):
