@@ -76,8 +76,6 @@ class OnDemandGpu:
     """Placements taken now: allocated to claims, or held by instances that exist."""
     withdrawn: tuple[str, ...] = ()
     """Devices not published because they overlap an instance no allocated device accounts for."""
-    foreign: tuple[str, ...] = ()
-    """Devices published for instances the agent did not make (listed first, see the module)."""
 
 
 def ondemand_gpu(
@@ -95,7 +93,7 @@ def ondemand_gpu(
     allocated = tuple(allocated)
     claimed = allocated_placements(product, gpu.index, allocated)
     unaccounted = [gi for gi in gpu.instances if Placement(gi.profile, gi.start, gi.size) not in claimed]
-    foreign = [Placement(gi.profile, gi.start, gi.size) for gi in unaccounted]
+    standing = [Placement(gi.profile, gi.start, gi.size) for gi in unaccounted]
     adoptable = {
         Placement(gi.profile, gi.start, gi.size)
         for gi in unaccounted
@@ -109,7 +107,7 @@ def ondemand_gpu(
     whole = counters(product, gpu.index)
     if whole_gpu:
         name = device_name_of_gpu(gpu.index)
-        if foreign:
+        if standing:
             withdrawn.append(name)
         else:
             attributes: dict[str, AttributeValue] = _gpu_attributes(gpu, node.driver) | {
@@ -130,14 +128,14 @@ def ondemand_gpu(
             )
     offered = {p.name for p in named(product).values()}
     have = dict(whole.counters)
-    limited = {p.profile for p in foreign if count_counter(p.profile) in have}
+    limited = {p.profile for p in standing if count_counter(p.profile) in have}
     first: list[SliceDevice] = []
     for entry in ranked(product, occupied):
         p = entry.placement
         if p.profile not in offered:
             continue
         name = ondemand_device_name(gpu.index, p.profile, p.start)
-        blocked = any(_overlap(p, f) for f in foreign) or p.profile in limited
+        blocked = any(_overlap(p, s) for s in standing) or p.profile in limited
         if p not in claimed and p not in adoptable and blocked:
             withdrawn.append(name)
             continue
@@ -159,9 +157,7 @@ def ondemand_gpu(
         )
     # An instance that is there takes no more room when a claim is allocated it: offered before any
     # placement that would make one.
-    return OnDemandGpu(
-        gpu.index, whole, (*first, *devices), occupied, tuple(withdrawn), tuple(d.name for d in first)
-    )
+    return OnDemandGpu(gpu.index, whole, (*first, *devices), occupied, tuple(withdrawn))
 
 
 def device_name_of_gpu(gpu_index: int) -> str:
