@@ -34,7 +34,7 @@ from pathlib import Path
 import structlog
 
 from sharing.devices import HealthState, Inventory
-from sharing.dra.foreign import Foreign, foreign_instances, held
+from sharing.dra.foreign import Foreign, Held, foreign_instances, held
 from sharing.dra.fragmentation import Fragmented, fragmented_claims
 from sharing.dra.names import DRIVER
 from sharing.dra.ondemand import OnDemand
@@ -195,15 +195,25 @@ class DraFrontEnd:
                 self.catalog,
                 allocated=self.allocated,
                 unhealthy=self._gpu_health().unhealthy_gpus if self._gpu_health is not None else (),
-                held=held(self.plugin.prepared().claims),
+                held=self._held(),
             ),
         )
 
+    def _held(self) -> frozenset[Held]:
+        """The instances the prepared claims hold; every instance while that cannot be told (the
+        checkpoint unreadable, or a prepare under way), so none is offered as foreign meanwhile."""
+        prepared = self.plugin.prepared()
+        if prepared.unknown:
+            return frozenset((g.uuid, gi.profile, gi.start) for g in self.node.gpus for gi in g.instances)
+        return held(prepared.claims)
+
     def foreign(self) -> tuple[Foreign, ...]:
-        """The MIG instances on the dynamic GPUs that the agent did not make (for `sharing status`)."""
-        return foreign_instances(
-            self.node, self.inventory.dynamic, self.plugin.prepared().claims, self.catalog
-        )
+        """The MIG instances on the dynamic GPUs that the agent did not make (for `sharing status`);
+        none while the checkpoint cannot tell."""
+        prepared = self.plugin.prepared()
+        if prepared.unknown:
+            return ()
+        return foreign_instances(self.node, self.inventory.dynamic, prepared.claims, self.catalog)
 
     def _registration(self, registered: bool) -> None:
         """The kubelet's word on a registration: devices are added to the pool once it uses the plugin."""
