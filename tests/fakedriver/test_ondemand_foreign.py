@@ -185,3 +185,14 @@ async def test_reclaim_foreign_idle_destroys_idle_unclaimed_instances_only_and_t
     names = {d.name for s in partitionable_slices("n", node, {gpu0}, CATALOG) for d in s.devices}
     assert {"gpu-0-mig-3g-20gb-at-4", "gpu-0-mig-1g-5gb-at-4"} <= names  # the reclaimed room: on demand
     assert not Journal(tmp_path / "journal.jsonl").path.exists()
+
+
+async def test_nothing_is_reclaimed_while_the_checkpoint_cannot_say_which_instances_are_the_claims(
+    backend: NvmlBackend, state: Path, tmp_path: Path
+) -> None:
+    await someone_makes(backend, 0, "3g.20gb", 4)
+    (tmp_path / "claims.json").write_text("not a checkpoint")
+    p = preparer(backend, tmp_path)
+    await p.load()
+    assert 0 == await p.reclaim_foreign({(await backend.observe()).gpus[0].uuid}, (), CATALOG)
+    assert [[(9, 4, 4)], []] == instances(state)
