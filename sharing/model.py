@@ -33,6 +33,8 @@ class ComputeInstance:
     mig_index: int | None = None
     """Its index among its GPU's MIG devices (nvmlDeviceGetMigDeviceHandleByIndex): `<gpu>:<this>`
     names it in NVIDIA_VISIBLE_DEVICES."""
+    slices: int | None = None
+    """The compute slices it spans (nvmlComputeInstanceGetInfo `placement.size`); None: not read."""
 
 
 @dataclass(frozen=True, slots=True)

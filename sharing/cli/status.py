@@ -107,6 +107,17 @@ def _held_by(entry: dict[str, Any]) -> str:
     return "; ".join(claims) or "-"
 
 
+def _foreign(f: dict[str, Any]) -> str:
+    """A MIG instance on a dynamic GPU that the agent did not make."""
+    migs = (", ".join(f["uuids"]) or "no MIG device") + (", busy" if f["busy"] else "")
+    return (
+        f"  foreign MIG instance {f['profile']} at slot {f['start']} ({migs}): "
+        + (f"offered as {f['device']}" if f["device"] else "not one whole MIG device, not offered")
+        + (f", held by claim {f['claim']}" if f["claim"] else "")
+        + ("; destroyed once idle and unclaimed" if f["reclaimedWhenIdle"] else "; never destroyed")
+    )
+
+
 def describe(status: dict[str, Any]) -> str:
     """A table per GPU for people, under a header with the config and the last change."""
     config = status.get("config", {})
@@ -157,6 +168,7 @@ def describe(status: dict[str, Any]) -> str:
                 f" {daemon['pinnedMemoryMiB']} MiB per client, pipes {daemon['pipeDirectory']},"
                 f" restarts {daemon['restarts']}" + (f"; {daemon['error']}" if daemon.get("error") else "")
             )
+        lines += [_foreign(f) for f in gpu.get("foreign") or ()]
         rows = [("RESOURCE", "DEVICE", "PROFILE", "HEALTH", "HELD BY")] + [
             (
                 s["resource"],

@@ -55,6 +55,7 @@ class DraftRule:
     mps: MpsLimits = field(default_factory=MpsLimits)
     thread_path: str = ""
     memory_path: str = ""
+    reclaim_foreign: bool = False
 
 
 @dataclass(slots=True)
@@ -114,6 +115,7 @@ def finish(
                 skip_without_mig=r.skip_without_mig,
                 sharing=r.sharing,
                 mps=r.mps,
+                reclaim_foreign=r.reclaim_foreign,
             )
             for r in draft.rules
         ),

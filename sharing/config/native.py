@@ -15,6 +15,7 @@ MAX_REPLICAS = 256
 MAX_GPU_INDEX = 255
 STRATEGIES = tuple(s.value for s in MigStrategy)
 MIG_WORDS = ("disabled", "enabled", "unchanged", "dynamic")
+RECLAIM_WORDS = ("never", "idle")
 
 
 def read_native(report: Report, name: str, doc: dict[str, Any]) -> DraftConfig:
@@ -57,7 +58,10 @@ def read_native(report: Report, name: str, doc: dict[str, Any]) -> DraftConfig:
 
 def read_rule(report: Report, path: str, value: object) -> DraftRule | None:
     """One `gpus[]` entry."""
-    rule = fields(report, path, value, required=("devices",), optional=("mig", "replicas", "rename", "mps"))
+    rule = fields(
+        report, path, value, required=("devices",),
+        optional=("mig", "replicas", "rename", "mps", "reclaimForeign"),
+    )  # fmt: skip
     if rule is None or "devices" not in rule:
         return None
     selector = read_devices(report, key(path, "devices"), rule["devices"])
@@ -77,7 +81,19 @@ def read_rule(report: Report, path: str, value: object) -> DraftRule | None:
             report.error(key(path, "replicas"), "a rule shares its GPUs one way: mps.replicas gives MPS "
                          "replicas, replicas time-sliced ones; keep one")  # fmt: skip
         read_mps(report, draft, key(path, "mps"), rule["mps"])
+    if "reclaimForeign" in rule:
+        read_reclaim(report, draft, key(path, "reclaimForeign"), rule["reclaimForeign"])
     return draft
+
+
+def read_reclaim(report: Report, rule: DraftRule, path: str, value: object) -> None:
+    """`reclaimForeign: idle | never` of a `mig: dynamic` rule: whether MIG instances the agent did not
+    make are destroyed once idle and unclaimed (never, by default)."""
+    word = choice(report, path, value, RECLAIM_WORDS)
+    if word is not None and rule.mig is not MigMode.DYNAMIC:
+        report.error(path, "reclaimForeign applies to the MIG instances of a mig: dynamic rule only; "
+                     "remove it or set mig: dynamic")  # fmt: skip
+    rule.reclaim_foreign = word == "idle"
 
 
 def read_mps(report: Report, rule: DraftRule, path: str, value: object) -> None:

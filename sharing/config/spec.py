@@ -146,6 +146,10 @@ class Rule:
     """How the rule's replicas (`replicas`) share a whole GPU; MPS only without MIG."""
     mps: MpsLimits = field(default_factory=MpsLimits)
     """The per-replica limits, with `sharing` MPS."""
+    reclaim_foreign: bool = False
+    """`reclaimForeign: idle` (only with `mig: dynamic`): MIG instances the agent did not make are
+    destroyed once idle and unclaimed, and their room offered; False (`never`, the default): they
+    are offered as they are and never destroyed."""
 
 
 @dataclass(frozen=True, slots=True)

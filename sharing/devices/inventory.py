@@ -75,6 +75,8 @@ class Inventory:
     their placements (`sharing.dra.partitions`)."""
     whole: frozenset[str] = frozenset()
     """UUIDs of the GPUs without MIG that a `mig: dynamic` rule matches: offered as whole GPUs."""
+    reclaim: frozenset[str] = frozenset()
+    """The dynamic GPUs whose rule says `reclaimForeign: idle` (`sharing.dra.foreign`)."""
 
     def names(self) -> tuple[ResourceName, ...]:
         """Resource names, sorted."""
@@ -177,6 +179,11 @@ def build_inventory(
             g.uuid
             for g in node.gpus
             if (r := rules[g.uuid]) and r.mig is MigMode.DYNAMIC and not g.mig_capable
+        ),
+        reclaim=frozenset(
+            g.uuid
+            for g in node.gpus
+            if (r := rules[g.uuid]) is not None and is_dynamic(r, g) and r.reclaim_foreign
         ),
     )
     return with_health(inventory, health) if health is not None else inventory

@@ -12,7 +12,9 @@ which depends on what claims are allocated: while the node has a dynamic GPU, th
 watched (`sharing.kube.watch_pool_claims`) and the slices re-built when the devices allocated from
 the pool change. The plugin makes the instance of an on-demand device at prepare and destroys it at
 unprepare (`sharing.dra.ondemand`); the GPUs are read again after each, and every `resync_s` for
-instances made or destroyed by someone else. A stale order is still safe, only less good.
+instances made or destroyed by someone else. A stale order is still safe, only less good. Instances
+the agent did not make are offered as they are (`sharing.dra.foreign`); on a GPU whose rule says
+`reclaimForeign: idle`, the idle ones no claim holds or is allocated are destroyed at those times.
 
 The pool adds no device until the kubelet has confirmed the plugin's registration
 (`SlicePublisher.hold_additions`): a pod placed on a device of a driver the kubelet does not know
@@ -32,6 +34,7 @@ from pathlib import Path
 import structlog
 
 from sharing.devices import HealthState, Inventory
+from sharing.dra.foreign import Foreign, Held, foreign_instances, held
 from sharing.dra.fragmentation import Fragmented, fragmented_claims
 from sharing.dra.names import DRIVER
 from sharing.dra.ondemand import OnDemand
@@ -192,8 +195,25 @@ class DraFrontEnd:
                 self.catalog,
                 allocated=self.allocated,
                 unhealthy=self._gpu_health().unhealthy_gpus if self._gpu_health is not None else (),
+                held=self._held(),
             ),
         )
+
+    def _held(self) -> frozenset[Held]:
+        """The instances the prepared claims hold; every instance while that cannot be told (the
+        checkpoint unreadable, or a prepare under way), so none is offered as foreign meanwhile."""
+        prepared = self.plugin.prepared()
+        if prepared.unknown:
+            return frozenset((g.uuid, gi.profile, gi.start) for g in self.node.gpus for gi in g.instances)
+        return held(prepared.claims)
+
+    def foreign(self) -> tuple[Foreign, ...]:
+        """The MIG instances on the dynamic GPUs that the agent did not make (for `sharing status`);
+        none while the checkpoint cannot tell."""
+        prepared = self.plugin.prepared()
+        if prepared.unknown:
+            return ()
+        return foreign_instances(self.node, self.inventory.dynamic, prepared.claims, self.catalog)
 
     def _registration(self, registered: bool) -> None:
         """The kubelet's word on a registration: devices are added to the pool once it uses the plugin."""
@@ -265,6 +285,14 @@ class DraFrontEnd:
             return False
         made = await self._observe_instances()
         allocated = await self._read_allocations()
+        reclaim = self.inventory.reclaim & self.inventory.dynamic
+        # Only while the plugin serves: its checkpoint is loaded, so what claims hold is known.
+        if (
+            reclaim
+            and self.plugin.serving
+            and await self.plugin.preparer.reclaim_foreign(reclaim, self.allocated, self.catalog)
+        ):
+            made = await self._observe_instances() or made
         if not (made or allocated):
             return False
         log.info("pool_allocations_changed", allocated=len(self.allocated), instances_changed=made)

@@ -7,23 +7,27 @@ while processes run on it. At start, `recover` (recorded by `settle`) adopts wha
 and settles a prepare a killed agent left pending: a complete instance is rolled forward (kept for the
 claim; the kubelet's retried prepare finds it), a GPU instance without its compute instance is rolled
 back (destroyed; the retry makes it again), and what could not be destroyed stays owned, so it is never
-lost. Nothing else on the GPUs is touched.
+lost. Nothing else on the GPUs is touched. An instance the claim adopted (`foreign`, made by someone
+else: `sharing.dra.foreign`) is recorded the same way but never made or destroyed here: prepare
+takes it as it is, unprepare and recovery leave it.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 
 import structlog
 
 from sharing.devices import Device, DeviceId, Health, MpsSettings
 from sharing.dra.claims import Chosen, ClaimError, ClaimKey, check_config, prepared_device
+from sharing.dra.foreign import reclaimable
 from sharing.dra.names import CDI_KIND, claim_cdi_name
 from sharing.dra.ondemand import InstanceBusyError, OnDemand, Placement, find, occupant, placement_of
 from sharing.dra.records import ClaimRecords
 from sharing.kube.api import AllocatedDevice, ResourceClaimObject
+from sharing.mig import Catalog
 from sharing.model import GpuInstance, MigUuid, NodeState
 from sharing.store import CheckpointError, OwnedInstance, PreparedClaim, PreparedDevice, PreparedPod
 from sharing.text import bounded
@@ -40,9 +44,11 @@ def made_device(
     place: Placement,
     gi: GpuInstance | None,
     mps: MpsSettings | None = None,
+    foreign: bool = False,
 ) -> PreparedDevice:
     """An on-demand device as the checkpoint keeps it (with the limits of its MPS daemon, if it has
-    one); without `gi` (or its compute instance) it is the intent to make it."""
+    one); without `gi` (or its compute instance) it is the intent to make it; `foreign`: the instance
+    was there, made by someone else, and is adopted."""
     ci = gi.compute_instances[0] if gi is not None and gi.compute_instances else None
     return PreparedDevice(
         requests=(result.request.partition("/")[0],),
@@ -60,6 +66,7 @@ def made_device(
             place.profile.size,
             None if gi is None else gi.id,
             None if ci is None else ci.id,
+            foreign,
         ),
         mps=mps,
     )
@@ -109,8 +116,12 @@ async def undo(
 
 async def destroy_owned(ondemand: OnDemand | None, ref: str, claim: PreparedClaim) -> None:
     """Destroy the instances made for the claim, never one with processes (then ClaimError: the
-    kubelet retries the unprepare), never one the checkpoint does not give it."""
-    owned = [d for d in claim.devices if d.instance is not None]
+    kubelet retries the unprepare), never one the checkpoint does not give it, never one it adopted
+    (foreign: `reclaimForeign: idle` may destroy that once no claim holds it)."""
+    for d in claim.devices:
+        if d.instance is not None and d.instance.foreign:
+            log.info("ondemand_foreign_instance_left", claim=ref, device=d.device, mig=d.uuid)
+    owned = [d for d in claim.devices if d.instance is not None and not d.instance.foreign]
     if not owned:
         return
     if ondemand is None:
@@ -184,6 +195,9 @@ async def recover(
                 kept.append(replace(d, uuid=ci.uuid, instance=replace(d.instance, gi_id=gi.id, ci_id=ci.id)))
                 log.warning("ondemand_prepare_rolled_forward", claim=ref, device=d.device)
                 continue
+            if d.instance.foreign:  # not ours to destroy: someone took its compute instance meanwhile
+                log.warning("ondemand_foreign_instance_not_adopted", claim=ref, device=d.device)
+                continue
             try:
                 await ondemand.destroy(ref, d.instance.gpu_uuid, gi)
                 log.warning("ondemand_prepare_rolled_back", claim=ref, device=d.device)
@@ -232,6 +246,33 @@ async def settle(ondemand: OnDemand, records: ClaimRecords) -> str:
     return ""
 
 
+async def reclaim(
+    ondemand: OnDemand,
+    records: ClaimRecords,
+    gpus: Collection[str],
+    allocated: Sequence[str],
+    catalog: Catalog,
+) -> int:
+    """Destroy the idle foreign instances of `gpus` (dynamic, `reclaimForeign: idle`) that no claim of
+    the checkpoint holds and none is allocated (`sharing.dra.foreign.reclaimable`); how many. One that
+    has processes by the time it is destroyed (NVML IN_USE) is left, and tried again next time."""
+    state = await ondemand.observe()
+    done = 0
+    for f in reclaimable(state, gpus, records.claims.values(), allocated, catalog):
+        gi = f.instance
+        try:
+            await ondemand.destroy("", f.gpu.uuid, gi)
+        except ClaimError as err:
+            log.info(
+                "foreign_instance_kept", gpu=f.gpu.index, profile=gi.profile, start=gi.start, error=str(err)
+            )
+            continue
+        log.warning("foreign_instance_reclaimed", gpu=f.gpu.index, profile=gi.profile, start=gi.start,
+                    gpu_instance=gi.id)  # fmt: skip
+        done += 1
+    return done
+
+
 async def prepare_ondemand(
     key: ClaimKey,
     claim: ResourceClaimObject,
@@ -258,6 +299,7 @@ async def prepare_ondemand(
         except ClaimError as err:
             raise ClaimError(f"claim {ref}: {err}") from None
     mine = {r.device: occupant(p, records.claims, key.uid, ref) for r, p in places}
+    foreign = {device for device, found in mine.items() if found is not None and found[1]}
     asked = check_config(
         claim, (*chosen, *(Chosen(r, mig_device(p, MigUuid("(made at prepare)"))) for r, p in places))
     )
@@ -273,7 +315,10 @@ async def prepare_ondemand(
     before = records.claims.get(key.uid)
     intent = PreparedClaim(
         key.namespace, key.name, key.uid,
-        static + tuple(made_device(key.uid, r, p, mine[r.device], mps.get(r.device)) for r, p in places),
+        static + tuple(
+            made_device(key.uid, r, p, _gi(mine[r.device]), mps.get(r.device), r.device in foreign)
+            for r, p in places
+        ),
         pods, pending=True,
     )  # fmt: skip
     await records.save({**records.claims, key.uid: intent}, ref)
@@ -281,7 +326,12 @@ async def prepare_ondemand(
     served: dict[str, MpsSettings] = {}
     try:
         for result, place in places:
-            gi = mine[result.device]
+            gi = _gi(mine[result.device])
+            if result.device in foreign and (gi is None or not gi.compute_instances):
+                raise ClaimError(
+                    f"claim {ref}: the MIG instance it adopted at {place.where} has no compute "
+                    "instance now (changed by someone else); it is left as it is"
+                )
             if gi is None or not gi.compute_instances:
                 made.append((result, place, await ondemand.create(ref, place), gi is None))
             else:
@@ -291,7 +341,9 @@ async def prepare_ondemand(
                 served[gi.compute_instances[0].uuid] = mps[r.device]
                 await ondemand.serve_mps(ref, gi.compute_instances[0].uuid, mps[r.device])
         after = with_made(state, made)  # not the whole node read again: each create said what it made
-        devices = static + tuple(made_device(key.uid, r, p, gi, mps.get(r.device)) for r, p, gi, _ in made)
+        devices = static + tuple(
+            made_device(key.uid, r, p, gi, mps.get(r.device), r.device in foreign) for r, p, gi, _ in made
+        )
         entries = [(claim_cdi_name(key.uid, c.result.device), c.device) for c in chosen] + [
             (
                 claim_cdi_name(key.uid, r.device),
@@ -311,5 +363,10 @@ async def prepare_ondemand(
     log.info(
         "claim_prepared", claim=ref, uid=key.uid, devices=[d.device for d in devices],
         made=[p.where for _, p, _, new in made if new], pods=[p.name for p in pods], mps=sorted(served),
+        adopted=[p.where for r, p, _, _ in made if r.device in foreign],
     )  # fmt: skip
     return devices
+
+
+def _gi(found: tuple[GpuInstance, bool] | None) -> GpuInstance | None:
+    return None if found is None else found[0]

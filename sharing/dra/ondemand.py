@@ -6,7 +6,9 @@ placement (nvmlDeviceCreateGpuInstanceWithPlacement, through the backend, which 
 against the driver's own placements list) and one compute instance spanning it. The scheduler never
 allocates two overlapping placements (the counters of the partitionable devices), but anything on
 the GPU that the checkpoint does not give to this claim (an instance another claim owns, or one this
-agent never made) makes the claim fail with an error that names it; it is never destroyed.
+agent never made) makes the claim fail with an error that names it; it is never destroyed. The one
+exception is an instance this agent did not make, at exactly the allocated placement, that is one
+whole MIG device: the device was published for it (`sharing.dra.foreign`), so the claim adopts it.
 
 Every hardware step runs under the apply journal's lock (`sharing.store.Journal`: the agent's
 rollout and `sharing apply` never change the GPUs at the same time) and is journaled before it
@@ -36,6 +38,7 @@ import structlog
 
 from sharing.devices import MpsSettings
 from sharing.dra.claims import ClaimError
+from sharing.dra.foreign import whole_device
 from sharing.dra.names import parse_ondemand_name, profile_slug
 from sharing.errors import BackendError
 from sharing.gpu import GpuBackend
@@ -135,16 +138,26 @@ class SlotHandover(ClaimError):
     old one (destroying its instance) when its pod has gone, which can come after."""
 
 
-def occupant(place: Placement, claims: Mapping[str, PreparedClaim], uid: str, ref: str) -> GpuInstance | None:
-    """This claim's own instance at the placement (a repeated prepare), None when the slots are free;
+def occupant(
+    place: Placement, claims: Mapping[str, PreparedClaim], uid: str, ref: str
+) -> tuple[GpuInstance, bool] | None:
+    """The instance this claim gets at the placement, and whether it is foreign (made by someone else:
+    adopted, never made or destroyed here): its own (a repeated prepare), or one no claim holds that
+    is one whole MIG device of the profile (`sharing.dra.foreign`); None when the slots are free;
     ClaimError naming what holds any of them otherwise."""
     end = place.start + place.profile.size
     for gi in place.gpu.instances:
         if not (gi.start < end and place.start < gi.start + gi.size):
             continue
         owner = owner_of(claims, place.gpu.uuid, gi)
-        if owner == uid and (gi.profile, gi.start) == (place.profile.name, place.start):
-            return gi
+        exact = (gi.profile, gi.start) == (place.profile.name, place.start)
+        if owner == uid and exact:
+            mine = [
+                d.instance for d in claims[uid].devices if d.instance and _is(d.instance, place.gpu.uuid, gi)
+            ]
+            return gi, any(i.foreign for i in mine)
+        if owner is None and exact and whole_device(gi, place.profile):
+            return gi, True
         held_by = (
             f"claim {claims[owner].namespace}/{claims[owner].name}"
             if owner is not None
@@ -219,19 +232,21 @@ class OnDemand:
         return gi
 
     async def destroy(self, ref: str, gpu: str, gi: GpuInstance) -> None:
-        """Destroy a GPU instance the checkpoint gives to claim `ref` (its compute instances first);
-        InstanceBusyError when processes run on it (NVML IN_USE: nothing destroyed)."""
-        step = f"destroy {gi.profile}@{gi.start} (GPU instance {gi.id}) of claim {ref}"
+        """Destroy a GPU instance the checkpoint gives to claim `ref` (its compute instances first), or
+        with `ref` "" an idle foreign one no claim holds (`reclaimForeign: idle`); InstanceBusyError
+        when processes run on it (NVML IN_USE: nothing destroyed)."""
+        whose = f"claim {ref}" if ref else "no claim (made by someone else, reclaimed while idle)"
+        step = f"destroy {gi.profile}@{gi.start} (GPU instance {gi.id}) of {whose}"
         async with self._step(GpuUuid(gpu), step):
             try:
                 await self.backend.destroy_instance(GpuUuid(gpu), gi.id)
             except GpuBusyError as err:
-                raise InstanceBusyError(f"claim {ref}: {err}") from err
+                raise InstanceBusyError(f"{whose}: {err}") from err
             except BackendError as err:
-                raise ClaimError(f"claim {ref}: cannot destroy its MIG instance {gi.profile} at slot "
+                raise ClaimError(f"{whose}: cannot destroy the MIG instance {gi.profile} at slot "
                                  f"{gi.start} (GPU instance {gi.id}) on {gpu}: {err}") from err  # fmt: skip
-        log.info("ondemand_instance_destroyed", claim=ref, gpu=gpu, profile=gi.profile, start=gi.start,
-                 gpu_instance=gi.id)  # fmt: skip
+        log.info("ondemand_instance_destroyed", claim=ref or None, gpu=gpu, profile=gi.profile,
+                 start=gi.start, gpu_instance=gi.id)  # fmt: skip
 
     async def forget_crashed_step(self) -> None:
         """Remove a journal that an on-demand step of a killed agent left (the checkpoint says what it

@@ -21,9 +21,14 @@ allocated device consumes from the device as the slices list it (k8s.io/dynamic-
 v0.36.3, structured/internal/incubating/allocator_incubating.go `checkAvailableCounters`: it
 subtracts the `consumesCounters` of every listed device that is allocated), so withdrawing one would
 hand its memory slices to the next claim. A GPU instance that exists but that no allocated device
-accounts for (one made outside the agent, or one of a claim just deallocated and not unprepared yet)
-is invisible to the scheduler: every device that overlaps it is withdrawn until it is gone, so no
-claim is allocated a placement that cannot be made.
+accounts for is invisible to the scheduler, since only allocated devices consume counters: every
+device that overlaps it is withdrawn until it is gone or allocated, so no claim is allocated a
+placement that cannot be made, and while it is there no other device of a profile with a count
+counter is offered either (the counter does not count it). One exception: an instance the agent did
+not make and no claim holds (`sharing.dra.foreign`) that is one whole MIG device keeps the device of
+its own placement, listed first, so a claim can be allocated it (and is prepared with it) whether
+or not it is claimed: that device overlaps only itself. An instance of a claim just deallocated and
+not unprepared yet (`held`) keeps nothing until its unprepare.
 
 The order a slice lists a GPU's devices in is the placement policy (`sharing.mig.policy.ranked`):
 the scheduler takes the first that fits, so the order must be published again when allocations
@@ -38,7 +43,8 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from sharing.dra.counters import MEMORY, consumption, counters
+from sharing.dra.counters import MEMORY, consumption, count_counter, counters
+from sharing.dra.foreign import Held, offered_as
 from sharing.dra.names import DRIVER, ondemand_device_name
 from sharing.dra.placements import allocated_placements, named, occupied_placements
 from sharing.dra.slices import (
@@ -80,12 +86,19 @@ def ondemand_gpu(
     allocated: Iterable[str] = (),
     taint: DeviceTaint | None = None,
     whole_gpu: bool = False,
+    held: Collection[Held] = (),
 ) -> OnDemandGpu:
-    """The counters and devices of one dynamic GPU, given the device names allocated from our pool."""
+    """The counters and devices of one dynamic GPU, given the device names allocated from our pool and
+    the instances the claims of the checkpoint hold (`sharing.dra.foreign.held`)."""
     allocated = tuple(allocated)
     claimed = allocated_placements(product, gpu.index, allocated)
-    existing = tuple(Placement(gi.profile, gi.start, gi.size) for gi in gpu.instances)
-    foreign = [p for p in existing if p not in claimed]
+    unaccounted = [gi for gi in gpu.instances if Placement(gi.profile, gi.start, gi.size) not in claimed]
+    standing = [Placement(gi.profile, gi.start, gi.size) for gi in unaccounted]
+    adoptable = {
+        Placement(gi.profile, gi.start, gi.size)
+        for gi in unaccounted
+        if (gpu.uuid, gi.profile, gi.start) not in held and offered_as(gpu, gi, product) is not None
+    }
     occupied = occupied_placements(gpu, product, allocated)
     base = _gpu_attributes(gpu, node.driver) | {"parentUUID": gpu.uuid, "parentIndex": gpu.index}
     taints = (taint,) if taint is not None else ()
@@ -94,7 +107,7 @@ def ondemand_gpu(
     whole = counters(product, gpu.index)
     if whole_gpu:
         name = device_name_of_gpu(gpu.index)
-        if foreign:
+        if standing:
             withdrawn.append(name)
         else:
             attributes: dict[str, AttributeValue] = _gpu_attributes(gpu, node.driver) | {
@@ -114,12 +127,16 @@ def ondemand_gpu(
                 )
             )
     offered = {p.name for p in named(product).values()}
+    have = dict(whole.counters)
+    limited = {p.profile for p in standing if count_counter(p.profile) in have}
+    first: list[SliceDevice] = []
     for entry in ranked(product, occupied):
         p = entry.placement
         if p.profile not in offered:
             continue
         name = ondemand_device_name(gpu.index, p.profile, p.start)
-        if p not in claimed and any(_overlap(p, f) for f in foreign):
+        blocked = any(_overlap(p, s) for s in standing) or p.profile in limited
+        if p not in claimed and p not in adoptable and blocked:
             withdrawn.append(name)
             continue
         profile = product.require_profile(p.profile)
@@ -129,7 +146,7 @@ def ondemand_gpu(
             "placementStart": p.start,
             "placementSize": p.size,
         }
-        devices.append(
+        (first if p in adoptable else devices).append(
             SliceDevice(
                 name,
                 attributes=tuple(sorted(attributes.items())),
@@ -138,7 +155,9 @@ def ondemand_gpu(
                 consumes_counters=(consumption(product, p, gpu.index, whole),),
             )
         )
-    return OnDemandGpu(gpu.index, whole, tuple(devices), occupied, tuple(withdrawn))
+    # An instance that is there takes no more room when a claim is allocated it: offered before any
+    # placement that would make one.
+    return OnDemandGpu(gpu.index, whole, (*first, *devices), occupied, tuple(withdrawn))
 
 
 def device_name_of_gpu(gpu_index: int) -> str:
@@ -157,6 +176,7 @@ def partitionable_slices(
     unhealthy: Collection[str] = (),
     whole_gpu: bool = False,
     generation: int = 1,
+    held: Collection[Held] = (),
 ) -> tuple[SliceSpec, ...]:
     """The slices of the dynamic GPUs (by UUID) of `node`: counter sets first, then each GPU's devices.
 
@@ -165,6 +185,7 @@ def partitionable_slices(
     offers nothing until MIG mode is on (the applier turns it on while the GPU is idle), nor when its
     MIG geometry is unknown. Its devices carry the health taints of `sharing.dra.slices`: `xids`
     names a GPU's last XID, `unhealthy` the GPUs the health overlay marks (an XID not known by value).
+    `held` names the instances the claims of the checkpoint hold (`sharing.dra.foreign.held`).
     """
     catalog = catalog if catalog is not None else default_catalog()
     allocated = tuple(allocated)
@@ -181,6 +202,7 @@ def partitionable_slices(
                 allocated=allocated,
                 taint=_taint(gpu, node, xids or {}, unhealthy),
                 whole_gpu=whole_gpu,
+                held=held,
             )
         )
     sets = [g.counters for g in gpus]

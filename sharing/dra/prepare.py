@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -37,13 +37,14 @@ from sharing.dra.claims import (
     prepared_device,
     select,
 )
-from sharing.dra.instances import destroy_owned, prepare_ondemand, settle
+from sharing.dra.instances import destroy_owned, prepare_ondemand, reclaim, settle
 from sharing.dra.names import claim_cdi_name
 from sharing.dra.ondemand import OnDemand, SlotHandover
 from sharing.dra.records import ClaimRecords, PreparedClaims
 from sharing.errors import KubeError
 from sharing.gpu.devfiles import DeviceFiles
 from sharing.kube.api import NotFoundError, ResourceClaimObject
+from sharing.mig import Catalog
 from sharing.model import NodeState
 from sharing.store import ClaimCheckpoint, PreparedClaim, PreparedDevice, PreparedPod
 from sharing.text import bounded
@@ -216,6 +217,18 @@ class Preparer:
         if self._changed is not None:
             self._changed()
         return answers
+
+    async def reclaim_foreign(self, gpus: Collection[str], allocated: Sequence[str], catalog: Catalog) -> int:
+        """Destroy the idle foreign instances of `gpus` no claim holds or is allocated (`reclaimForeign:
+        idle`), between prepares; how many. Nothing while the checkpoint cannot tell which are foreign."""
+        async with self._lock:
+            if self.ondemand is None or self.records.unknown or await self._recovered():
+                return 0
+            try:
+                return await reclaim(self.ondemand, self.records, gpus, allocated, catalog)
+            except ClaimError as err:  # the GPUs cannot be read: tried again next time
+                log.warning("foreign_instances_not_reclaimed", error=str(err))
+                return 0
 
     async def _prepare(self, key: ClaimKey) -> tuple[PreparedDevice, ...]:
         ref = f"{key.namespace}/{key.name}"

@@ -171,7 +171,15 @@ class NvmlReader:
                     f"compute instance {ci_info.id} of GPU instance {info.id} has no MIG device "
                     "(nvmlDeviceGetMigDeviceHandleByIndex lists none): the GPU is not used until it has"
                 )
-            cis.append(ComputeInstance(id=ci_info.id, uuid=found[0], busy=found[1], mig_index=found[2]))
+            cis.append(
+                ComputeInstance(
+                    id=ci_info.id,
+                    uuid=found[0],
+                    busy=found[1],
+                    mig_index=found[2],
+                    slices=ci_info.placement.size,
+                )
+            )
         return GpuInstance(
             id=info.id,
             profile=profile,

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 from sharing.config import Frontend
 from sharing.deviceplugin import Fleet
 from sharing.devices import Inventory, with_health
+from sharing.dra.foreign import Foreign
 from sharing.dra.fragmentation import Fragmented
 from sharing.gpu.mps import MpsDaemons
 from sharing.kubelet import Holders
@@ -46,6 +47,10 @@ class Fragments(Protocol):
     @property
     def fragmented(self) -> Sequence[Fragmented]:
         """Pending claims whose MIG profile fits a dynamic GPU's free memory and compute but no placement."""
+        ...
+
+    def foreign(self) -> Sequence[Foreign]:
+        """The MIG instances on the dynamic GPUs that the agent did not make."""
         ...
 
 
@@ -150,6 +155,7 @@ class Reporter:
             claims=holders.claims,
             frontend=self.hardware.frontend.value,
             fragmented=self.hardware.dra.fragmented if self.hardware.dra is not None else (),
+            foreign=self.hardware.dra.foreign() if self.hardware.dra is not None else (),
         )
         self.metrics.snapshot(document, ((p.resource, p.registered) for p in self.fleet.status()))
         self._cached = (loop.time(), document)

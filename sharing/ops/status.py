@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sharing.devices import REPLICA_SEPARATOR, Device, Inventory
+from sharing.dra.foreign import Foreign
 from sharing.dra.fragmentation import Fragmented
 from sharing.model import ClaimHold, Gpu, GpuUuid, Holding, NodeState
 
@@ -46,13 +47,15 @@ def status_document(
     claims: Sequence[ClaimHold] = (),
     frontend: str = "deviceplugin",
     fragmented: Sequence[Fragmented] = (),
+    foreign: Sequence[Foreign] = (),
 ) -> dict[str, Any]:
     """The status of a node; `holders` None means they could not be read (`holders_error` says why).
 
     `unhealthy` names the GPUs a health event (XID) took down and that have not recovered; `mps`, per
     GPU UUID, its MPS control daemon (`mps_daemon`), for the GPUs shared with MPS; `claims` are the
     ResourceClaims holding devices (DRA front-end), each shown beside its devices; `fragmented` the
-    pending claims whose MIG profile fits a dynamic GPU's free memory and compute but no placement.
+    pending claims whose MIG profile fits a dynamic GPU's free memory and compute but no placement;
+    `foreign` the MIG instances on dynamic GPUs that the agent did not make (`sharing.dra.foreign`).
     """
     owners = _owners(holders or ())
     profiles = {ci.uuid: gi.profile for g in node.gpus for gi, ci in g.mig_devices}
@@ -83,6 +86,9 @@ def status_document(
                 **_gpu(g, slices.get(g.uuid, []), config.in_effect.get(g.uuid), g.uuid not in unhealthy),
                 "mps": dict((mps or {})[g.uuid]) if g.uuid in (mps or {}) else None,
                 "dynamic": _dynamic(g.uuid, inventory),
+                "foreign": [
+                    _foreign(f, g.uuid in inventory.reclaim) for f in foreign if f.gpu.uuid == g.uuid
+                ],
             }
             for g in node.gpus
         ],
@@ -121,6 +127,20 @@ def _dynamic(uuid: str, inventory: Inventory) -> str | None:
     if uuid in inventory.dynamic:
         return "onDemand"
     return "whole" if uuid in inventory.whole else None
+
+
+def _foreign(f: Foreign, reclaim: bool) -> dict[str, Any]:
+    gi = f.instance
+    return {
+        "profile": gi.profile,
+        "start": gi.start,
+        "gpuInstance": gi.id,
+        "uuids": [ci.uuid for ci in gi.compute_instances],
+        "busy": gi.busy,
+        "device": f.device,
+        "claim": f.claim or None,
+        "reclaimedWhenIdle": reclaim,
+    }
 
 
 def _owners(holders: Sequence[Holding]) -> dict[str, dict[str, str]]:

@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
 from sharing.devices import Inventory
+from sharing.dra.foreign import Foreign
 from sharing.dra.fragmentation import Fragmented
 from sharing.model import ClaimHold, NodeState
 
@@ -47,6 +48,10 @@ class DraFrontend(Protocol):
     @property
     def fragmented(self) -> Sequence[Fragmented]:
         """Pending claims whose MIG profile fits a dynamic GPU's free memory and compute but no placement."""
+        ...
+
+    def foreign(self) -> Sequence[Foreign]:
+        """The MIG instances on the dynamic GPUs that the agent did not make."""
         ...
 
     async def prepared(self) -> tuple[tuple[ClaimHold, ...], str]:

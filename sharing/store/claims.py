@@ -41,8 +41,9 @@ class CheckpointCorruptError(CheckpointError):
 
 @dataclass(frozen=True, slots=True)
 class OwnedInstance:
-    """A MIG instance the agent created for a claim (an on-demand device): the checkpoint is the
-    authority on which instances are the agent's, so nothing else is ever destroyed.
+    """A MIG instance the agent created for a claim (an on-demand device), or one it adopted for it
+    (`foreign`): the checkpoint is the authority on which instances are the agent's, so nothing else
+    is ever destroyed.
 
     `gi_id` is None while the instance is being made: the intent is on disk before the NVML call, so
     a crash in between is rolled forward (the instance is complete: adopted) or back (half-built:
@@ -54,6 +55,9 @@ class OwnedInstance:
     size: int
     gi_id: int | None = None
     ci_id: int | None = None
+    foreign: bool = False
+    """Made by someone else (a static config, mig-parted, nvidia-smi) and adopted for the claim: its
+    unprepare leaves it where it is (`sharing.dra.foreign`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,7 +185,7 @@ def _claim_json(claim: PreparedClaim) -> dict[str, Any]:
 def _instance_json(i: OwnedInstance) -> dict[str, Any]:
     return {
         "gpuUUID": i.gpu_uuid, "profile": i.profile, "start": i.start, "size": i.size,
-        "gpuInstance": i.gi_id, "computeInstance": i.ci_id,
+        "gpuInstance": i.gi_id, "computeInstance": i.ci_id, **({"foreign": True} if i.foreign else {}),
     }  # fmt: skip
 
 
@@ -250,6 +254,9 @@ def _instance(value: Any, where: str) -> OwnedInstance:
     ids = [_get(i, k, where) for k in ("gpuInstance", "computeInstance")]
     if not all(x is None or _is_int(x) for x in ids):
         raise TypeError(f"{where}: gpuInstance/computeInstance is not an integer")
+    foreign = i.get("foreign", False)
+    if not isinstance(foreign, bool):
+        raise TypeError(f"{where}.foreign is not a boolean")
     return OwnedInstance(
         gpu_uuid=_str(i, "gpuUUID", where),
         profile=_str(i, "profile", where),
@@ -257,6 +264,7 @@ def _instance(value: Any, where: str) -> OwnedInstance:
         size=_int(i, "size", where),
         gi_id=ids[0],
         ci_id=ids[1],
+        foreign=foreign,
     )
 
 

@@ -19,6 +19,7 @@ import pytest
 from sharing.agent import Agent
 from sharing.deviceplugin import Fleet, FleetSettings
 from sharing.devices import Inventory
+from sharing.dra.foreign import Foreign
 from sharing.dra.fragmentation import Fragmented
 from sharing.errors import KubeError
 from sharing.gpu import simstate
@@ -153,6 +154,9 @@ class Slices:
 
     def health(self) -> tuple[bool, str]:
         return self.running, ""
+
+    def foreign(self) -> tuple[Foreign, ...]:
+        return ()
 
     async def prepared(self) -> tuple[tuple[ClaimHold, ...], str]:
         return self.prepared_claims, self.unknown

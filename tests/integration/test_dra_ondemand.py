@@ -362,6 +362,54 @@ async def test_a_taken_placement_fails_the_claim_and_destroys_nothing(
     assert [uid_of(first)] == sorted(node.checkpoint())
 
 
+def someone_makes(node: Node, gpu: int, profile: str, start: int) -> str:
+    """A MIG instance made outside the agent (as a static config, mig-parted or nvidia-smi would), through
+    NVML in a process of its own; its MIG device's UUID."""
+    script = (
+        "import asyncio, sys\n"
+        "from pathlib import Path\n"
+        "from sharing.gpu.nvml import open_nvml\n"
+        "from sharing.mig.catalog import default_catalog\n"
+        "async def main():\n"
+        "    b = open_nvml(default_catalog(), Path(sys.argv[1]))\n"
+        "    uuid = (await b.observe()).gpus[int(sys.argv[2])].uuid\n"
+        "    gi = await b.create_instance(uuid, sys.argv[3], int(sys.argv[4]))\n"
+        "    print(gi.compute_instances[0].uuid)\n"
+        "    await b.close()\n"
+        "asyncio.run(main())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SHARING_", "FAKE_NVML"))}
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(node.root), str(gpu), profile, str(start)],
+        capture_output=True, text=True, check=False, env={**env, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert 0 == done.returncode, done.stderr
+    return done.stdout.strip()
+
+
+async def test_a_claim_on_an_instance_made_by_someone_else_gets_it_and_its_unprepare_leaves_it(
+    control_plane: lab.ControlPlane, namespace: str, node: Node
+) -> None:
+    mig = someone_makes(node, 1, "3g.20gb", 4)
+    await node.start()
+    device = ondemand_device_name(1, "3g.20gb", 4)
+    claim = allocated(control_plane, namespace, "f", node.name, device)
+    before = node.mutations()
+
+    assert served(node, claim, device) == await node.prepare(claim)
+
+    assert (before, [[], [(9, 4, 4)]]) == (node.mutations(), node.instances())  # nothing made
+    [(gpu, profile, start, owned_mig)] = owned(node, claim)
+    suffix = f"{uid_of(claim)}-{device}".upper().replace("-", "_")
+    assert ((1, 9, 4, mig), [f"GPU_SHARING_DEVICE_{suffix}={mig}"], True) == (
+        (gpu, profile, start, owned_mig),
+        spec_device(node, claim)[1],
+        node.checkpoint()[uid_of(claim)]["devices"][0]["instance"]["foreign"],
+    )
+    assert {uid_of(claim): ""} == await node.unprepare(claim)
+    assert (before, [[], [(9, 4, 4)]], {}) == (node.mutations(), node.instances(), node.checkpoint())
+
+
 async def test_unprepare_refuses_while_processes_run_and_the_retry_destroys(
     control_plane: lab.ControlPlane, namespace: str, node: Node
 ) -> None:

@@ -41,6 +41,9 @@ H100S = """  - devices: [2]
 A100S = "  - devices: {product: A100-SXM4-40GB}\n    mig: "
 EMPTY = f"version: v1\nmigStrategy: mixed\ngpus:\n{H100S}{A100S}enabled\n"
 DYNAMIC = f"version: v1\nmigStrategy: mixed\ngpus:\n{H100S}{A100S}dynamic\n"
+STATIC_3G = f"version: v1\nmigStrategy: mixed\ngpus:\n{H100S}  - devices: [0]\n    mig: {{3g.20gb: 1}}\n"
+STATIC_3G += f"{A100S}enabled\n"
+RECLAIM = f"{DYNAMIC}    reclaimForeign: idle\n"
 PRODUCT = next(p for p in default_catalog().products if p.name == "A100-SXM4-40GB")
 
 
@@ -388,3 +391,59 @@ def test_two_pods_share_an_on_demand_3g_20gb_through_mps_until_the_second_goes(d
     dra.node.kubectl("delete", "pod", "--timeout=60s", pods[1])  # returns once unprepared
     _until(dra.node, "the instance destroyed", lambda: _a100s(dra.node), _empty, 60)
     assert None is daemon(dra.node, mig)
+
+
+def _mine(instances: list[dict[str, Any]]) -> list[tuple[str, int, str]]:
+    return sorted((i["profile"], i["start"], i["uuid"]) for i in instances)
+
+
+def test_an_instance_made_before_is_offered_as_it_is_given_to_a_claim_kept_and_reclaimed_when_asked(
+    dra: DraNode,
+) -> None:
+    node = dra.node
+    _put(node, {"ondemand-static-3g": STATIC_3G, "ondemand-reclaim": RECLAIM})
+    try:
+        # A static config makes a 3g.20gb on GPU 0; then the GPUs turn dynamic: no claim made it.
+        _config(node, "ondemand-static-3g")
+        made = _until(
+            node, "a 3g.20gb on GPU 0", lambda: _a100s(node),
+            lambda a: len(a) == 2 and [x["profile"] for x in a[0]] == ["3g.20gb"] and not a[1], 180,
+        )  # fmt: skip
+        before = _mine(made[0])
+        ((_, start, mig),) = before
+        device = f"gpu-0-mig-3g-20gb-at-{start}"
+        _config(node, "ondemand-dynamic")
+        published = _until(
+            node, "the foreign instance offered as itself", lambda: _published(node),
+            lambda names: device in names and "gpu-1-mig-7g-40gb-at-0" in names, 180,
+        )  # fmt: skip
+        assert "gpu-0-mig-7g-40gb-at-0" not in published  # it overlaps the foreign instance
+        status = json.loads(node.kubectl("-n", NAMESPACE, "exec", "ds/gpu-sharing", "--", "sharing", "status",
+                                         "--json"))  # fmt: skip
+        foreign = [f for g in status["gpus"] if g["index"] == 0 for f in g["foreign"]]
+        assert [("3g.20gb", start, [mig], device, None, False)] == [
+            (f["profile"], f["start"], f["uuids"], f["device"], f["claim"], f["reclaimedWhenIdle"])
+            for f in foreign
+        ]
+
+        cel = f"device.attributes['{DRIVER}'].parentIndex == 0"
+        exactly = {"deviceClassName": "mig-3g.20gb.nvidia.com", "selectors": [{"cel": {"expression": cel}}]}
+        claim = dra.claim([{"name": "mig", "exactly": exactly}])
+        pod = dra.pod(claim)
+        _run(dra, pod)
+        assert ([device], {mig}, before) == (dra.allocated(claim), dra.seen(pod), _mine(_a100s(node)[0]))
+        node.kubectl("delete", "pod", "--timeout=60s", pod)  # returns once unprepared
+        node.kubectl("delete", "resourceclaim", "--timeout=60s", claim)
+        assert before == _mine(_a100s(node)[0])  # left as it was
+
+        _config(node, "ondemand-reclaim")
+        _until(
+            node, "the idle foreign instance reclaimed and its room offered",
+            lambda: (_a100s(node).get(0), "gpu-0-mig-7g-40gb-at-0" in _published(node)),
+            lambda found: found == ([], True), 180,
+        )  # fmt: skip
+    finally:
+        _config(node, "ondemand-reclaim")  # whatever failed, the next test finds the A100s empty
+        _until(node, "no instance on the A100s", lambda: _a100s(node), _empty, 180)
+        _config(node, "ondemand-dynamic")
+        _put(node, {"ondemand-static-3g": None, "ondemand-reclaim": None})

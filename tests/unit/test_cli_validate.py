@@ -56,7 +56,8 @@ def test_an_invalid_config_exits_1_with_one_line_per_error(tmp_path: Path) -> No
     result = validate(str(path))
     assert result.returncode == 1
     assert result.stdout.splitlines() == [
-        "a100-mixed: gpus[0].bogus: unknown key; expected one of devices, mig, replicas, rename, mps",
+        "a100-mixed: gpus[0].bogus: unknown key; expected one of devices, mig, replicas, rename, mps, "
+        "reclaimForeign",
         "a100-mixed: gpus[0].mig.3g.20gb: 3 instances exceed the maximum of 2 on A100-SXM4-40GB",
     ]
     out = json.loads(validate(str(path), "--json").stdout)

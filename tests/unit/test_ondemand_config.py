@@ -188,3 +188,44 @@ def test_the_device_plugins_offer_nothing_on_a_dynamic_gpu() -> None:
 def test_turning_mig_off_on_a_dynamic_gpu_waits_for_a_claim_not_made_yet() -> None:
     change = plan_change(a100(0, mig=True), Target(False), CATALOG, busy_uuids={"GPU-0"})
     assert (change.failure, change.steps, change.blockers) == (Outcome.BLOCKED, (), ("GPU-0",))
+
+
+def test_reclaim_foreign_is_a_word_of_a_dynamic_rule_and_off_by_default() -> None:
+    text = V1 + "- {devices: [0], mig: dynamic, reclaimForeign: idle}\n- {devices: [1], mig: dynamic}\n"
+    found = parse_configmap({"c": text})
+    assert [str(p) for p in found.errors] == []
+    (config,) = found.configs
+    assert [(r.mig, r.reclaim_foreign) for r in config.rules] == [
+        (MigMode.DYNAMIC, True),
+        (MigMode.DYNAMIC, False),
+    ]
+    inventory = build_inventory(NodeState((a100(0, mig=True), a100(1, mig=True))), config, catalog=CATALOG)
+    assert (inventory.dynamic, inventory.reclaim) == (frozenset({"GPU-0", "GPU-1"}), frozenset({"GPU-0"}))
+    never = parse_configmap({"c": V1 + "- {devices: all, mig: dynamic, reclaimForeign: never}\n"})
+    assert [r.reclaim_foreign for c in never.configs for r in c.rules] == [False]
+
+
+@pytest.mark.parametrize(
+    ("rule", "error"),
+    [
+        pytest.param(
+            "{devices: all, mig: dynamic, reclaimForeign: always}",
+            "c: gpus[0].reclaimForeign: expected one of never, idle, got a string ('always')",
+            id="unknown-word",
+        ),
+        pytest.param(
+            "{devices: all, mig: dynamic, reclaimForeign: true}",
+            "c: gpus[0].reclaimForeign: expected one of never, idle, got a boolean (true)",
+            id="boolean",
+        ),
+        pytest.param(
+            "{devices: all, mig: {3g.20gb: 2}, reclaimForeign: idle}",
+            "c: gpus[0].reclaimForeign: reclaimForeign applies to the MIG instances of a mig: dynamic rule "
+            "only; remove it or set mig: dynamic",
+            id="static-rule",
+        ),
+    ],
+)
+def test_a_bad_reclaim_foreign_is_an_error_that_names_it(rule: str, error: str) -> None:
+    errors, _ = problems(V1 + f"- {rule}\n")
+    assert errors == [error]

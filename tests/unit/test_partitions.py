@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 import pytest
 
 from sharing.dra.counters import counters
-from sharing.dra.names import DRIVER, ondemand_device_name
+from sharing.dra.names import DRIVER, ondemand_device_name, parse_ondemand_name
 from sharing.dra.partitions import MAX_COUNTER_SETS, partitionable_slices, pool, withdrawn_static
 from sharing.dra.placements import held_by, named, request_fit
 from sharing.dra.slices import MAX_DEVICES_WITH_TAINTS
@@ -221,24 +221,75 @@ def test_a_gpu_with_mig_off_or_not_dynamic_offers_nothing() -> None:
     assert partitionable_slices("n", node_of(off, gpu(1, product)), {"GPU-0"}, CATALOG) == ()
 
 
-def test_allocated_devices_stay_published_and_a_foreign_instance_withdraws_what_overlaps_it() -> None:
+def whole(gi: int, profile: str, start: int, size: int, slices: int) -> GpuInstance:
+    """A GPU instance with one compute instance spanning its `slices` compute slices."""
+    return GpuInstance(gi, profile, start, size, (ComputeInstance(0, MigUuid(f"MIG-{gi}"), slices=slices),))
+
+
+def overlapping(name: str, start: int, size: int) -> bool:
+    """Whether the on-demand device `name` of an A100-SXM4-40GB overlaps the slots [start, start+size)."""
+    parsed = parse_ondemand_name(name)
+    assert parsed is not None
+    length = named(CATALOG.product("A100-SXM4-40GB"))[parsed[1]].size
+    return parsed[2] < start + size and start < parsed[2] + length
+
+
+def test_a_foreign_instance_is_offered_first_as_itself_and_nothing_that_overlaps_it_is_offered() -> None:
     product = CATALOG.product("A100-SXM4-40GB")
-    made = GpuInstance(1, "1g.5gb", 6, 1, (ComputeInstance(0, MigUuid("MIG-a")),))
-    foreign = GpuInstance(2, "3g.20gb", 0, 4, (ComputeInstance(0, MigUuid("MIG-b")),))
+    made = whole(1, "1g.5gb", 6, 1, 1)
+    foreign = whole(2, "3g.20gb", 0, 4, 3)
     allocated = ["gpu-0-mig-1g-5gb-at-6", "gpu-0-mig-2g-10gb-at-4", "gpu-7-mig-1g-5gb-at-0", "other"]
+    node = node_of(gpu(0, product, (made, foreign)))
+    specs = partitionable_slices("n", node, {"GPU-0"}, CATALOG, allocated=allocated, whole_gpu=True,
+                                 held={("GPU-0", "1g.5gb", 6)})  # fmt: skip
+    names = [d.name for s in specs for d in s.devices]
+    assert {"gpu-0-mig-1g-5gb-at-6", "gpu-0-mig-2g-10gb-at-4"} <= set(names)  # the scheduler counts these
+    assert "gpu-0-mig-3g-20gb-at-0" == names[0]  # there already: it takes no more room
+    assert [n for n in names if overlapping(n, 0, 4)] == ["gpu-0-mig-3g-20gb-at-0"]
+    assert "gpu-0" not in names
+    # Unclaimed, nothing the scheduler allocates beside it overlaps it; claimed, it is the one given.
+    for claims in (("1g.5gb",) * 4 + ("2g.10gb", "4g.20gb", "7g.40gb"), ("3g.20gb",) * 2 + ("1g.5gb",) * 4):
+        fit = FirstFit(specs)
+        fit.allocated += allocated[:2]
+        for profile in claims:
+            fit.allocate(profile)
+        got = [n for n in fit.allocated if overlapping(n, 0, 4)]
+        assert got == (["gpu-0-mig-3g-20gb-at-0"] if "3g.20gb" in claims else [])
+
+
+TWO_SMALL = tuple(ComputeInstance(i, MigUuid(f"MIG-{i}"), slices=1) for i in (0, 1))
+
+
+@pytest.mark.parametrize(
+    ("instance", "held"),
+    [
+        (GpuInstance(2, "3g.20gb", 0, 4), ()),
+        (whole(2, "3g.20gb", 0, 4, 1), ()),
+        (GpuInstance(2, "3g.20gb", 0, 4, TWO_SMALL), ()),
+        (whole(2, "3g.20gb", 0, 4, 3), (("GPU-0", "3g.20gb", 0),)),
+    ],
+    ids=["no-compute-instance", "smaller-compute-instance", "two-compute-instances", "held-by-a-claim"],
+)  # fmt: skip
+def test_an_instance_that_is_not_one_free_whole_mig_device_withdraws_everything_that_overlaps_it(
+    instance: GpuInstance, held: tuple[tuple[str, str, int], ...]
+) -> None:
+    """A claim just deallocated and not unprepared yet holds its instance (`held`) until its unprepare."""
+    specs = partitionable_slices("n", node_of(gpu(0, CATALOG.product("A100-SXM4-40GB"), (instance,))),
+                                 {"GPU-0"}, CATALOG, held=held)  # fmt: skip
+    names = [d.name for s in specs for d in s.devices]
+    assert [n for n in names if overlapping(n, 0, 4)] == []
+    assert "gpu-0-mig-3g-20gb-at-4" in names
+
+
+def test_a_foreign_instance_of_a_counted_profile_withdraws_the_others_of_that_profile() -> None:
+    product = CATALOG.product("A100-SXM4-40GB")
+    assert product.require_profile("1g.5gb+me").max_count == 1
     specs = partitionable_slices(
-        "n",
-        node_of(gpu(0, product, (made, foreign))),
-        {"GPU-0"},
-        CATALOG,
-        allocated=allocated,
-        whole_gpu=True,
+        "n", node_of(gpu(0, product, (whole(1, "1g.5gb+me", 6, 1, 1),))), {"GPU-0"}, CATALOG
     )
-    names = set(devices_of(specs))
-    assert {"gpu-0-mig-1g-5gb-at-6", "gpu-0-mig-2g-10gb-at-4"} <= names  # the scheduler counts these
-    for gone in ("gpu-0", "gpu-0-mig-3g-20gb-at-0", "gpu-0-mig-1g-5gb-at-2", "gpu-0-mig-7g-40gb-at-0"):
-        assert gone not in names
-    assert "gpu-0-mig-1g-5gb-at-5" in names
+    names = [d.name for s in specs for d in s.devices]
+    assert [n for n in names if "1g-5gb-me" in n] == ["gpu-0-mig-1g-5gb-me-at-6"]
+    assert "gpu-0-mig-1g-5gb-at-0" in names
 
 
 def test_an_xid_taints_every_on_demand_device_of_its_gpu() -> None:
