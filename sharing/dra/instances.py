@@ -43,6 +43,7 @@ def made_device(
     result: AllocatedDevice,
     place: Placement,
     gi: GpuInstance | None,
+    *,
     mps: MpsSettings | None = None,
     foreign: bool = False,
 ) -> PreparedDevice:
@@ -110,7 +111,7 @@ async def undo(
             await ondemand.destroy(ref, place.gpu.uuid, gi)
         except ClaimError as err:
             log.error("ondemand_undo_failed", claim=ref, device=result.device, error=str(err))
-            left.append(made_device(uid, result, place, gi, served.get(mig)))
+            left.append(made_device(uid, result, place, gi, mps=served.get(mig)))
     return tuple(left)
 
 
@@ -316,7 +317,9 @@ async def prepare_ondemand(
     intent = PreparedClaim(
         key.namespace, key.name, key.uid,
         static + tuple(
-            made_device(key.uid, r, p, _gi(mine[r.device]), mps.get(r.device), r.device in foreign)
+            made_device(
+                key.uid, r, p, _gi(mine[r.device]), mps=mps.get(r.device), foreign=r.device in foreign
+            )
             for r, p in places
         ),
         pods, pending=True,
@@ -342,7 +345,8 @@ async def prepare_ondemand(
                 await ondemand.serve_mps(ref, gi.compute_instances[0].uuid, mps[r.device])
         after = with_made(state, made)  # not the whole node read again: each create said what it made
         devices = static + tuple(
-            made_device(key.uid, r, p, gi, mps.get(r.device), r.device in foreign) for r, p, gi, _ in made
+            made_device(key.uid, r, p, gi, mps=mps.get(r.device), foreign=r.device in foreign)
+            for r, p, gi, _ in made
         )
         entries = [(claim_cdi_name(key.uid, c.result.device), c.device) for c in chosen] + [
             (

@@ -316,7 +316,8 @@ class NvmlBackend:
         """The instance just made, from its own handles and its one MIG device (not the GPU's others)."""
         n = self._nvml
         info = n.nvmlGpuInstanceGetInfo(gi)
-        ci_id = n.nvmlComputeInstanceGetInfo(ci).id
+        ci_info = n.nvmlComputeInstanceGetInfo(ci)
+        ci_id = ci_info.id
         found = self._read.mig_device(handle, info.id, ci_id)
         if found is None:
             # The compute instance's `device` is the parent GPU (nvml.h): never a stand-in. Fail closed.
@@ -330,7 +331,11 @@ class NvmlBackend:
             profile=profile,
             start=info.placement.start,
             size=info.placement.size,
-            compute_instances=(ComputeInstance(id=ci_id, uuid=uuid, busy=busy, mig_index=index),),
+            compute_instances=(
+                ComputeInstance(
+                    id=ci_id, uuid=uuid, busy=busy, mig_index=index, slices=ci_info.placement.size
+                ),
+            ),
         )
 
     def _gi_at(
