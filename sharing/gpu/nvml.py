@@ -184,6 +184,7 @@ class NvmlBackend:
 
         def work() -> bool:
             handle, where = self._read.find(gpu)
+            self._read.forget(gpu)  # what held for the old MIG mode is read again
             try:
                 status = n.nvmlDeviceSetMigMode(handle, mode)
                 current, _ = n.nvmlDeviceGetMigMode(handle)
@@ -228,7 +229,7 @@ class NvmlBackend:
             except n.NVMLError as err:
                 raise backend_error(n, err, f"finding GPU instance {gi_id}", where) from err
             try:
-                for ci in self._read.compute_instances(gi):
+                for ci in self._read.compute_instances_of(gpu, gi):
                     n.nvmlComputeInstanceDestroy(ci)
                 n.nvmlGpuInstanceDestroy(gi)
             except n.NVMLError as err:
@@ -274,7 +275,7 @@ class NvmlBackend:
                     if created:  # leave no GPU instance without its compute instance behind
                         n.nvmlGpuInstanceDestroy(gi)
                     raise
-                return self._read.instance(gi, chosen.name, self._read.mig_devices(handle))
+                return self._read.instance(gi, chosen.name, self._read.mig_devices(handle), gpu)
             except n.NVMLError as err:
                 raise backend_error(n, err, doing, where) from err
 
@@ -341,6 +342,7 @@ class NvmlBackend:
                     return events
                 raise
             gpu_uuid = GpuUuid(n.nvmlDeviceGetUUID(data.device))
+            self._read.forget(gpu_uuid)  # an XID or a reset: read everything of the GPU again
             if recovery and data.eventType == recovery:
                 # NONE: nothing left to do, the GPU is healthy; any other action: it needs one.
                 healthy = data.eventData == n.NVML_GPU_RECOVERY_ACTION_NONE
