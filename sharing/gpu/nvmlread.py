@@ -90,6 +90,7 @@ class NvmlReader:
         self._known.pop(uuid, None)
 
     def known(self, uuid: str) -> Known:
+        """What is kept of this GPU (an empty entry when nothing is yet)."""
         return self._known.setdefault(uuid, Known())
 
     def find(self, uuid: str) -> tuple[Handle, str]:
