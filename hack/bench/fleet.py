@@ -11,9 +11,18 @@ every node has to destroy and create every MIG device.
 
 - fleet_converge_s_p50/p95: from the ConfigMap PATCH (this process) until each Node, in one watch
   of all Nodes, shows state `success` with the new MIG count labels and the new allocatable; the
-  percentiles are over the nodes of one edit, the median over edits. The CPU every process used
-  during the converge is shown too (agents, harnesses, kube-apiserver, etcd), against the 2 cores'
-  wall time: when they add up to the machine, CPU is what limits the fleet.
+  percentiles are over the nodes of one edit, the median over edits.
+- fleet_converge_vs_cpu_floor: that p95 over the CPU floor, the CPU-seconds every process of the
+  machine used until the last node converged divided by the cores: how long the cores needed for
+  that work at the least. Near 1, the fleet waits for nothing but CPU; the CPU by group (agents,
+  harnesses, kube-apiserver, etcd) is shown too.
+- fleet_agent_cpu_per_converge_s: an agent's CPU (all its threads) per node converge, less the time
+  its threads spent inside the fake libnvidia-ml.so.1 (parsing and writing its JSON state, which a
+  real driver does not do): fleet_fake_driver_cpu_per_converge_s. The fake driver counts the calls
+  and that time itself (FAKE_NVML_COUNTERS, hack/fakedriver/README.md), so
+  fleet_nvml_calls_per_converge is every NVML call of the agent per node converge.
+- fleet_api_requests_per_converge: the agents' API requests (audit log, by node claim) from the
+  PATCH until the last node converged, per node.
 - fleet_idle_api_rpm: the agents' API requests (audit log, by node claim) per node per minute in a
   window with nothing changing, after every node converged; the agents' RSS and idle CPU too.
 """
@@ -23,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import struct
 import subprocess
 import tempfile
 import time
@@ -150,8 +160,19 @@ class Fleet:
                 node=node.name, kubeconfig=node.kubeconfig, driver_root=driver,
                 plugin_dir=harness.device_plugin_dir,
                 pod_resources=harness.pod_resources_socket, log=driver.with_suffix(".log"),
-                http_port=free_port(),
+                http_port=free_port(), env={"FAKE_NVML_COUNTERS": str(_counters(node))},
             )  # fmt: skip
+
+    def nvml_counters(self) -> tuple[int, float]:
+        """Every agent's NVML calls so far and the seconds its threads spent inside the fake library."""
+        calls, ns = 0, 0
+        for node in self.nodes:
+            with contextlib.suppress(OSError):
+                raw = _counters(node).read_bytes()[:16]
+                if len(raw) == 16:
+                    c, n = struct.unpack("=QQ", raw)
+                    calls, ns = calls + c, ns + n
+        return calls, ns / 1e9
 
     def stop(self) -> None:
         stop_all([node.agent for node in self.nodes if node.agent is not None])
@@ -233,37 +254,52 @@ class Fleet:
         since = self.watch.mark()
         agents = self.groups()["agents"]
         nvml_before = sum(thread_cpu_seconds(p, "nvml") for p in agents)
+        calls, fake = self.nvml_counters()
+        wall_start = time.time()
         with _cpu(self.groups()) as used:
             start = time.monotonic()
             self.api.put_config(KEY, mig_config(layout))
             times = self.converged(inventory, since, start)
+        calls_after, fake_after = self.nvml_counters()
+        calls, fake = calls_after - calls, fake_after - fake
+        requests = sum(r for r, _ in audit_counts(self.audit_log, wall_start, time.time()).values())
         # The agent's NVML worker thread (named "nvml"): the backend's reads and changes, pynvml and
         # the fake libnvidia-ml.so.1 all run on it; the rest of the agent is its other threads.
         nvml = (sum(thread_cpu_seconds(p, "nvml") for p in agents) - nvml_before) / n
-        agent = used["agents"] / n
-        self.results.add("fleet_agent_cpu_s_per_node_converge", agent)
-        self.results.add("fleet_agent_nvml_cpu_s_per_node_converge", nvml)
+        agent, fake = used["agents"] / n, fake / n
+        self.results.add("fleet_agent_cpu_per_converge_s", agent - fake)
+        self.results.add("fleet_fake_driver_cpu_per_converge_s", fake)
+        self.results.add("fleet_nvml_calls_per_converge", calls / n)
+        self.results.add("fleet_api_requests_per_converge", requests / n)
         self.results.note(
-            "fleet converge: agent CPU per node, without / on its NVML thread (reads, pynvml, fake driver)",
-            f"{agent - nvml:.2f} s / {nvml:.2f} s",
+            "fleet converge: agent CPU per node, off its NVML thread / on it (reads, pynvml) / in fake NVML",
+            f"{agent - nvml:.3f} s / {nvml - fake:.3f} s / {fake:.3f} s; {calls / n:.0f} NVML calls",
         )
         wall = max(times)
         cost = sum(v for k, v in used.items() if k not in ("machine", "bench")) / n
+        cores = os.cpu_count() or 1
+        p95 = percentile(times, 95)
+        floor = used["machine"] / cores
         self.results.add("fleet_cpu_s_per_node_converge", cost)
         self.results.add("fleet_converge_s_p50", percentile(times, 50))
-        self.results.add("fleet_converge_s_p95", percentile(times, 95))
+        self.results.add("fleet_converge_s_p95", p95)
+        self.results.add("fleet_converge_vs_cpu_floor", p95 / floor)
         self.results.add("_fleet_converge_max", wall)
-        say(f"   p50/p95/max {percentile(times, 50):.1f}/{percentile(times, 95):.1f}/{wall:.1f} s")
+        say(f"   p50/p95/max {percentile(times, 50):.1f}/{p95:.1f}/{wall:.1f} s, CPU floor {floor:.1f} s")
         self.results.note(
             f"fleet converge to {layout}: CPU by group during the {wall:.1f} s", _shares(used, wall, n)
         )
-        cores = os.cpu_count() or 1
         self.results.note(
             f"fleet converge to {layout}: all processes' CPU / what {cores} cores give in that time",
             f"{used['machine'] / (cores * wall):.0%} of the machine (others' work included); "
             f"{cost:.2f} CPU-s per node (agent + harness + API server + etcd): "
             f"{cores} cores converge about {cores * 10 / cost:.0f} nodes in 10 s",
         )
+
+
+def _counters(node: Node) -> Path:
+    """Where the fake driver of the node's agent counts its calls (FAKE_NVML_COUNTERS)."""
+    return node.driver.with_suffix(".nvml-counters")
 
 
 @contextlib.contextmanager

@@ -11,7 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -102,9 +102,10 @@ def start_agent(
     log: Path,
     http_port: int,
     extra: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
     """`sharing agent` on the fake driver under `driver_root`, as the DaemonSet runs it (its own
-    journal, CDI dir and port beside the root; `http_port` 0 serves no HTTP)."""
+    journal, CDI dir and port beside the root; `http_port` 0 serves no HTTP); `env` is added to ours."""
     args = [
         "--node-name", node,
         "--kubeconfig", str(kubeconfig),
@@ -117,12 +118,12 @@ def start_agent(
         "--http-port", str(http_port),
         *extra,
     ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    environ = {**os.environ, **(env or {}), "PYTHONPATH": str(REPO)}
     with log.open("wb") as out:
         return subprocess.Popen(
             [*exec_prefix(), sys.executable, "-m", "sharing", "agent", *args],
             stdout=out,
             stderr=subprocess.STDOUT,
-            env=env,
+            env=environ,
             cwd=REPO,
         )

@@ -201,6 +201,7 @@ class NvmlBackend:
 
         def work() -> bool:
             handle, where = self._read.find(gpu)
+            self._read.forget(gpu)  # what held for the old MIG mode is read again
             try:
                 status = self._timed(
                     "enable_mig" if enabled else "disable_mig", n.nvmlDeviceSetMigMode, handle, mode
@@ -254,7 +255,7 @@ class NvmlBackend:
             except n.NVMLError as err:
                 raise backend_error(n, err, f"finding GPU instance {gi_id}", where) from err
             try:
-                for ci in self._read.compute_instances(gi):
+                for ci in self._read.compute_instances_of(gpu, gi):
                     self._timed("destroy_compute_instance", n.nvmlComputeInstanceDestroy, ci)
                 self._timed("destroy_gpu_instance", n.nvmlGpuInstanceDestroy, gi)
             except n.NVMLError as err:
@@ -399,6 +400,7 @@ class NvmlBackend:
                     return events
                 raise
             gpu_uuid = GpuUuid(n.nvmlDeviceGetUUID(data.device))
+            self._read.forget(gpu_uuid)  # an XID or a reset: read everything of the GPU again
             if recovery and data.eventType == recovery:
                 # NONE: nothing left to do, the GPU is healthy; any other action: it needs one.
                 healthy = data.eventData == n.NVML_GPU_RECOVERY_ACTION_NONE

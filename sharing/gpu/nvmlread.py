@@ -2,17 +2,28 @@
 
 Synchronous, over the typed NVML surface (the real `pynvml`), called by
 `NvmlBackend` on its worker thread. It copes with NVML's read quirks: the caller allocates the
-arrays GetGpuInstances and GetComputeInstances fill (and NVML under-reports some counts),
-nvmlDeviceIsMigDeviceHandle returns a ctypes value, MIG device indices have holes, GPUs without MIG
-answer NOT_SUPPORTED, old drivers lack nvmlDeviceGetPciInfoExt. Each GPU is read on its own: one
-whose reads fail (lost, fallen off the bus) is reported as unreadable and the others as usual.
+arrays GetGpuInstances and GetComputeInstances fill (and NVML under-reports some counts), MIG device
+indices have holes (nvmlDeviceGetMigDeviceHandleByIndex: NOT_FOUND "if no valid MIG device was found
+at index", so a handle it returns is a MIG device's), GPUs without MIG answer NOT_SUPPORTED, old
+drivers lack nvmlDeviceGetPciInfoExt. Each GPU is read on its own: one whose reads fail (lost,
+fallen off the bus) is reported as unreadable and the others as usual.
+
+What cannot change is read once per GPU (`Known`, by UUID): its identity (name, PCI ids and bus,
+class, compute capability, minor, brand, architecture: the board's and its slot's, for a UUID that
+nvml.h calls "globally unique immutable"), its MIG profile table and the compute-instance profiles
+each GPU-instance profile offers ("Information provided by this API is immutable throughout the
+lifetime of a MIG mode", nvml.h on nvmlDeviceGetGpuInstanceProfileInfo and
+nvmlGpuInstanceGetComputeInstanceProfileInfo). What the hardware does now is read on every
+observation: MIG mode, instances, MIG devices and their UUIDs, processes, memory. A GPU's entry is
+dropped when its MIG mode changes, when it cannot be read, when the backend changes its MIG mode or
+sees an event of it (an XID, a reset's recovery), and all of them when the driver's version changes.
 """
 
 from __future__ import annotations
 
 import ctypes
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 from sharing.errors import BackendError
 from sharing.gpu.backend import GpuNotFoundError
@@ -47,17 +58,55 @@ class NoMigDeviceError(BackendError):
     """A compute instance with no MIG device: its GPU is reported unreadable (nothing of it is used)."""
 
 
+CiProfiles = tuple[tuple[int, int], ...]
+"""(profile id, instance count) of each compute-instance profile a GPU instance offers."""
+
+
+@dataclass
+class Known:
+    """What is kept of one GPU between reads: only what cannot change while its MIG mode holds."""
+
+    identity: Gpu | None = None
+    """The GPU as read once at its index, every field that changes left at its default."""
+    mig_mode: int | None = None
+    """The current MIG mode the entry was read under."""
+    table: Product | None = None
+    """Its MIG profiles, once the driver lists any."""
+    ci_profiles: dict[int, CiProfiles] = field(default_factory=dict)
+    """Per GPU-instance profile id: the compute-instance profiles it offers."""
+
+
 class NvmlReader:
-    """Observes GPUs through NVML; caches each GPU's profile table once the driver lists one."""
+    """Observes GPUs through NVML; keeps what cannot change of each GPU (`Known`)."""
 
     def __init__(self, nvml: Nvml) -> None:
         self._nvml = nvml
-        self._tables: dict[str, Product | None] = {}
+        self._known: dict[str, Known] = {}
         self._uuids: dict[int, GpuUuid] = {}
+        self._driver: DriverInfo | None = None
+
+    def forget(self, uuid: str) -> None:
+        """Read everything of this GPU again (its MIG mode was changed, it was reset or reported an XID)."""
+        self._known.pop(uuid, None)
+
+    def known(self, uuid: str) -> Known:
+        """What is kept of this GPU (an empty entry when nothing is yet)."""
+        return self._known.setdefault(uuid, Known())
 
     def find(self, uuid: str) -> tuple[Handle, str]:
-        """(handle, description) of the GPU with this UUID; GpuNotFoundError when there is none."""
+        """(handle, description) of the GPU with this UUID; GpuNotFoundError when there is none.
+
+        Where it was last seen is tried first, and its UUID read again there."""
         n = self._nvml
+        for index, seen in self._uuids.items():
+            if seen == uuid:
+                try:
+                    handle = n.nvmlDeviceGetHandleByIndex(index)
+                    if n.nvmlDeviceGetUUID(handle) == uuid:
+                        return handle, f"GPU {index} ({uuid})"
+                except n.NVMLError:
+                    pass  # gone from there: every GPU is asked below
+                break
         for index in range(n.nvmlDeviceGetCount()):
             handle = n.nvmlDeviceGetHandleByIndex(index)
             try:
@@ -72,15 +121,16 @@ class NvmlReader:
 
         Old drivers (R535) list none while MIG is off, and the catalog fills in (model.geometry):
         only a non-empty table is kept, so the driver's own is read once MIG is on."""
-        if uuid not in self._tables:
+        known = self.known(uuid)
+        if known.table is None:
             n = self._nvml
             table = read_table(n, handle, n.nvmlDeviceGetName(handle))
             if not table.profiles:
                 return None
             pci = n.nvmlDeviceGetPciInfo(handle).pciDeviceId
             capability = n.nvmlDeviceGetCudaComputeCapability(handle)
-            self._tables[uuid] = with_identity(table, pci, capability)
-        return self._tables[uuid]
+            known.table = with_identity(table, pci, capability)
+        return known.table
 
     def gpu_instances(self, handle: Handle, profile_id: int, max_count: int) -> list[Handle]:
         n = self._nvml
@@ -90,9 +140,10 @@ class NvmlReader:
         n.nvmlDeviceGetGpuInstances(handle, profile_id, array, ctypes.byref(count))
         return list(array[: count.value])
 
-    def compute_instances(self, gi: Handle) -> list[Handle]:
+    def ci_profiles(self, gi: Handle) -> CiProfiles:
+        """The compute-instance profiles a GPU instance offers (every enum is asked)."""
         n = self._nvml
-        found: list[Handle] = []
+        found = []
         for enum in range(n.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
             try:
                 info = n.nvmlGpuInstanceGetComputeInstanceProfileInfo(
@@ -102,11 +153,30 @@ class NvmlReader:
                 if code(err) in (n.NVML_ERROR_NOT_SUPPORTED, n.NVML_ERROR_INVALID_ARGUMENT):
                     continue
                 raise
-            array = (n.c_nvmlComputeInstance_t * max(info.instanceCount, 8))()
+            found.append((info.id, info.instanceCount))
+        return tuple(found)
+
+    def compute_instances(self, gi: Handle, profiles: CiProfiles | None = None) -> list[Handle]:
+        """The GPU instance's compute instances, of `profiles` (default: every profile it offers)."""
+        n = self._nvml
+        found: list[Handle] = []
+        for profile_id, max_count in self.ci_profiles(gi) if profiles is None else profiles:
+            array = (n.c_nvmlComputeInstance_t * max(max_count, 8))()
             count = ctypes.c_uint(0)
-            n.nvmlGpuInstanceGetComputeInstances(gi, info.id, array, ctypes.byref(count))
+            n.nvmlGpuInstanceGetComputeInstances(gi, profile_id, array, ctypes.byref(count))
             found.extend(array[: count.value])
         return found
+
+    def compute_instances_of(self, uuid: str, gi: Handle, gi_profile: int | None = None) -> list[Handle]:
+        """The compute instances of a GPU instance of GPU `uuid` (of profile `gi_profile`, read when
+        not given); the compute-instance profiles are asked once per GPU-instance profile (`Known`)."""
+        if gi_profile is None:
+            gi_profile = self._nvml.nvmlGpuInstanceGetInfo(gi).profileId
+        known = self.known(uuid)
+        profiles = known.ci_profiles.get(gi_profile)
+        if profiles is None:
+            profiles = known.ci_profiles[gi_profile] = self.ci_profiles(gi)
+        return self.compute_instances(gi, profiles)
 
     def mig_devices(self, handle: Handle) -> MigDevices:
         """(GI id, CI id) -> (MIG UUID, busy, MIG device index) per MIG device; indices may have holes."""
@@ -119,8 +189,6 @@ class NvmlReader:
                 if code(err) in (n.NVML_ERROR_NOT_FOUND, n.NVML_ERROR_INVALID_ARGUMENT):
                     continue
                 raise
-            if not _truthy(n.nvmlDeviceIsMigDeviceHandle(mig)):
-                continue
             key = (n.nvmlDeviceGetGpuInstanceId(mig), n.nvmlDeviceGetComputeInstanceId(mig))
             devices[key] = (MigUuid(n.nvmlDeviceGetUUID(mig)), self.mig_busy(mig), index)
         return devices
@@ -157,11 +225,18 @@ class NvmlReader:
                 return True
             raise
 
-    def instance(self, gi: Handle, profile: str, migs: MigDevices) -> GpuInstance:
+    def instance(self, gi: Handle, profile: str, migs: MigDevices, uuid: str | None = None) -> GpuInstance:
+        """The GPU instance, with its compute instances and their MIG devices (`migs`); with the GPU's
+        UUID, its compute-instance profiles are the ones kept (`compute_instances_of`)."""
         n = self._nvml
         info = n.nvmlGpuInstanceGetInfo(gi)
         cis = []
-        for ci in self.compute_instances(gi):
+        found_cis = (
+            self.compute_instances(gi)
+            if uuid is None
+            else self.compute_instances_of(uuid, gi, info.profileId)
+        )
+        for ci in found_cis:
             ci_info = n.nvmlComputeInstanceGetInfo(ci)
             found = migs.get((info.id, ci_info.id))
             if found is None:
@@ -196,21 +271,24 @@ class NvmlReader:
         gpus: list[Gpu] = []
         unreadable: list[UnreadableGpu] = []
         virtual = False
-        for index in range(n.nvmlDeviceGetCount()):
+        count = n.nvmlDeviceGetCount()
+        driver = self.driver()
+        if driver != self._driver:  # another driver: nothing read of the last one holds
+            self._known.clear()
+            self._driver = driver
+        for index in range(count):
             try:
                 gpu, vgpu = self.observe_gpu(index)
-            except n.NVMLError as err:
-                unreadable.append(
-                    UnreadableGpu(index, self._uuids.get(index), bounded(f"NVML error {code(err)}: {err}"))
-                )
+            except (n.NVMLError, NoMigDeviceError) as err:
+                uuid = self._uuids.get(index)
+                if uuid is not None:
+                    self.forget(uuid)
+                error = f"NVML error {code(err)}: {err}" if isinstance(err, n.NVMLError) else str(err)
+                unreadable.append(UnreadableGpu(index, uuid, bounded(error)))
                 continue
-            except NoMigDeviceError as err:
-                unreadable.append(UnreadableGpu(index, self._uuids.get(index), bounded(str(err))))
-                continue
-            self._uuids[index] = gpu.uuid
             gpus.append(gpu)
             virtual = virtual or vgpu
-        return NodeState(tuple(gpus), tuple(unreadable), self.driver(), virtual=virtual)
+        return NodeState(tuple(gpus), tuple(unreadable), driver, virtual=virtual)
 
     def driver(self) -> DriverInfo | None:
         """The driver and CUDA versions; None when NVML does not say."""
@@ -231,12 +309,47 @@ class NvmlReader:
         handle = n.nvmlDeviceGetHandleByIndex(index)
         uuid = GpuUuid(n.nvmlDeviceGetUUID(handle))
         self._uuids[index] = uuid
+        known = self.known(uuid)
+        identity = known.identity
+        if identity is None or identity.index != index:  # the bus id and the minor are the slot's
+            identity = self.identity(handle, uuid, index)
+            known = self._known[uuid] = Known(identity=identity)
+        # Memory is read each time: the ECC mode (set, then applied by a reset) changes the total.
+        base = replace(identity, memory_mib=n.nvmlDeviceGetMemoryInfo(handle).total // MIB)
+        vgpu = self.virtual(handle)
+        try:
+            current, pending = n.nvmlDeviceGetMigMode(handle)
+        except n.NVMLError as err:
+            if code(err) != n.NVML_ERROR_NOT_SUPPORTED:
+                raise
+            return replace(base, busy=self.has_processes(handle)), vgpu
+        if known.mig_mode != current:  # profiles hold for "the lifetime of a MIG mode" (nvml.h)
+            self._known[uuid] = Known(identity=identity, mig_mode=current)
+        table = self.table(handle, uuid)
+        enabled = current == n.NVML_DEVICE_MIG_ENABLE
+        busy = self.has_processes(handle)
+        gpu = replace(base, mig_capable=True, mig_enabled=enabled,
+                      mig_pending=pending == n.NVML_DEVICE_MIG_ENABLE, busy=busy, profiles=table)  # fmt: skip
+        if not enabled or table is None:
+            return gpu, vgpu
+        migs = self.mig_devices(handle)
+        instances = [
+            self.instance(gi, profile.name, migs, uuid)
+            for profile in table.profiles
+            for gi in self.gpu_instances(handle, profile.id, profile.max_count)
+        ]
+        instances.sort(key=lambda g: (g.start, g.id))
+        return replace(gpu, instances=tuple(instances), busy=busy or any(gi.busy for gi in instances)), vgpu
+
+    def identity(self, handle: Handle, uuid: GpuUuid, index: int) -> Gpu:
+        """What the GPU at `index` is, read once (`Known`): the fields that change left at their defaults."""
+        n = self._nvml
         pci = n.nvmlDeviceGetPciInfo(handle)
-        base = Gpu(
+        return Gpu(
             index,
             uuid,
             n.nvmlDeviceGetName(handle),
-            n.nvmlDeviceGetMemoryInfo(handle).total // MIB,
+            0,
             mig_capable=False,
             mig_enabled=False,
             mig_pending=False,
@@ -249,28 +362,6 @@ class NvmlReader:
             brand=self.named(n.nvmlDeviceGetBrand, handle, BRANDS),
             architecture=self.named(n.nvmlDeviceGetArchitecture, handle, ARCHITECTURES),
         )
-        vgpu = self.virtual(handle)
-        try:
-            current, pending = n.nvmlDeviceGetMigMode(handle)
-        except n.NVMLError as err:
-            if code(err) != n.NVML_ERROR_NOT_SUPPORTED:
-                raise
-            return replace(base, busy=self.has_processes(handle)), vgpu
-        table = self.table(handle, uuid)
-        enabled = current == n.NVML_DEVICE_MIG_ENABLE
-        busy = self.has_processes(handle)
-        gpu = replace(base, mig_capable=True, mig_enabled=enabled,
-                      mig_pending=pending == n.NVML_DEVICE_MIG_ENABLE, busy=busy, profiles=table)  # fmt: skip
-        if not enabled or table is None:
-            return gpu, vgpu
-        migs = self.mig_devices(handle)
-        instances = [
-            self.instance(gi, profile.name, migs)
-            for profile in table.profiles
-            for gi in self.gpu_instances(handle, profile.id, profile.max_count)
-        ]
-        instances.sort(key=lambda g: (g.start, g.id))
-        return replace(gpu, instances=tuple(instances), busy=busy or any(gi.busy for gi in instances)), vgpu
 
     def pci_class(self, handle: Handle) -> int | None:
         """The PCI class code (0x030200), from nvmlDeviceGetPciInfoExt; None on drivers without it."""
@@ -329,8 +420,3 @@ def bus_id(raw: bytes | str) -> str | None:
 def _capability(value: tuple[int, int]) -> tuple[int, int] | None:
     major, minor = value
     return None if major == 0 else (major, minor)
-
-
-def _truthy(value: object) -> bool:
-    """NVML booleans arrive as ints or as ctypes values (nvmlDeviceIsMigDeviceHandle)."""
-    return bool(getattr(value, "value", value))

@@ -26,7 +26,7 @@ from sharing.gpu.devfiles import DriverFiles
 from sharing.gpu.nvml import NvmlBackend
 from sharing.gpu.nvmlapi import Nvml
 from sharing.mig.catalog import Catalog, default_catalog, differences
-from sharing.model import DriverInfo, GpuUuid, HealthEvent
+from sharing.model import DriverInfo, Gpu, GpuUuid, HealthEvent
 from sharing.ops import Metrics
 from tests.fakedriver.conftest import make_gpu_instance
 
@@ -345,6 +345,103 @@ async def test_a_gpu_lost_before_it_was_ever_read_has_no_uuid(gpus: Path, nvml: 
         await backend.close()
     assert [(u.index, u.uuid) for u in node.unreadable] == [(0, None)]
     assert 2 == len(node.gpus)
+
+
+def make_compute_instances(nvml: Any, gpu: int, gi_id: int, count: int) -> None:
+    """`count` one-slice compute instances in GPU instance `gi_id`, made by another NVML user."""
+    nvml.nvmlInit()  # reference counted
+    try:
+        gi = nvml.nvmlDeviceGetGpuInstanceById(nvml.nvmlDeviceGetHandleByIndex(gpu), gi_id)
+        info = nvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+            gi, nvml.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE, nvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
+        )
+        for _ in range(count):
+            nvml.nvmlGpuInstanceCreateComputeInstance(gi, info.id)
+    finally:
+        nvml.nvmlShutdown()
+
+
+async def test_compute_instances_another_tool_makes_are_seen(
+    backend: NvmlBackend, gpus: Path, nvml: Nvml
+) -> None:
+    """The compute-instance profiles a GPU-instance profile offers are asked once: all of them, not
+    only the ones in use when first read."""
+    a100 = (await uuids(backend))[0]
+    await backend.set_mig_mode(a100, True)
+    made = await backend.create_instance(a100, "3g.20gb", 0)
+    (gi,) = (await backend.observe()).gpus[0].instances
+    assert len(gi.compute_instances) == 1
+    await backend.destroy_instance(a100, made.id)
+    make_gpu_instance(nvml, 0, 9, 4, 4)  # a 3g.20gb at slot 4 (A100 profile id 9), by someone else
+    gi_id = (await backend.observe()).gpus[0].instances[0].id
+    make_compute_instances(nvml, 0, gi_id, 2)
+    (gi,) = (await backend.observe()).gpus[0].instances
+    assert (gi.profile, gi.start, len(gi.compute_instances)) == ("3g.20gb", 4, 2)
+    assert all(ci.uuid.startswith("MIG-") for ci in gi.compute_instances)
+    await backend.destroy_instance(a100, gi.id)  # every compute instance first, then the GPU instance
+    assert (await backend.observe()).gpus[0].instances == ()
+
+
+def profile_names(gpu: Gpu) -> list[str]:
+    return [p.name for p in gpu.profiles.profiles] if gpu.profiles is not None else []
+
+
+async def test_a_new_driver_is_read_afresh(backend: NvmlBackend, gpus: Path) -> None:
+    """What is kept of a GPU holds for one driver: another version's profile table is read again."""
+    a100 = (await uuids(backend))[0]
+    await backend.set_mig_mode(a100, True)
+    assert "1g.10gb" in profile_names((await backend.observe()).gpus[0])
+    drop_profile(gpus, 0, "1g.10gb")
+    with simstate.editing(gpus) as state:
+        state["driverVersion"] = "590.10.01"
+    node = await backend.observe()
+    assert node.driver == DriverInfo("590.10.01", 13000)
+    assert "1g.10gb" not in profile_names(node.gpus[0])
+
+
+def drop_profile(path: Path, gpu: int, name: str) -> None:
+    """The driver lists one profile less for the GPU (from its next read of the table on)."""
+    with simstate.editing(path) as state:
+        table = state["gpus"][gpu]["mig"]
+        table["profiles"] = [p for p in table["profiles"] if p["name"] != name]
+
+
+@pytest.mark.parametrize("event", ["another tool changes the MIG mode", "the GPU is lost and found"])
+async def test_the_profile_table_is_read_again(
+    event: str, backend: NvmlBackend, gpus: Path, nvml: Nvml
+) -> None:
+    """The table holds for "the lifetime of a MIG mode" (nvml.h): after a mode change, or a GPU that
+    could not be read, it is the driver's again."""
+    a100 = (await uuids(backend))[0]
+    assert "1g.10gb" in profile_names((await backend.observe()).gpus[0])
+    drop_profile(gpus, 0, "1g.10gb")
+    if event.startswith("another tool"):
+        other = over(nvml)
+        await other.set_mig_mode(a100, True)
+        await other.close()
+    else:
+        simstate.set_lost(gpus, 0, True)
+        assert [u.uuid for u in (await backend.observe()).unreadable] == [a100]
+        simstate.set_lost(gpus, 0, False)
+    gpu = (await backend.observe()).gpus[0]
+    assert gpu.uuid == a100
+    assert "1g.10gb" not in profile_names(gpu)
+
+
+async def test_a_gpu_at_another_index_is_read_afresh(backend: NvmlBackend, gpus: Path) -> None:
+    """A UUID found at another index (the GPUs enumerated in another order) is read again there:
+    the bus id and the minor number are the slot's, and changes reach the GPU that has the UUID."""
+    a100, h100, _ = await uuids(backend)
+    with simstate.editing(gpus) as state:
+        first, second = state["gpus"][0], state["gpus"][1]
+        first["uuid"], second["uuid"] = second["uuid"], first["uuid"]
+    node = await backend.observe()
+    assert [(g.uuid, g.product, g.pci_bus_id) for g in node.gpus[:2]] == [
+        (h100, "NVIDIA A100-SXM4-40GB", "0000:10:00.0"),
+        (a100, "NVIDIA H100 80GB HBM3", "0000:11:00.0"),
+    ]
+    await backend.set_mig_mode(a100, True)
+    assert [g.mig_enabled for g in (await backend.observe()).gpus[:2]] == [False, True]
 
 
 async def test_failing_to_count_the_gpus_fails_the_observation(gpus: Path, nvml: Nvml) -> None:

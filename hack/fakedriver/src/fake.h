@@ -39,9 +39,11 @@ void fake_leave(void);
 int fake_initialised(void);
 void fake_count_init(int delta);
 void fake_delay(const char *call); /* the call's latency from the state, slept unlocked (README) */
+void fake_count_call(void); /* FAKE_NVML_COUNTERS: see state.c */
 #define ENTER()                                                                                    \
 	do {                                                                                       \
 		fake_enter();                                                                      \
+		fake_count_call();                                                                 \
 		if (!fake_initialised()) {                                                         \
 			fake_leave();                                                              \
 			return NVML_ERROR_UNINITIALIZED;                                           \
@@ -94,7 +96,7 @@ void fake_mig_uuid(json_t *state, char *out, size_t size);
 		RETURN(NVML_ERROR_INVALID_ARGUMENT);
 
 /* the files a driver brings */
-void fake_sync_files(json_t *state);
+void fake_sync_files(json_t *state, json_t *before); /* before: the state last synced, or NULL */
 const char *fake_root(void);
 const char *fake_state_path(void);
 

@@ -81,7 +81,16 @@ static void drop_cap(const char *dir, unsigned int minor)
 
 static unsigned int gi_minor(int gpu, int gi) { return 3u + (unsigned int)gpu * 135u + (unsigned int)gi * 9u; }
 
-void fake_sync_files(json_t *state)
+/* The same GPU with the same instances in both states: its files were made when `before` was read. */
+static int unchanged(json_t *gpu, json_t *before, size_t i)
+{
+	json_t *old = before ? fake_gpu(before, (int)i) : NULL;
+	return old && fake_int(old, "minor", -1) == fake_int(gpu, "minor", -1) &&
+	       fake_int(old, "index", -1) == fake_int(gpu, "index", -1) &&
+	       json_equal(json_object_get(old, "gpuInstances"), json_object_get(gpu, "gpuInstances"));
+}
+
+void fake_sync_files(json_t *state, json_t *before)
 {
 	char dir[PATH_BUF], sub[PATH_BUF];
 	struct stat st;
@@ -95,6 +104,8 @@ void fake_sync_files(json_t *state)
 	size_t i;
 	json_t *gpu;
 	json_array_foreach(json_object_get(state, "gpus"), i, gpu) {
+		if (unchanged(gpu, before, i))
+			continue; /* a stat() per possible instance of every GPU was most of a change's cost */
 		int minor = (int)fake_int(gpu, "minor", fake_int(gpu, "index", (json_int_t)i));
 		char name[32];
 		snprintf(name, sizeof name, "nvidia%d", minor);
