@@ -273,8 +273,14 @@ class Agent:
             holders = await self.rollout.holders(node=observed)
         except SharingError:
             return False
-        if any(not (g := observed.gpu(u)) or not g.busy for u in self.rollout.mps_blocked):
-            return True  # an MPS change waits for processes, not for the pods that hold replicas
+        mps = self.rollout.mps
+        for uuid in self.rollout.mps_blocked:  # an MPS change waits for processes, not for pods
+            gpu = observed.gpu(uuid)
+            try:
+                if gpu is None or mps is None or not await mps.in_use(gpu):
+                    return True
+            except SharingError:
+                return False
         return bool(self._verdict.blockers - holders.busy_uuids(observed))
 
     async def _resync(self) -> None:

@@ -35,6 +35,12 @@ class ComputeInstance:
     names it in NVIDIA_VISIBLE_DEVICES."""
     slices: int | None = None
     """The compute slices it spans (nvmlComputeInstanceGetInfo `placement.size`); None: not read."""
+    processes: int = 0
+    """How many compute processes NVML lists on it (0 while busy: they could not be read)."""
+
+    def busy_beyond(self, idle_servers: int) -> bool:
+        """Busy with more than `idle_servers` processes (idle MPS servers of the agent's own daemon)."""
+        return beyond(self.busy, self.processes, idle_servers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +76,9 @@ class Gpu:
     instances: tuple[GpuInstance, ...] = ()
     busy: bool = False
     """Processes run on the GPU itself (MIG disabled) or on any of its MIG devices."""
+    processes: int = 0
+    """How many compute processes NVML lists on the GPU itself (0 while busy: they could not be
+    read, or they run on its MIG devices)."""
     numa_node: int | None = None
     pci_device_id: int | None = None
     """NVML's 32-bit pciDeviceId: device id in the high half, vendor in the low (0x20B010DE)."""
@@ -88,6 +97,10 @@ class Gpu:
     """nvmlDeviceGetBrand as go-nvlib names it (`Nvidia`, `Tesla`); None when not read."""
     architecture: str | None = None
     """nvmlDeviceGetArchitecture as go-nvlib names it (`Ampere`, `Hopper`); None when not read."""
+
+    def busy_beyond(self, idle_servers: int) -> bool:
+        """Busy with more than `idle_servers` processes (idle MPS servers of the agent's own daemon)."""
+        return beyond(self.busy, self.processes, idle_servers)
 
     @property
     def mig_devices(self) -> tuple[tuple[GpuInstance, ComputeInstance], ...]:
@@ -142,6 +155,20 @@ class HealthEvent:
     xid: int | None = None
     mig_uuid: MigUuid | None = None
     """The affected MIG device when NVML attributes the event to one; None means the whole GPU."""
+
+
+def beyond(busy: bool, processes: int, idle_servers: int) -> bool:
+    """Whether a device runs processes other than `idle_servers` MPS servers without clients.
+
+    An MPS server is a compute process of its device while it lives ("nvidia-smi/NVML list
+    nvidia-cuda-mps-server as the active process", https://docs.nvidia.com/deploy/topics/topic_5_1_2.html),
+    and it lives on after its last client until its daemon quits: NVIDIA documents a server ending once
+    its clients are done only when a client of another user waits (nvidia-cuda-mps-control(1),
+    https://manpages.ubuntu.com/manpages/noble/man1/nvidia-cuda-mps-control.1.html). The count, not
+    the PIDs, is compared: NVML's PIDs and the daemon's need not be of the same PID namespace. A busy
+    device with no count (they could not be read) is in use.
+    """
+    return busy and (processes == 0 or processes > idle_servers)
 
 
 def bounded(text: str, limit: int = MAX_ERROR_CHARS) -> str:

@@ -99,30 +99,28 @@ async def undo(
     ondemand: OnDemand, ref: str, uid: str, made: Sequence[Made], served: Mapping[str, MpsSettings]
 ) -> tuple[PreparedDevice, ...]:
     """A prepare that failed half-way: destroy what it made (its MPS daemon first, of those in
-    `served`, by MIG UUID); the devices that could not be destroyed."""
+    `served`, by MIG UUID, as unprepare does); the devices that could not be destroyed."""
     left = []
     for result, place, gi, new in made:
         if not new:
             continue
         mig = gi.compute_instances[0].uuid if gi.compute_instances else ""
+        d = made_device(uid, result, place, gi, mps=served.get(mig))
         try:
-            if mig in served:
-                await ondemand.end_mps(ref, mig)
-            await ondemand.destroy(ref, place.gpu.uuid, gi)
+            await _end_and_destroy(ondemand, ref, d, gi)
         except ClaimError as err:
             log.error("ondemand_undo_failed", claim=ref, device=result.device, error=str(err))
-            left.append(made_device(uid, result, place, gi, mps=served.get(mig)))
+            left.append(d)
     return tuple(left)
 
 
 async def destroy_owned(ondemand: OnDemand | None, ref: str, claim: PreparedClaim) -> None:
     """Destroy the instances made for the claim, never one with processes (then ClaimError: the
     kubelet retries the unprepare), never one the checkpoint does not give it, never one it adopted
-    (foreign: `reclaimForeign: idle` may destroy that once no claim holds it)."""
-    for d in claim.devices:
-        if d.instance is not None and d.instance.foreign:
-            log.info("ondemand_foreign_instance_left", claim=ref, device=d.device, mig=d.uuid)
-    owned = [d for d in claim.devices if d.instance is not None and not d.instance.foreign]
+    (foreign: `reclaimForeign: idle` may destroy that once no claim holds it); an MPS daemon of the
+    claim's goes first, when no client is attached to its servers (an adopted instance's compute mode
+    is put back then: it stays)."""
+    owned = [d for d in claim.devices if d.instance is not None]
     if not owned:
         return
     if ondemand is None:
@@ -140,20 +138,55 @@ async def destroy_owned(ondemand: OnDemand | None, ref: str, claim: PreparedClai
             if d.mps is not None and d.uuid:
                 await ondemand.end_mps(ref, d.uuid)
             continue
-        if any(ci.busy for ci in gi.compute_instances):
-            raise ClaimError(busy_message(ref, d))
-        if d.mps is not None and d.uuid:  # no client is attached (its server would be a process there)
-            await ondemand.end_mps(ref, d.uuid)
-        try:
-            await ondemand.destroy(ref, d.instance.gpu_uuid, gi)
-        except InstanceBusyError:
-            raise ClaimError(busy_message(ref, d)) from None
+        if d.instance.foreign:
+            await _end_mps(ondemand, ref, d, gi, restore_mode=True)
+            log.info("ondemand_foreign_instance_left", claim=ref, device=d.device, mig=d.uuid)
+            continue
+        await _end_and_destroy(ondemand, ref, d, gi)
 
 
-def busy_message(ref: str, d: PreparedDevice) -> str:
+async def _end_and_destroy(ondemand: OnDemand, ref: str, d: PreparedDevice, gi: GpuInstance) -> None:
+    """Stop the device's MPS daemon (if it has one) unless clients are attached to its servers, then
+    destroy its instance unless processes run there; ClaimError (nothing more done) otherwise.
+
+    The daemon's servers without clients are no users: one stays after its last client, a process of
+    the MIG device until `quit` ends it (`sharing.model.beyond`). So its clients are asked of the
+    daemon first, then the instance's processes of NVML: before the quit, all but those idle servers
+    count; after it, every one (the quit ended them).
+    """
+    assert d.instance is not None
+    found = await _end_mps(ondemand, ref, d, gi)
+    if found is None:
+        return
+    gi = found
+    if any(ci.busy for ci in gi.compute_instances):
+        raise ClaimError(busy_message(ref, d))
+    try:
+        await ondemand.destroy(ref, d.instance.gpu_uuid, gi)
+    except InstanceBusyError:
+        raise ClaimError(busy_message(ref, d)) from None
+
+
+async def _end_mps(
+    ondemand: OnDemand, ref: str, d: PreparedDevice, gi: GpuInstance, *, restore_mode: bool = False
+) -> GpuInstance | None:
+    """Stop the device's MPS daemon, if it has one, unless clients are attached to its servers
+    (ClaimError); the instance as it is after (None: gone)."""
+    assert d.instance is not None
+    if d.mps is None or not d.uuid:
+        return gi
+    servers = await ondemand.mps_servers(ref, d.uuid)
+    if servers.serving or any(ci.busy_beyond(servers.idle) for ci in gi.compute_instances):
+        raise ClaimError(busy_message(ref, d, servers.clients))
+    await ondemand.end_mps(ref, d.uuid, restore_mode=restore_mode)
+    return find(await ondemand.observe(), d.instance, d.uuid)
+
+
+def busy_message(ref: str, d: PreparedDevice, clients: Sequence[int] = ()) -> str:
     where = "" if d.instance is None else f" ({d.instance.profile} at slot {d.instance.start})"
+    mps = f" (MPS clients, PIDs {', '.join(map(str, clients[:8]))})" if clients else ""
     return (
-        f"claim {ref}: its MIG device {d.uuid or d.device}{where} still has processes running on it; "
+        f"claim {ref}: its MIG device {d.uuid or d.device}{where} still has processes running on it{mps}; "
         "it is not destroyed while they run, and the kubelet retries the unprepare until they have ended"
     )
 

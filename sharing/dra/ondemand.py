@@ -22,7 +22,9 @@ A claim whose `MigDeviceConfig` asks for MPS (`sharing.dra.claims`) gets an MPS 
 to its MIG device (`sharing.gpu.mps`, started by the MPS keeper as the node's MPS GPUs' are) before
 its prepare answers; the daemon's defaults are the claim's limits, so every client (every container
 of every pod that uses the claim) gets them, and its CDI spec gives each container the daemon's pipe
-directory. The daemon ends at unprepare, before the instance is destroyed. One claim shared by
+directory. The daemon ends at unprepare, when no client is attached to its servers (a server stays
+after its last client, and is a process of the MIG device until `quit` ends it), then the instance
+is destroyed if nothing else runs there. One claim shared by
 several pods is prepared once and unprepared when its last pod has gone (the kubelet's claim cache),
 so the instance and its daemon live exactly as long as the claim has users.
 """
@@ -43,7 +45,7 @@ from sharing.dra.names import parse_ondemand_name, profile_slug
 from sharing.errors import BackendError
 from sharing.gpu import GpuBackend
 from sharing.gpu.backend import GpuBusyError
-from sharing.gpu.mps import MpsDaemons
+from sharing.gpu.mps import MpsDaemons, Servers
 from sharing.mig.catalog import Profile
 from sharing.model import Gpu, GpuInstance, GpuUuid, NodeState
 from sharing.store import Journal, JournalError, JournalLockedError, OwnedInstance, PreparedClaim
@@ -201,15 +203,29 @@ class OnDemand:
                  active_thread_percentage=settings.active_thread_percentage,
                  pinned_memory_mib=settings.pinned_memory_mib)  # fmt: skip
 
-    async def end_mps(self, ref: str, mig: str) -> None:
-        """Stop the MIG device's MPS control daemon (before its instance is destroyed)."""
+    async def mps_servers(self, ref: str, mig: str) -> Servers:
+        """The MPS servers of the MIG device's daemon and their clients (none without a daemon). A
+        server without clients is no user: it stays after its last client (`sharing.model.beyond`)
+        and ends with its daemon."""
+        if self.mps is None:
+            return Servers()
+        try:
+            return await self.mps.servers(mig)
+        except BackendError as err:
+            raise ClaimError(
+                f"claim {ref}: cannot ask the MPS control daemon of {mig} for its clients: {err}"
+            ) from err
+
+    async def end_mps(self, ref: str, mig: str, *, restore_mode: bool = False) -> None:
+        """Stop the MIG device's MPS control daemon (before its instance is destroyed; `restore_mode`:
+        the instance stays, and its compute mode goes back to DEFAULT)."""
         if self.mps is None:
             raise ClaimError(
                 f"claim {ref}: its MIG device {mig} has an MPS control daemon, and this agent runs none to "
                 "stop it; its instance is kept until an agent that does unprepares the claim"
             )
         try:
-            await self.mps.end(mig)
+            await self.mps.end(mig, restore_mode=restore_mode)
         except BackendError as err:
             raise ClaimError(f"claim {ref}: cannot stop the MPS control daemon of {mig}: {err}") from err
 

@@ -19,6 +19,10 @@ restarts adopts the daemons it finds, and a daemon that dies is seen by the next
 and started again by the next `enforce`. `quit` ends the daemon and its servers, and so every
 client attached to them ("quit ... the MPS controller and any associated MPS servers": Quick
 Start), so a daemon whose GPU runs processes (NVML) is never stopped or restarted: the change waits.
+Its own servers without clients do not count: a server is a compute process of its GPU for NVML, and
+it stays after its last client has gone (`sharing.model.beyond`), so the daemon is asked which
+servers it runs (`get_server_list`) and the clients of each (`get_client_list <PID>`: the MPS guide,
+"MPSv2 Interface", https://docs.nvidia.com/deploy/mps/latest/mpsv2-interface.html).
 The shared memory the clients and servers use is `<mpsRoot>/shm` (NVIDIA's device plugin mounts it
 at /dev/shm in both, k8s-device-plugin v0.20.0 internal/plugin/mps.go).
 
@@ -51,7 +55,7 @@ from sharing.errors import BackendError
 from sharing.gpu.mpscontrol import control_env, log_dir, run_control
 from sharing.gpu.mpskeeper import ask_keeper
 from sharing.mig import Outcome
-from sharing.model import GpuUuid, NodeState
+from sharing.model import Gpu, GpuUuid, NodeState
 from sharing.text import bounded
 
 log = structlog.get_logger(__name__)
@@ -95,6 +99,22 @@ class MpsResult:
 
     outcome: Outcome
     reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Servers:
+    """A daemon's MPS servers as it lists them."""
+
+    count: int = 0
+    idle: int = 0
+    """Those without a client."""
+    clients: tuple[int, ...] = ()
+    """The PIDs of the others' clients (as the daemon sees them)."""
+
+    @property
+    def serving(self) -> bool:
+        """Some server has clients (or its clients could not be read)."""
+        return self.count > self.idle
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,7 +231,7 @@ class MpsDaemons:
             if want is None:
                 if current is None and had is None and not self.pipe_dir(gpu.uuid).parent.exists():
                     continue
-                if current is not None and gpu.busy:
+                if current is not None and await self._in_use(gpu):
                     results[gpu.uuid] = MpsResult(
                         Outcome.BLOCKED, _busy(gpu.index, "stopping its MPS daemon")
                     )
@@ -224,7 +244,7 @@ class MpsDaemons:
                 self._errors.pop(gpu.uuid, None)
                 results[gpu.uuid] = MpsResult(Outcome.UNCHANGED)
                 continue
-            if gpu.busy:
+            if await self._in_use(gpu):
                 # New limits for running clients would mean quitting their server; without a daemon,
                 # the processes running there would share the GPU with the clients to come.
                 doing = "restarting its MPS daemon with new limits" if current else "starting its MPS daemon"
@@ -250,12 +270,41 @@ class MpsDaemons:
             if result.outcome is Outcome.FAILED:
                 raise BackendError(result.reason)
 
-    async def end(self, device: str) -> None:
+    async def in_use(self, gpu: Gpu) -> bool:
+        """Whether processes run on the GPU other than its daemon's servers without clients."""
+        async with self._lock:
+            return await self._in_use(gpu)
+
+    async def servers(self, device: str) -> Servers:
+        """The MPS servers of `device`'s daemon (none when no daemon answers); BackendError when the
+        tool cannot run."""
+        async with self._lock:
+            return await self._servers(device)
+
+    async def stop_unused(self, gpu: GpuUuid) -> MpsResult:
+        """Stop the GPU's daemon before its hardware changes, unless a client is attached to its
+        servers (BLOCKED); its servers without clients go with it."""
+        async with self._lock:
+            current = await self._read(gpu)
+            if current is None and not self.pipe_dir(gpu).parent.exists():
+                return MpsResult(Outcome.UNCHANGED)
+            servers = await self._servers(gpu)
+            if servers.serving:
+                return MpsResult(Outcome.BLOCKED, "MPS clients are attached to its daemon's server")
+            result = await self._stop(gpu, current is not None)
+            if result.outcome is Outcome.APPLIED:
+                self._forget(gpu)
+            return result
+
+    async def end(self, device: str, *, restore_mode: bool = False) -> None:
         """Stop `device`'s daemon (if it runs) and remove its directories; BackendError says why not.
-        Its compute mode is left: the MIG device goes next (or is gone), and the mode with it."""
+        Its compute mode is left (the MIG device goes next, or is gone, and the mode with it) unless
+        `restore_mode`: a device that stays (one the agent did not make) goes back to DEFAULT."""
         async with self._lock:
             if await self._read(device) is not None:
                 await self._quit(GpuUuid(device))
+            if restore_mode:
+                await self._compute_mode(GpuUuid(device), False)
             await asyncio.to_thread(shutil.rmtree, self.root / device, True)
             self._forget(GpuUuid(device))
         log.info("mps_daemon_stopped", gpu=device)
@@ -327,6 +376,29 @@ class MpsDaemons:
             await asyncio.sleep(delay)  # the daemon's own exit, with a deadline
             delay = min(delay * 2, 0.2)
 
+    async def _in_use(self, gpu: Gpu) -> bool:
+        if not gpu.busy:
+            return False
+        return gpu.busy_beyond((await self._servers(gpu.uuid)).idle)
+
+    async def _servers(self, device: str) -> Servers:
+        if not (self.pipe_dir(device) / "control").exists():
+            return Servers()
+        env = self._env(device)
+        code, out = await self._run([], "get_server_list\n", env)
+        pids = _pids(out) if code == 0 else ()
+        if not pids:  # no server, or no daemon that answers (and a server of none is not ours)
+            return Servers()
+        idle, clients = 0, list[int]()
+        for pid in pids:
+            code, out = await self._run([], f"get_client_list {pid}\n", env)
+            listed = _pids(out) if code == 0 else None
+            if listed == ():
+                idle += 1
+            else:  # clients, or an answer that is not a list of them: in use
+                clients.extend(listed or ())
+        return Servers(len(pids), idle, tuple(clients))
+
     def _forget(self, gpu: GpuUuid) -> None:
         for kept in (self._wanted, self._enforced, self._errors):
             kept.pop(gpu, None)
@@ -364,6 +436,14 @@ class MpsDaemons:
 
 def _busy(index: int, doing: str) -> str:
     return f"processes run on GPU {index} (MPS clients or others): {doing} waits until they end"
+
+
+def _pids(text: str) -> tuple[int, ...] | None:
+    """The PIDs the tool printed, one a line; None when a line is not one."""
+    try:
+        return tuple(int(line) for line in text.split())
+    except ValueError:
+        return None
 
 
 def _mib(text: str) -> int:

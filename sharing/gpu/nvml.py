@@ -326,17 +326,15 @@ class NvmlBackend:
                 f"compute instance {ci_id} of GPU instance {info.id} has no MIG device "
                 "(nvmlDeviceGetMigDeviceHandleByIndex lists none): the GPU is not used until it has"
             )
-        uuid, busy, index = found
+        uuid, processes, index = found
+        made = ComputeInstance(id=ci_id, uuid=uuid, busy=processes != 0, mig_index=index,
+                               processes=processes or 0, slices=ci_info.placement.size)  # fmt: skip
         return GpuInstance(
             id=info.id,
             profile=profile,
             start=info.placement.start,
             size=info.placement.size,
-            compute_instances=(
-                ComputeInstance(
-                    id=ci_id, uuid=uuid, busy=busy, mig_index=index, slices=ci_info.placement.size
-                ),
-            ),
+            compute_instances=(made,),
         )
 
     def _gi_at(

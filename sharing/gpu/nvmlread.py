@@ -42,7 +42,7 @@ from sharing.model import (
     bounded,
 )
 
-MigDevices = dict[tuple[int, int], tuple[MigUuid, bool, int | None]]
+MigDevices = dict[tuple[int, int], tuple[MigUuid, int | None, int | None]]
 
 # nvml.h nvmlBrandType_t and NVML_DEVICE_ARCH_* as go-nvlib names them (pkg/nvlib/device/device.go,
 # GetBrandAsString, GetArchitectureAsString): the strings NVIDIA's DRA driver publishes.
@@ -179,7 +179,8 @@ class NvmlReader:
         return self.compute_instances(gi, profiles)
 
     def mig_devices(self, handle: Handle) -> MigDevices:
-        """(GI id, CI id) -> (MIG UUID, busy, MIG device index) per MIG device; indices may have holes."""
+        """(GI id, CI id) -> (MIG UUID, its processes, MIG device index) per MIG device; indices may
+        have holes."""
         n = self._nvml
         devices: MigDevices = {}
         for index in range(n.nvmlDeviceGetMaxMigDeviceCount(handle)):
@@ -190,11 +191,11 @@ class NvmlReader:
                     continue
                 raise
             key = (n.nvmlDeviceGetGpuInstanceId(mig), n.nvmlDeviceGetComputeInstanceId(mig))
-            devices[key] = (MigUuid(n.nvmlDeviceGetUUID(mig)), self.mig_busy(mig), index)
+            devices[key] = (MigUuid(n.nvmlDeviceGetUUID(mig)), self.mig_processes(mig), index)
         return devices
 
-    def mig_device(self, handle: Handle, gi_id: int, ci_id: int) -> tuple[MigUuid, bool, int] | None:
-        """(MIG UUID, busy, MIG device index) of one compute instance's MIG device; None when none is
+    def mig_device(self, handle: Handle, gi_id: int, ci_id: int) -> tuple[MigUuid, int | None, int] | None:
+        """(MIG UUID, its processes, MIG device index) of one compute instance's MIG device; None when none is
         enumerated. The devices before it are asked for their two IDs only; its UUID and processes alone
         are read. NVIDIA measured a walk that reads every MIG device after a create at "O(10 s)" under
         load (https://github.com/NVIDIA/k8s-dra-driver-gpu/blob/main/cmd/gpu-kubelet-plugin/nvlib.go,
@@ -211,18 +212,18 @@ class NvmlReader:
                     continue
                 raise
             if (n.nvmlDeviceGetGpuInstanceId(mig), n.nvmlDeviceGetComputeInstanceId(mig)) == (gi_id, ci_id):
-                return MigUuid(n.nvmlDeviceGetUUID(mig)), self.mig_busy(mig), index
+                return MigUuid(n.nvmlDeviceGetUUID(mig)), self.mig_processes(mig), index
         return None
 
-    def mig_busy(self, mig: Handle) -> bool:
-        """Processes on a MIG device; True when they cannot be read (NO_PERMISSION, an unprivileged
-        container): what cannot be seen counts as in use, so it is never destroyed."""
+    def mig_processes(self, mig: Handle) -> int | None:
+        """How many processes run on a MIG device; None when they cannot be read (NO_PERMISSION, an
+        unprivileged container): what cannot be seen counts as in use, so it is never destroyed."""
         n = self._nvml
         try:
-            return bool(n.nvmlDeviceGetComputeRunningProcesses(mig))
+            return len(n.nvmlDeviceGetComputeRunningProcesses(mig))
         except n.NVMLError as err:
             if code(err) == n.NVML_ERROR_NO_PERMISSION:
-                return True
+                return None
             raise
 
     def instance(self, gi: Handle, profile: str, migs: MigDevices, uuid: str | None = None) -> GpuInstance:
@@ -246,15 +247,9 @@ class NvmlReader:
                     f"compute instance {ci_info.id} of GPU instance {info.id} has no MIG device "
                     "(nvmlDeviceGetMigDeviceHandleByIndex lists none): the GPU is not used until it has"
                 )
-            cis.append(
-                ComputeInstance(
-                    id=ci_info.id,
-                    uuid=found[0],
-                    busy=found[1],
-                    mig_index=found[2],
-                    slices=ci_info.placement.size,
-                )
-            )
+            uuid, processes, index = found
+            cis.append(ComputeInstance(id=ci_info.id, uuid=uuid, busy=processes != 0, mig_index=index,
+                                       processes=processes or 0, slices=ci_info.placement.size))  # fmt: skip
         return GpuInstance(
             id=info.id,
             profile=profile,
@@ -322,13 +317,15 @@ class NvmlReader:
         except n.NVMLError as err:
             if code(err) != n.NVML_ERROR_NOT_SUPPORTED:
                 raise
-            return replace(base, busy=self.has_processes(handle)), vgpu
+            count = self.processes(handle)
+            return replace(base, busy=count > 0, processes=count), vgpu
         if known.mig_mode != current:  # profiles hold for "the lifetime of a MIG mode" (nvml.h)
             self._known[uuid] = Known(identity=identity, mig_mode=current)
         table = self.table(handle, uuid)
         enabled = current == n.NVML_DEVICE_MIG_ENABLE
-        busy = self.has_processes(handle)
-        gpu = replace(base, mig_capable=True, mig_enabled=enabled,
+        count = self.processes(handle)
+        busy = count > 0
+        gpu = replace(base, mig_capable=True, mig_enabled=enabled, processes=count,
                       mig_pending=pending == n.NVML_DEVICE_MIG_ENABLE, busy=busy, profiles=table)  # fmt: skip
         if not enabled or table is None:
             return gpu, vgpu
@@ -397,14 +394,15 @@ class NvmlReader:
                 return None
             raise
 
-    def has_processes(self, handle: Handle) -> bool:
+    def processes(self, handle: Handle) -> int:
+        """How many processes NVML lists on the GPU (0 when the list needs privileges it lacks)."""
         n = self._nvml
         try:
-            return bool(n.nvmlDeviceGetComputeRunningProcesses(handle))
+            return len(n.nvmlDeviceGetComputeRunningProcesses(handle))
         except n.NVMLError as err:
             # In MIG mode the parent's aggregate list needs privileges; the MIG devices are asked too.
             if code(err) in (n.NVML_ERROR_NO_PERMISSION, n.NVML_ERROR_NOT_SUPPORTED):
-                return False
+                return 0
             raise
 
 

@@ -8,6 +8,11 @@ keeps the daemon of the config still in effect on it. A daemon that cannot chang
 run on its GPU makes that GPU's change wait for them (BLOCKED), one that fails to start fails it. One
 that stops answering makes its replicas unhealthy at once, and the reconcile that follows starts it
 again; each way is said once with an Event on the Node.
+
+A daemon's MPS server stays after its last client, a process of its GPU for NVML
+(`sharing.model.beyond`), so a GPU whose only processes are its own daemon's idle servers is planned
+as idle (`idle_servers_apart`), and before its MIG mode changes that daemon is stopped
+(`stop_daemons_first`): a GPU changes its MIG mode only when idle.
 """
 
 from __future__ import annotations
@@ -22,9 +27,9 @@ from sharing.config import SharingConfig
 from sharing.devices import MpsSettings, mps_settings
 from sharing.errors import SharingError
 from sharing.gpu.mps import MpsDaemons
-from sharing.mig import Catalog, Outcome
+from sharing.mig import Catalog, GpuChange, Outcome
 from sharing.model import GpuUuid, NodeState
-from sharing.rollout.apply import ApplyReport
+from sharing.rollout.apply import ApplyReport, NodePlan
 from sharing.text import bounded
 
 log = structlog.get_logger(__name__)
@@ -69,6 +74,32 @@ async def enforce_mps(
         else:
             gpus.append(g)
     return replace(report, gpus=tuple(gpus)), failed, frozenset(blocked)
+
+
+async def idle_servers_apart(mps: MpsDaemons, node: NodeState) -> NodeState:
+    """The node with each whole GPU busy only when processes other than its daemon's idle MPS servers
+    run there (those end with the daemon, which `stop_daemons_first` stops before a change)."""
+    gpus = []
+    for gpu in node.gpus:
+        busy = await mps.in_use(gpu) if gpu.busy and not gpu.mig_enabled else gpu.busy
+        gpus.append(replace(gpu, busy=busy))
+    return replace(node, gpus=tuple(gpus))
+
+
+async def stop_daemons_first(mps: MpsDaemons, plan: NodePlan) -> NodePlan:
+    """Stop the daemon of every GPU about to change its hardware; a change whose daemon has clients
+    now (a pod came since the plan) or could not be stopped waits (BLOCKED) or fails."""
+    return replace(plan, changes=tuple([await _daemon_first(mps, c) for c in plan.changes]))
+
+
+async def _daemon_first(mps: MpsDaemons, change: GpuChange) -> GpuChange:
+    if not change.steps or change.failure is not None:
+        return change
+    result = await mps.stop_unused(change.gpu.uuid)
+    if result.outcome not in (Outcome.BLOCKED, Outcome.FAILED):
+        return change
+    blockers = (change.gpu.uuid,) if result.outcome is Outcome.BLOCKED else ()
+    return replace(change, steps=(), failure=result.outcome, reason=result.reason, blockers=blockers)
 
 
 async def watch_mps(

@@ -51,7 +51,7 @@ from sharing.rollout.advertise import Advertiser
 from sharing.rollout.apply import ApplyReport, execute, plan_node
 from sharing.rollout.frontend import DraFrontend
 from sharing.rollout.holding import AllocatedClaims, HoldersReader
-from sharing.rollout.mps import enforce_mps
+from sharing.rollout.mps import enforce_mps, idle_servers_apart, stop_daemons_first
 from sharing.rollout.verdict import Retry, Verdict, verdict
 from sharing.rollout.withdraw import WITHDRAW_ROUNDS, PodResources, hold, withdraw_and_confirm
 from sharing.store import Journal, JournalCorruptError, JournalError
@@ -145,8 +145,9 @@ class Rollout:
                 if round_:  # after a withdrawal: what is there and who holds it, again
                     observed = await self.backend.observe()
                 holders = await self.holders(node=observed)
+                planned = observed if self.mps is None else await idle_servers_apart(self.mps, observed)
                 plan = plan_node(
-                    observed, config, catalog=self.catalog, busy_uuids=holders.busy_uuids(observed),
+                    planned, config, catalog=self.catalog, busy_uuids=holders.busy_uuids(observed),
                     unfinished=unfinished,
                 )  # fmt: skip
                 removed = plan.removed()
@@ -160,6 +161,8 @@ class Rollout:
                 if problem:
                     plan = hold(plan, problem)
                     break
+            if plan.runnable and self.mps is not None:
+                plan = await stop_daemons_first(self.mps, plan)
             if plan.runnable:
                 await on_pending()
             # Also with nothing to run: a crashed run's journal is cleared once nothing is left of it.

@@ -192,15 +192,25 @@ def test_clients_show_as_nvml_processes_of_their_gpu(daemon: Daemon, machine: St
         assert [server] == [p["pid"] for p in processes]
         clients = worker.call("nvmlDeviceGetMPSComputeRunningProcesses", handles[1])
         assert [os.getpid()] == [p["pid"] for p in clients]
+        assert f"{os.getpid()}\n" == daemon.tell(f"get_client_list {server}").stdout
         assert [] == worker.call("nvmlDeviceGetComputeRunningProcesses", handles[0])
     finally:
         client.close()
     poll(
-        "no MPS processes once the client has gone",
+        "no MPS clients once the client has gone",
+        lambda: worker.call("nvmlDeviceGetMPSComputeRunningProcesses", handles[1]),
+        lambda p: p == [],
+    )
+    # The idle server stays, a compute process of its GPU, until the daemon quits.
+    assert f"{server}\n" == daemon.tell("get_server_list").stdout
+    assert "" == daemon.tell(f"get_client_list {server}").stdout
+    assert [server] == [p["pid"] for p in worker.call("nvmlDeviceGetComputeRunningProcesses", handles[1])]
+    assert 0 == daemon.tell("quit").returncode
+    poll(
+        "the server gone with its daemon",
         lambda: worker.call("nvmlDeviceGetComputeRunningProcesses", handles[1]),
         lambda p: p == [],
     )
-    assert "" == daemon.tell("get_server_list").stdout  # the server ends with its last client
 
 
 def test_a_killed_daemon_is_no_server_for_nvml(daemon: Daemon, machine: State, nvml_for: Any) -> None:
@@ -336,7 +346,9 @@ async def test_a_reload_waits_while_the_gpu_has_clients(
     finally:
         client.close()
     poll("the client gone", lambda: has_clients(state), lambda b: not b)
-    applied = await daemons.enforce({u0: TWO}, await backend.observe())
+    lingering = await backend.observe()
+    assert lingering.gpus[0].busy  # its server stays without clients; the daemon's own, no user
+    applied = await daemons.enforce({u0: TWO}, lingering)
     assert Outcome.APPLIED is applied[u0].outcome
     assert (50, [20480]) == limits(state, u0)
 
@@ -449,6 +461,29 @@ async def test_a_new_layout_waits_for_the_clients_and_the_old_one_stays_advertis
     verdict, after = await rollout.roll_out(new, await backend.observe(), nothing)
     assert ConfigState.SUCCESS is verdict.state
     assert (40, [10240]) == limits(state, u0)
+
+
+async def test_mig_waits_for_the_mps_clients_and_not_for_the_idle_server_they_leave(
+    backend: NvmlBackend, daemons: MpsDaemons, state: Path, rollout: Rollout
+) -> None:
+    _, after = await rollout.roll_out(mps(4), await backend.observe(), nothing)
+    u0 = after.gpus[0].uuid
+    rule = Rule(Selector(indices=(0,)), MigMode.ENABLED, instances=(("3g.20gb", 2),))
+    mig = SharingConfig(name="mig", rules=(rule,))
+    client = attach(daemons, u0)
+    try:
+        verdict, after = await rollout.roll_out(mig, await backend.observe(), nothing)
+        assert ("ConfigApplyBlocked", frozenset({u0})) == (verdict.reason, verdict.blockers)
+        assert (False, (25, [10240])) == (after.gpus[0].mig_enabled, limits(state, u0))
+    finally:
+        client.close()
+    poll("the client gone", lambda: has_clients(state), lambda b: not b)
+    lingering = await backend.observe()
+    assert lingering.gpus[0].busy  # its idle server, which ends with the daemon
+    verdict, after = await rollout.roll_out(mig, lingering, nothing)
+    assert ConfigState.SUCCESS is verdict.state
+    assert (True, [2, 0]) == (after.gpus[0].mig_enabled, [len(g.instances) for g in after.gpus])
+    assert ([], [0, 0]) == (records(state), compute_modes(state))
 
 
 async def test_allocate_hands_an_mps_replica_its_daemons_pipe_and_shared_memory(

@@ -32,7 +32,8 @@ from sharing.mig.catalog import default_catalog
 from sharing.model import GpuUuid, NodeState
 from sharing.store import ClaimCheckpoint, Journal, OwnedInstance, PreparedClaim, PreparedDevice
 from tests.fakedriver.conftest import make_gpu_instance
-from tests.fakedriver.test_mps import record_of
+from tests.fakedriver.test_mps import attach, record_of
+from tests.polling import poll
 
 CATALOG = default_catalog()
 A100 = next(p for p in CATALOG.products if p.name == "A100-SXM4-40GB")
@@ -313,3 +314,35 @@ async def test_the_daemon_of_an_mps_claim_whose_instance_went_is_stopped_at_unpr
         gpus["gpus"][1]["gpuInstances"] = []
     assert {"uid-a": ""} == await p.unprepare([ClaimKey("ns", "a", "uid-a")])
     assert (None, False) == (record_of(state, mig), (daemons.root / mig).exists())
+
+
+async def test_an_mps_claims_idle_server_goes_with_its_daemon_and_one_with_a_client_keeps_the_instance(
+    backend: NvmlBackend, daemons: MpsDaemons, state: Path, tmp_path: Path
+) -> None:
+    ondemand = OnDemand(backend, Journal(tmp_path / "journal.jsonl"), lock_wait_s=0.5, mps=daemons)
+    p = preparer(
+        ondemand, tmp_path, await ondemand.observe(), Claims(mps_claim("a", "gpu-0-mig-3g-20gb-at-4"))
+    )
+    await p.load()
+    answer = (await p.prepare([ClaimKey("ns", "a", "uid-a")]))["uid-a"]
+    assert "" == answer.error
+    (mig,) = (d.uuid for d in answer.devices)
+    client = attach(daemons, mig)
+    try:
+        refused = (await p.unprepare([ClaimKey("ns", "a", "uid-a")]))["uid-a"]
+        assert f"still has processes running on it (MPS clients, PIDs {os.getpid()})" in refused
+        daemon = record_of(state, mig)
+        assert daemon is not None
+        assert daemon["serverPid"]
+        assert [[(9, 4, 4)], []] == instances(state)
+    finally:
+        client.close()
+    # The client has gone; its server stays, a process of the MIG device for NVML, until `quit`.
+    idle = poll(
+        "the client gone", lambda: record_of(state, mig), lambda r: r is not None and not r["clients"]
+    )
+    assert daemon["serverPid"] == idle["serverPid"]
+    lingering = await backend.observe()
+    assert [True] == [ci.busy for gi in lingering.gpus[0].instances for ci in gi.compute_instances]
+    assert {"uid-a": ""} == await p.unprepare([ClaimKey("ns", "a", "uid-a")])
+    assert ([[], []], None, False) == (instances(state), record_of(state, mig), (daemons.root / mig).exists())

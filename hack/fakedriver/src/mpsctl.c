@@ -15,6 +15,9 @@
  *                                             visible GPU) or UUID; V: an integer with G or M
  *   get_default_device_pinned_mem_limit D     prints it as "3G" / "512M" ("0" when never set)
  *   get_server_list                           PIDs of the MPS servers, one a line
+ *   get_client_list PID                       PIDs of the clients of server PID, one a line
+ *                                             ("get_client_list <PID>": the MPS guide, "MPSv2
+ *                                             Interface", https://docs.nvidia.com/deploy/mps/latest/mpsv2-interface.html)
  *   quit                                      the daemon and its servers exit
  * Output formats as NVIDIA's GPU operator documents them ("25.0", "3G": gpu-operator docs,
  * "Verify MPS").
@@ -23,8 +26,12 @@
  * command per connection, each read as its bytes arrive (serve: a connection that sends nothing
  * holds up no other). A process stands for a CUDA client by connecting and sending
  * `fake_attach` and keeping the connection open (its PID from SO_PEERCRED); the daemon then runs one
- * MPS server (a child process) for as long as it has clients, as the real daemon launches
- * nvidia-cuda-mps-server when the first client connects. What the daemon was told, its server and
+ * MPS server (a child process), as the real daemon launches nvidia-cuda-mps-server when the first
+ * client connects ("created on-demand when client applications connect", MPS guide, "Server",
+ * https://docs.nvidia.com/deploy/topics/topic_5_1_2.html). The server stays when its last client
+ * has gone, until `quit` or the daemon's end: NVIDIA documents a server shutting down once its
+ * clients are done only when a client of another user waits for it (man page, "DESCRIPTION"),
+ * never for an idle one, so an idle server is a compute process of its device as a busy one is. What the daemon was told, its server and
  * its clients are written to <state dir>/mps/<daemon pid>.json (replaced by rename), the record the
  * fake libnvidia-ml reads (compute processes of the GPU, MPS processes) and tests read the limits
  * from. The daemon holds an exclusive flock on <daemon pid>.lock for its life: a record whose lock
@@ -250,10 +257,11 @@ static void stop_server(void)
 		waitpid(server_pid, NULL, 0);
 		logline("Server %s exited", "");
 		server_pid = 0;
+		write_record(); /* before the pipe goes: a daemon that no longer answers has no server */
 	}
 }
 
-/* The MPS server: spawned for the first client, gone with the last (or with the daemon).
+/* The MPS server: spawned for the first client, gone with the daemon (an idle one stays).
  *
  * The child shares every descriptor of the daemon (O_CLOEXEC closes them at exec, and it never
  * execs), and a flock belongs to the open file, not to a process ("Locks created by flock() are
@@ -322,6 +330,18 @@ static int command(char *line, char *out, size_t size)
 			snprintf(out, size, "%d\n", (int)server_pid);
 		return 0;
 	}
+	if (strcmp(words[0], "get_client_list") == 0 && n == 2) {
+		char *end;
+		long pid = strtol(words[1], &end, 10);
+		if (*end || pid <= 0 || pid != server_pid) {
+			snprintf(out, size, "Invalid server PID %s\n", words[1]);
+			return 0;
+		}
+		size_t used = 0;
+		for (int i = 0; i < nclients && used < size; i++)
+			used += (size_t)snprintf(out + used, size - used, "%d\n", (int)client_pids[i]);
+		return 0;
+	}
 	if (strcmp(words[0], "get_default_active_thread_percentage") == 0 && n == 1) {
 		snprintf(out, size, "%.1f\n", thread_pct < 0 ? 100.0 : (double)thread_pct);
 		return 0;
@@ -370,8 +390,6 @@ static void drop_client(int i)
 	clients[i] = clients[nclients - 1];
 	client_pids[i] = client_pids[nclients - 1];
 	nclients--;
-	if (nclients == 0)
-		stop_server();
 	write_record();
 }
 
