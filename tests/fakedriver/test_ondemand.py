@@ -346,3 +346,37 @@ async def test_an_mps_claims_idle_server_goes_with_its_daemon_and_one_with_a_cli
     assert [True] == [ci.busy for gi in lingering.gpus[0].instances for ci in gi.compute_instances]
     assert {"uid-a": ""} == await p.unprepare([ClaimKey("ns", "a", "uid-a")])
     assert ([[], []], None, False) == (instances(state), record_of(state, mig), (daemons.root / mig).exists())
+
+
+def compute_modes(state: Path, gpu: int) -> list[int]:
+    """The compute mode of each compute instance of GPU `gpu`, from the fake driver's own state."""
+    data = json.loads(state.read_text())["gpus"][gpu]
+    return [ci.get("computeMode", 0) for gi in data["gpuInstances"] for ci in gi["computeInstances"]]
+
+
+async def test_an_mps_claim_on_an_adopted_instance_leaves_it_in_its_own_mode_without_a_daemon(
+    backend: NvmlBackend, daemons: MpsDaemons, state: Path, tmp_path: Path
+) -> None:
+    gpu = (await backend.observe()).gpus[0].uuid
+    foreign = await backend.create_instance(gpu, "3g.20gb", 4)  # made outside the agent: adopted
+    mig = foreign.compute_instances[0].uuid
+    ondemand = OnDemand(backend, Journal(tmp_path / "journal.jsonl"), lock_wait_s=0.5, mps=daemons)
+    p = preparer(
+        ondemand, tmp_path, await ondemand.observe(), Claims(mps_claim("a", "gpu-0-mig-3g-20gb-at-4"))
+    )
+    await p.load()
+    answer = (await p.prepare([ClaimKey("ns", "a", "uid-a")]))["uid-a"]
+    assert ("", [mig]) == (answer.error, [d.uuid for d in answer.devices])
+    assert record_of(state, mig) is not None
+    assert [3] == compute_modes(state, 0)  # EXCLUSIVE_PROCESS while its daemon serves (nvml.h)
+    attach(daemons, mig).close()
+    poll("the client gone", lambda: record_of(state, mig), lambda r: r is not None and not r["clients"])
+
+    assert {"uid-a": ""} == await p.unprepare([ClaimKey("ns", "a", "uid-a")])
+
+    # Its daemon (and the server it left) gone, its mode as it was, the instance kept: it is not ours.
+    assert (None, [0], [[(9, 4, 4)], []]) == (
+        record_of(state, mig),
+        compute_modes(state, 0),
+        instances(state),
+    )
