@@ -37,3 +37,10 @@ def process(pid: int) -> tuple[str, int] | None:
         return None
     fields = stat.rpartition(")")[2].split()
     return fields[0], int(fields[1])
+
+
+def live_parent(pid: int) -> int | None:
+    """The parent PID of a live process (running or asleep: which, depends on the scheduler, most of
+    all on a busy machine); None when it is a zombie or gone."""
+    found = process(pid)
+    return None if found is None or found[0] in ("Z", "X") else found[1]

@@ -37,7 +37,7 @@ from sharing.mig.catalog import default_catalog
 from sharing.rollout import Rollout
 from sharing.store.journal import Journal
 from tests.fakedriver.conftest import REPO, Nvml, NvmlError, State
-from tests.polling import poll, process
+from tests.polling import live_parent, poll, process
 from tests.unit.fakekubelet import FakeKubelet
 
 CATALOG = default_catalog()
@@ -568,7 +568,7 @@ async def test_a_daemon_the_keeper_started_outlives_its_agent_and_is_adopted_wit
     assert (25, [10240]) == limits(state, u0)
     # The daemon is the keeper's child (its subreaper, as PID 1 of its container is), not this
     # process's: whatever ends the agent's container leaves it.
-    assert ("S", keeper.proc.pid) == process(started["pid"])
+    assert keeper.proc.pid == live_parent(started["pid"])
     client = attach(first, u0)
     try:
         attached = poll(

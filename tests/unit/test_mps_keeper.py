@@ -27,7 +27,7 @@ from sharing.gpu import mpskeeper
 from sharing.gpu.mpscontrol import CONTROL
 from sharing.gpu.mpskeeper import RequestError, ask_keeper, parse_answer, parse_request, serve_keeper
 from sharing.model import GpuUuid
-from tests.polling import poll, process
+from tests.polling import live_parent, poll, process
 
 REPO = Path(__file__).resolve().parents[2]
 GPU = GpuUuid("GPU-5a0c1e2d-9b3f-4e6a-8d7c-0123456789ab")
@@ -268,7 +268,7 @@ def test_the_exit_status_of_d_is_answered_while_the_orphans_are_reaped(
         daemons += [int(line.split()[1]) for line in lines if line.startswith("daemon ")]
         orphans += [int(line.split()[1]) for line in lines if line.startswith("orphan ")]
     # The daemons are the keeper's children once -d has exited (it is their subreaper) ...
-    assert {("S", proc.pid)} == {process(pid) for pid in daemons}
+    assert {proc.pid} == {live_parent(pid) for pid in daemons}
     for pid in daemons:
         os.kill(pid, signal.SIGKILL)
     # ... and nothing it was left stays a zombie.
