@@ -27,7 +27,7 @@ import structlog
 
 from sharing.devices import APPLICATION_XIDS
 from sharing.errors import BackendError
-from sharing.gpu.backend import MigSeconds, NvmlUnavailableError
+from sharing.gpu.backend import GpuBusyError, MigSeconds, NvmlUnavailableError
 from sharing.gpu.devfiles import DeviceFiles, DriverFiles
 from sharing.gpu.naming import CI_ENUM_FOR_SLICES
 from sharing.gpu.nvmlapi import Handle, Nvml, code, optional_int
@@ -209,9 +209,25 @@ class NvmlBackend:
                 current, _ = n.nvmlDeviceGetMigMode(handle)
             except n.NVMLError as err:
                 raise backend_error(n, err, doing, where) from err
-            # The activation status is returned, not raised: IN_USE / RESET_REQUIRED leave it pending.
+            # The activation status is returned, not raised: RESET_REQUIRED leaves it pending.
             if status not in (n.NVML_SUCCESS, n.NVML_ERROR_IN_USE, n.NVML_ERROR_RESET_REQUIRED):
                 raise BackendError(f"{doing} on {where}: NVML activation status {status}")
+            if status == n.NVML_ERROR_IN_USE and current != mode:
+                # A process started since the GPU was found idle. "The caller of this API is expected
+                # to idle the device and retry setting the mode again" (nvml.h, nvmlDeviceSetMigMode):
+                # the request is withdrawn (the current mode asked for), so that nothing waits for a
+                # reset the GPU does not need, and the change is tried again once the GPU is idle.
+                try:
+                    self._timed(
+                        "disable_mig" if enabled else "enable_mig", n.nvmlDeviceSetMigMode, handle, current
+                    )
+                except n.NVMLError as err:
+                    raise backend_error(
+                        n, err, f"{doing} (withdrawing it: the GPU is in use)", where
+                    ) from err
+                raise GpuBusyError(
+                    f"{doing} on {where}: in use (processes run on it); tried again once it is idle"
+                )
             return bool(current != mode)
 
         return await self._call(work)

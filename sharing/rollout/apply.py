@@ -25,6 +25,7 @@ import structlog
 from sharing.config import SharingConfig, target_for
 from sharing.errors import SharingError
 from sharing.gpu import GpuBackend
+from sharing.gpu.backend import GpuBusyError
 from sharing.mig import Catalog, GpuChange, Outcome, Step, StepKind, Target, plan_change, verify
 from sharing.model import GpuUuid, NodeState
 from sharing.store import Journal, Unfinished
@@ -224,6 +225,13 @@ async def _execute(backend: GpuBackend, journal: Journal, change: GpuChange) -> 
         n = await asyncio.to_thread(journal.step, gpu.uuid, str(step))
         try:
             pending = await _run(backend, gpu.uuid, step)
+        except GpuBusyError as err:  # in use since it was planned: the change waits, as a planned block does
+            await asyncio.to_thread(journal.done, n)
+            log.info("gpu_blocked", gpu=gpu.index, uuid=gpu.uuid, step=str(step), reason=bounded(str(err)))
+            reason = f"{step}: {bounded(str(err))}"
+            return GpuReport(
+                gpu.index, gpu.uuid, gpu.product, Outcome.BLOCKED, tuple(done), reason, blockers=(gpu.uuid,)
+            )
         except SharingError as err:
             await asyncio.to_thread(journal.done, n)
             reason = f"{step}: {bounded(str(err))}"

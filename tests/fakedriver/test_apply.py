@@ -229,6 +229,36 @@ async def test_pending_mode_change_is_reported_never_reset(state: Path, nvml: An
         await backend.close()
 
 
+async def test_a_gpu_in_use_by_the_time_its_mig_mode_changes_waits_for_idle_not_for_a_reset(
+    state: Path, nvml: Any, journal: Journal
+) -> None:
+    class Raced(NvmlBackend):
+        """A process starts on the GPU between the plan (idle) and its MIG mode step, once."""
+
+        raced = False
+
+        async def set_mig_mode(self, gpu: GpuUuid, enabled: bool) -> bool:
+            if not self.raced:
+                self.raced = True
+                simstate.set_busy(state, gpu, True)
+            return await super().set_mig_mode(gpu, enabled)
+
+    backend = Raced(nvml, CATALOG)
+    try:
+        report = await apply(backend, journal, config(mig(0, **BALANCED)))
+        assert "blocked" == outcomes(report)[0]
+        assert "in use" in report.gpus[0].reason
+        gpu = (await backend.observe()).gpus[0]
+        assert (gpu.mig_enabled, gpu.mig_pending) == (False, False)  # no reset asked for
+        report = await apply(backend, journal, config(mig(0, **BALANCED)))
+        assert "blocked" == outcomes(report)[0]  # still in use
+        simstate.set_busy(state, gpu.uuid, False)
+        report = await apply(backend, journal, config(mig(0, **BALANCED)))
+        assert "applied" == outcomes(report)[0]
+    finally:
+        await backend.close()
+
+
 async def test_gpus_without_mig(backend: NvmlBackend, journal: Journal) -> None:
     report = await apply(backend, journal, config(mig(2, **{"1g.5gb": 1})))
     assert outcomes(report) == ["unchanged", "unchanged", "failed"]

@@ -206,12 +206,19 @@ async def test_mode_change_pending_until_reset(state: Path, node_root: Path) -> 
         await backend.close()
 
 
-async def test_mode_change_on_a_busy_gpu_is_left_pending(backend: NvmlBackend, gpus: Path) -> None:
+async def test_mode_change_on_a_busy_gpu_is_withdrawn_and_done_once_it_is_idle(
+    backend: NvmlBackend, gpus: Path
+) -> None:
     state = gpus
     a100 = (await uuids(backend))[0]
     simstate.set_busy(state, a100, True)
-    assert await backend.set_mig_mode(a100, True) is True
-    assert (await backend.observe()).gpus[0].busy
+    with pytest.raises(GpuBusyError, match="in use"):
+        await backend.set_mig_mode(a100, True)
+    gpu = (await backend.observe()).gpus[0]
+    assert (gpu.busy, gpu.mig_enabled, gpu.mig_pending) == (True, False, False)  # nothing waits for a reset
+    simstate.set_busy(state, a100, False)
+    assert await backend.set_mig_mode(a100, True) is False
+    assert (await backend.observe()).gpus[0].mig_enabled
 
 
 async def test_busy_instances_are_reported_and_protected(backend: NvmlBackend, gpus: Path) -> None:
