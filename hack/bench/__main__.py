@@ -9,7 +9,8 @@ own share of seven on-demand MIG prepares at once on one fake-driver A100), list
 (startup, reconcile, configmap, allocate, idle, preferred, restart: the API server's), agentrestart
 (the agent's: how long the kubelet refuses pods), realnode, dra (the DRA front-end on a real node),
 ondemand (on-demand MIG against pre-made slices on a real node, and at the fake driver's assumed MIG
-latencies), fleet, probes (the HTTP port under a flood), resourceslices (the DRA publisher: a
+latencies), fleet, fleetdra (the fleet on DRA: a storm of claims every agent watches), probes
+(the HTTP port under a flood), resourceslices (the DRA publisher: a
 changed pool until the API server holds it), trace (MIG workloads, drawn with a steady or a shifting
 mix or read from a CSV file, on four A100s or the `--gpus` given: the best shipped preset and the
 best static layout in hindsight vs on-demand, through the real kube-scheduler). A part that fails is
@@ -42,6 +43,7 @@ from bench import (
     allocate,
     dra,
     fleet,
+    fleetdra,
     hostile,
     idle,
     listandwatch,
@@ -72,6 +74,7 @@ PARTS = (
     "dra",
     "ondemand",
     "fleet",
+    "fleetdra",
     "probes",
     "resourceslices",
     "trace",
@@ -206,6 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ("dra", lambda: dra.bench_dra(budget, results)),
             ("ondemand", lambda: ondemand.bench_ondemand(budget, results)),
             ("fleet", lambda: fleet.bench_fleet(nodes, budget, results) if nodes else None),
+            ("fleetdra", lambda: fleetdra.bench_fleet_dra(nodes, budget, results) if nodes else None),
             ("probes", lambda: probes.bench_probes(tmp / "probes", budget, results)),
             ("resourceslices", lambda: resourceslices.bench_resourceslices(tmp / "slices", budget, results)),
             (

@@ -36,7 +36,7 @@ import struct
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -137,8 +137,9 @@ class Fleet:
     results: Results
     nodes: list[Node] = field(default_factory=list)
 
-    def add_nodes(self, root: Path, n: int, bins: lab.Binaries) -> None:
-        """Harnesses (each registers its Node), labels, pod-bound tokens, the fake driver and its GPUs."""
+    def add_nodes(self, root: Path, n: int, bins: lab.Binaries, config: str = KEY) -> None:
+        """Harnesses (each registers its Node), the label of `config`, pod-bound tokens, the fake
+        driver and its GPUs."""
         for i in range(n):
             name = f"fleet-{i:03d}"
             harness = lab.KubeletHarness(
@@ -149,18 +150,19 @@ class Fleet:
             harness.start()
         for node in self.nodes:
             self.watch.wait(node.name, lambda v: True, 0, 60)
-            self.api.label_node(node.name, {CONFIG_LABEL: KEY})
+            self.api.label_node(node.name, {CONFIG_LABEL: config})
             node.kubeconfig = self.cp.token_kubeconfig(self.api.agent_token(node.name), f"agent-{node.name}")
             simstate.init_state(install_driver(node.driver), parse_gpus(GPUS))
 
-    def start_agents(self) -> None:
+    def start_agents(self, extra: Callable[[Node], Sequence[str]] = lambda node: ()) -> None:
+        """Every node's agent, with the flags `extra` gives for its node."""
         for node in self.nodes:
             harness, driver = node.harness, node.driver
             node.agent = start_agent(
                 node=node.name, kubeconfig=node.kubeconfig, driver_root=driver,
                 plugin_dir=harness.device_plugin_dir,
                 pod_resources=harness.pod_resources_socket, log=driver.with_suffix(".log"),
-                http_port=free_port(), env={"FAKE_NVML_COUNTERS": str(_counters(node))},
+                http_port=free_port(), env={"FAKE_NVML_COUNTERS": str(_counters(node))}, extra=extra(node),
             )  # fmt: skip
 
     def nvml_counters(self) -> tuple[int, float]:

@@ -76,6 +76,11 @@ TARGETS: dict[str, Target] = {
     "fleet_nvml_calls_per_converge": Target("", "-"),
     "fleet_api_requests_per_converge": Target("", "-"),
     "fleet_idle_api_rpm": Target("", "0", lambda v: v == 0),
+    "fleet_dra_claim_event_us_p95": Target(
+        "us", "<= 50 us (agent CPU per event of a claim on another node's pool)", lambda v: v <= 50
+    ),
+    "fleet_dra_pending_claim_event_us_p50": Target("us", "- (a pending claim, then allocated)"),
+    "fleet_dra_apiserver_us_per_claim_event": Target("us", "- (kube-apiserver CPU per event delivered)"),
     "healthz_flood_s_max": Target("s", "< 1 s", lambda v: v < 1),
     "resourceslice_update_s_p50": Target("s", "-"),
     "resourceslice_update_s_p95": Target("s", "< 1 s", lambda v: v < 1),
@@ -166,6 +171,9 @@ class Budget:
     """The window `ondemand` counts ResourceClaim reads in while nothing changes."""
     prepare_rounds: int = 20
     """Rounds of seven claims prepared at once in `prepare`."""
+    fleet_dra_claims: int = 1000
+    """Claims created and deleted in `fleetdra`'s storm, over `fleet_dra_storm_s`."""
+    fleet_dra_storm_s: float = 60.0
 
 
 FULL = Budget(
@@ -179,7 +187,7 @@ QUICK = Budget(
     allocate_runs=1, allocate_pods=500, preferred_runs=1, preferred_pods=300, listandwatch_runs=1,
     listandwatch_flips=12, startup_runs=2, idle_runs=1, idle_window_s=20, pod_starts=3,
     label_changes=3, fleet_nodes=10, fleet_edits=1, fleet_idle_s=10, restart_runs=1, flood_window_s=8,
-    prepare_rounds=5,
+    prepare_rounds=5, fleet_dra_claims=300, fleet_dra_storm_s=30,
 )  # fmt: skip
 SMOKE = Budget(
     plan_runs=1, reconcile_runs=1, reconcile_changes=2, configmap_runs=1, configmap_flips=2,
@@ -187,7 +195,7 @@ SMOKE = Budget(
     listandwatch_flips=2, startup_runs=1, idle_runs=1, idle_window_s=3, pod_starts=1,
     label_changes=1, fleet_nodes=2, fleet_edits=1, fleet_idle_s=2, restart_runs=1, flood_idle=50,
     flood_rps=20, flood_window_s=2, slice_runs=1, slice_changes=2, trace_pods=12, trace_unit_s=0.1,
-    outage_s=2, claim_idle_s=3, prepare_rounds=1,
+    outage_s=2, claim_idle_s=3, prepare_rounds=1, fleet_dra_claims=6, fleet_dra_storm_s=2,
 )  # fmt: skip
 """Every part with a sample or two (`--smoke`): CI runs it so that no part rots unseen; its figures
 mean nothing."""

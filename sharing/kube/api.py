@@ -141,7 +141,9 @@ class PoolClaim:
 
 @dataclass(frozen=True, slots=True)
 class PoolClaims:
-    """Every ResourceClaim of the cluster as a pool sees it, as of `resource_version`."""
+    """The ResourceClaims of the cluster as a pool sees them, as of `resource_version`: every one when
+    listed; in a watched view (`sharing.kube.watch_pool_claims`) only those with devices of the pool
+    allocated or pending."""
 
     claims: Mapping[tuple[str, str], PoolClaim]
     """By (namespace, name)."""

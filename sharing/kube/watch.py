@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 import structlog
@@ -246,10 +246,13 @@ def watch_configmap(kube: KubeClient, namespace: str, name: str, timeout_s: int)
 
 
 def watch_pool_claims(kube: KubeClient, driver: str, pool: str, timeout_s: int) -> Watched[PoolClaims]:
-    """Every ResourceClaim as `driver`'s pool `pool` sees it: listed, then kept by a watch from the
-    list's resource version, each change folded into the view. No field selector reaches into a
-    claim's allocation (resource.k8s.io/v1), so the watch carries every claim of the cluster, each
-    change once (the API server serves it from its watch cache).
+    """The ResourceClaims `driver`'s pool `pool` acts on (`PoolClaims`): listed, then kept by a watch
+    from the list's resource version, each change folded into the view. No field selector reaches
+    into a claim's allocation (resource.k8s.io/v1), so the watch carries every claim of the cluster,
+    each change once (the API server serves it from its watch cache); a change of a claim the pool
+    neither holds nor acts on before or after (allocated on another node's pool) moves only the
+    resource version to resume from: the view is not copied and the event loop not woken for it,
+    which in a large cluster is nearly every event.
 
     Unlike one object, a collection is not watched "from the newest state" after a 410: the server
     would send every claim again as ADDED with no sign of the end, and the view would lack claims
@@ -261,7 +264,8 @@ def watch_pool_claims(kube: KubeClient, driver: str, pool: str, timeout_s: int) 
     def listed() -> PoolClaims:
         nonlocal view, fresh
         got = kube.list_claims_of_pool(driver, pool)
-        view, fresh = replace(got, revision=view.revision + 1), True
+        acted = {key: c for key, c in got.claims.items() if _acted_on(c) is not None}
+        view, fresh = PoolClaims(acted, got.resource_version, view.revision + 1), True
         return view
 
     def events(version: str) -> Iterator[WatchEvent]:
@@ -275,17 +279,26 @@ def watch_pool_claims(kube: KubeClient, driver: str, pool: str, timeout_s: int) 
                 yield event  # a bookmark
                 continue
             key = (claim.namespace, claim.name)
+            before = view.claims.get(key)
+            after = _acted_on(claim) if event.kind != "DELETED" else None
+            if before is None and after is None:  # another pool's, before and after
+                yield WatchEvent(event.kind, None, event.resource_version)
+                continue
             claims = dict(view.claims)
-            before = claims.pop(key, None)
-            if event.kind != "DELETED":
+            if after is None:
+                del claims[key]
+            else:
                 claims[key] = claim
-            after = claims.get(key)
-            moved = _acted_on(before) != _acted_on(after)
+            moved = _acted_on(before) != after
             view = PoolClaims(claims, event.resource_version, view.revision + int(moved))
             yield WatchEvent(event.kind, view, event.resource_version)
 
     return Watched(f"resourceclaims/{pool}", listed, events, lambda claims: claims.revision)
 
 
-def _acted_on(claim: PoolClaim | None) -> object:
-    return None if claim is None else (claim.allocation, claim.pending)
+def _acted_on(claim: PoolClaim | None) -> tuple[object, object] | None:
+    """What the pool acts on of a claim: its devices of the pool, or its pending request; None when
+    neither (allocated from other pools) or there is no claim."""
+    if claim is None or (claim.allocation is None and claim.pending is None):
+        return None
+    return claim.allocation, claim.pending

@@ -97,3 +97,36 @@ async def test_after_a_410_the_claims_are_listed_again_and_one_deleted_meanwhile
     assert ["10", "500"] == api.watch_versions
     assert ((ClaimAllocation("ml", "b", "uid-b", ("gpu-1",)),), ()) == seen[-1].seen()
     assert 2 == len(seen)
+
+
+def elsewhere(name: str, version: str) -> PoolClaim:
+    """A claim allocated devices of another node's pool: as this pool sees it, neither."""
+    return PoolClaim("ml", name, version, None, None)
+
+
+async def test_claims_of_other_pools_are_not_kept_and_their_changes_are_no_news() -> None:
+    api = ScriptedClaims(
+        lists=[listed("10", allocated("a", "9", "gpu-0"), elsewhere("x", "8"))],
+        watches=[
+            [
+                WatchEvent("ADDED", elsewhere("y", "11"), "11"),
+                WatchEvent("MODIFIED", elsewhere("y", "12"), "12"),
+                WatchEvent("DELETED", elsewhere("x", "13"), "13"),
+                WatchEvent("DELETED", elsewhere("y", "14"), "14"),
+            ],
+            # A pending claim allocated on another node's pool leaves what the pool acts on.
+            [
+                WatchEvent("ADDED", pending("b", "15"), "15"),
+                WatchEvent("MODIFIED", elsewhere("b", "16"), "16"),
+            ],
+        ],
+    )
+    seen = await follow(api)
+    assert ["10", "14", "16"] == api.watch_versions  # each watch resumes after the last event, seen or not
+    held = (ClaimAllocation("ml", "a", "uid-a", ("gpu-0",)),)
+    assert [
+        (held, ()),
+        (held, (PendingClaim("ml", "b", ("mig-1g.5gb.nvidia.com",)),)),
+        (held, ()),
+    ] == [view.seen() for view in seen]
+    assert {("ml", "a")} == set(seen[-1].claims)
