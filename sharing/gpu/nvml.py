@@ -33,9 +33,9 @@ from sharing.gpu.naming import CI_ENUM_FOR_SLICES
 from sharing.gpu.nvmlapi import Handle, Nvml, code, optional_int
 from sharing.gpu.nvmlerrors import backend_error
 from sharing.gpu.nvmllib import name_os_thread, preload
-from sharing.gpu.nvmlread import NoMigDeviceError, NvmlReader
+from sharing.gpu.nvmlread import NvmlReader, compute_instance
 from sharing.mig import Catalog, Product, differences
-from sharing.model import ComputeInstance, GpuInstance, GpuUuid, HealthEvent, NodeState
+from sharing.model import GpuInstance, GpuUuid, HealthEvent, NodeState
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -334,17 +334,7 @@ class NvmlBackend:
         n = self._nvml
         info = n.nvmlGpuInstanceGetInfo(gi)
         ci_info = n.nvmlComputeInstanceGetInfo(ci)
-        ci_id = ci_info.id
-        found = self._read.mig_device(handle, info.id, ci_id)
-        if found is None:
-            # The compute instance's `device` is the parent GPU (nvml.h): never a stand-in. Fail closed.
-            raise NoMigDeviceError(
-                f"compute instance {ci_id} of GPU instance {info.id} has no MIG device "
-                "(nvmlDeviceGetMigDeviceHandleByIndex lists none): the GPU is not used until it has"
-            )
-        uuid, processes, index = found
-        made = ComputeInstance(id=ci_id, uuid=uuid, busy=processes != 0, mig_index=index,
-                               processes=processes or 0, slices=ci_info.placement.size)  # fmt: skip
+        made = compute_instance(info.id, ci_info, self._read.mig_device(handle, info.id, ci_info.id))
         return GpuInstance(
             id=info.id,
             profile=profile,

@@ -22,8 +22,9 @@ sees an event of it (an XID, a reset's recovery), and all of them when the drive
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from sharing.errors import BackendError
 from sharing.gpu.backend import GpuNotFoundError
@@ -178,18 +179,21 @@ class NvmlReader:
             profiles = known.ci_profiles[gi_profile] = self.ci_profiles(gi)
         return self.compute_instances(gi, profiles)
 
-    def mig_devices(self, handle: Handle) -> MigDevices:
-        """(GI id, CI id) -> (MIG UUID, its processes, MIG device index) per MIG device; indices may
-        have holes."""
+    def mig_handles(self, handle: Handle) -> Iterator[tuple[int, Handle]]:
+        """(MIG device index, handle) of each MIG device of the GPU; indices may have holes."""
         n = self._nvml
-        devices: MigDevices = {}
         for index in range(n.nvmlDeviceGetMaxMigDeviceCount(handle)):
             try:
-                mig = n.nvmlDeviceGetMigDeviceHandleByIndex(handle, index)
+                yield index, n.nvmlDeviceGetMigDeviceHandleByIndex(handle, index)
             except n.NVMLError as err:
-                if code(err) in (n.NVML_ERROR_NOT_FOUND, n.NVML_ERROR_INVALID_ARGUMENT):
-                    continue
-                raise
+                if code(err) not in (n.NVML_ERROR_NOT_FOUND, n.NVML_ERROR_INVALID_ARGUMENT):
+                    raise
+
+    def mig_devices(self, handle: Handle) -> MigDevices:
+        """(GI id, CI id) -> (MIG UUID, its processes, MIG device index) per MIG device."""
+        n = self._nvml
+        devices: MigDevices = {}
+        for index, mig in self.mig_handles(handle):
             key = (n.nvmlDeviceGetGpuInstanceId(mig), n.nvmlDeviceGetComputeInstanceId(mig))
             devices[key] = (MigUuid(n.nvmlDeviceGetUUID(mig)), self.mig_processes(mig), index)
         return devices
@@ -204,13 +208,7 @@ class NvmlReader:
         nvmlComputeInstanceGetInfo's `device` is the parent GPU (nvml.h), so the walk by index stays,
         reading as little as it can."""
         n = self._nvml
-        for index in range(n.nvmlDeviceGetMaxMigDeviceCount(handle)):
-            try:
-                mig = n.nvmlDeviceGetMigDeviceHandleByIndex(handle, index)
-            except n.NVMLError as err:
-                if code(err) in (n.NVML_ERROR_NOT_FOUND, n.NVML_ERROR_INVALID_ARGUMENT):
-                    continue
-                raise
+        for index, mig in self.mig_handles(handle):
             if (n.nvmlDeviceGetGpuInstanceId(mig), n.nvmlDeviceGetComputeInstanceId(mig)) == (gi_id, ci_id):
                 return MigUuid(n.nvmlDeviceGetUUID(mig)), self.mig_processes(mig), index
         return None
@@ -239,17 +237,7 @@ class NvmlReader:
         )
         for ci in found_cis:
             ci_info = n.nvmlComputeInstanceGetInfo(ci)
-            found = migs.get((info.id, ci_info.id))
-            if found is None:
-                # ci_info.device is the PARENT GPU (nvml.h nvmlComputeInstanceInfo_st: "Parent
-                # device"), never the MIG device: its UUID would hand the whole GPU out. Fail closed.
-                raise NoMigDeviceError(
-                    f"compute instance {ci_info.id} of GPU instance {info.id} has no MIG device "
-                    "(nvmlDeviceGetMigDeviceHandleByIndex lists none): the GPU is not used until it has"
-                )
-            uuid, processes, index = found
-            cis.append(ComputeInstance(id=ci_info.id, uuid=uuid, busy=processes != 0, mig_index=index,
-                                       processes=processes or 0, slices=ci_info.placement.size))  # fmt: skip
+            cis.append(compute_instance(info.id, ci_info, migs.get((info.id, ci_info.id))))
         return GpuInstance(
             id=info.id,
             profile=profile,
@@ -418,3 +406,21 @@ def bus_id(raw: bytes | str) -> str | None:
 def _capability(value: tuple[int, int]) -> tuple[int, int] | None:
     major, minor = value
     return None if major == 0 else (major, minor)
+
+
+def compute_instance(
+    gi_id: int, ci_info: Any, found: tuple[MigUuid, int | None, int | None] | None
+) -> ComputeInstance:
+    """A compute instance (`nvmlComputeInstanceGetInfo`) with its MIG device (`found`: UUID, processes,
+    index); NoMigDeviceError when it has none. ci_info.device is the PARENT GPU (nvml.h
+    nvmlComputeInstanceInfo_st: "Parent device"), never the MIG device: its UUID would hand the whole
+    GPU out, so there is no stand-in. Fail closed."""
+    ci_id, slices = ci_info.id, ci_info.placement.size
+    if found is None:
+        raise NoMigDeviceError(
+            f"compute instance {ci_id} of GPU instance {gi_id} has no MIG device "
+            "(nvmlDeviceGetMigDeviceHandleByIndex lists none): the GPU is not used until it has"
+        )
+    uuid, processes, index = found
+    return ComputeInstance(id=ci_id, uuid=uuid, busy=processes != 0, mig_index=index,
+                           processes=processes or 0, slices=slices)  # fmt: skip

@@ -19,14 +19,13 @@ from sharing.gpu import simstate
 from sharing.gpu.devfiles import DriverFiles
 from sharing.gpu.nvml import NvmlBackend
 from sharing.gpu.nvmlapi import Nvml
-from sharing.kube.api import AllocatedDevice, ResourceClaimObject
+from sharing.kube.api import ResourceClaimObject
 from sharing.mig.catalog import default_catalog
 from sharing.model import GpuInstance, NodeState
 from sharing.store import ClaimCheckpoint, Journal, OwnedInstance, PreparedClaim, PreparedDevice
+from tests.fakedriver.test_ondemand import Claims, allocated, instances
 
 CATALOG = default_catalog()
-PROFILE_ID = {"1g.5gb": 19, "2g.10gb": 14, "3g.20gb": 9, "7g.40gb": 0}
-"""nvidia-smi IDs on an A100-SXM4-40GB (NVIDIA MIG user guide, supported profiles)."""
 
 
 @pytest.fixture
@@ -37,21 +36,6 @@ async def backend(state: Path, nvml: Nvml) -> AsyncIterator[NvmlBackend]:
         assert await b.set_mig_mode(gpu.uuid, True) is False
     yield b
     await b.close()
-
-
-class Claims:
-    """The claims as the API server holds them (what prepare reads)."""
-
-    def __init__(self, *claims: ResourceClaimObject) -> None:
-        self.objects = {(c.namespace, c.name): c for c in claims}
-
-    def get_resource_claim(self, namespace: str, name: str) -> ResourceClaimObject:
-        return self.objects[(namespace, name)]
-
-
-def allocated(name: str, device: str) -> ResourceClaimObject:
-    result = AllocatedDevice("mig", "gpu.nvidia.com", "node-a", device)
-    return ResourceClaimObject("ns", name, f"uid-{name}", allocated=True, results=(result,))
 
 
 def preparer(backend: NvmlBackend, tmp_path: Path, *claims: ResourceClaimObject) -> Preparer:
@@ -65,14 +49,6 @@ def preparer(backend: NvmlBackend, tmp_path: Path, *claims: ResourceClaimObject)
         checkpoint=ClaimCheckpoint(tmp_path / "claims.json"),
         ondemand=OnDemand(backend, Journal(tmp_path / "journal.jsonl"), lock_wait_s=0.5),
     )
-
-
-def instances(state: Path) -> list[list[tuple[int, int, int]]]:
-    """Per GPU, (profile id, start, size) of every GPU instance, from the fake driver's own state."""
-    data = json.loads(state.read_text())
-    return [
-        sorted((g["profileId"], g["start"], g["size"]) for g in gpu["gpuInstances"]) for gpu in data["gpus"]
-    ]
 
 
 async def someone_makes(backend: NvmlBackend, gpu: int, profile: str, start: int) -> GpuInstance:
