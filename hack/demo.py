@@ -1,5 +1,5 @@
-"""The demo: a real single-node Kubernetes with the fake NVIDIA driver, the agent installed with its
-Helm chart, and a pod that gets a MIG slice.
+"""The demo: a real Kubernetes (one node, or three with --nodes 3) with the fake NVIDIA driver, the
+agent installed with its Helm chart, and a pod that gets a MIG slice.
 
 Run through hack/demo.sh. It builds (or reuses) the Go binaries and the images, starts node
 `demo-gpu-node` (etcd, kube-apiserver, containerd 2.x, kubelet, scheduler, controller-manager,
@@ -7,6 +7,10 @@ kube-proxy in private namespaces; the fake driver under its driver root /run/nvi
 2x A100-SXM4-40GB + 2x H100 80GB HBM3), labels it with a preset, installs the chart (DaemonSet
 `gpu-sharing` in namespace `gpu-sharing`: the real pynvml over the node's libnvidia-ml.so.1), waits
 for the slices on the Node, and starts a pod that requests `nvidia.com/mig-1g.5gb: 1`.
+With --nodes 3 two more nodes join it, each with its own GPUs and its own config label (the one
+DaemonSet on all three): `demo-gpu-node-2` with 4x A100-SXM4-80GB split `all-1g`, and
+`demo-gpu-node-3`, a node that mixes GPUs without MIG (2x L4) with one H200, split `all-balanced`
+(the L4s offered whole, as `mig: disabled`).
 With --dra the node is then switched to the DRA front-end (the chart's `dra.enabled`, the node's label
 `nvidia.com/gpu-sharing.frontend=dra`): the pool's ResourceSlices are printed, and three pods get
 their devices through claims: a whole GPU (class gpu.nvidia.com), a MIG device (class mig.nvidia.com,
@@ -26,6 +30,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -46,6 +51,22 @@ EXPECTED = {
     "nvidia.com/mig-3g.20gb": "2",
     "nvidia.com/gpu": "8",
 }
+# The nodes that join with --nodes: name, GPUs (`sharing sim init --gpus`), config label, what it gives.
+JOINING = (
+    (f"{NODE}-2", "A100-SXM4-80GB:4", "all-1g", {"nvidia.com/mig-1g.10gb": "28"}),
+    (
+        f"{NODE}-3",
+        "L4:2,H200:1",
+        "all-balanced",
+        {
+            "nvidia.com/gpu": "2",
+            "nvidia.com/mig-1g.18gb": "2",
+            "nvidia.com/mig-2g.35gb": "1",
+            "nvidia.com/mig-3g.71gb": "1",
+        },
+    ),
+)
+STATE_LABEL = "nvidia.com/mig.config.state"
 POD = """apiVersion: v1
 kind: Pod
 metadata: {name: mig-demo, namespace: default}
@@ -82,7 +103,17 @@ def wait(what: str, check: object, timeout: float = 180) -> None:
         time.sleep(0.5)
 
 
-def up() -> RealNode:
+def export(node: RealNode) -> dict[str, Any]:
+    """`sharing export --json` in the agent's pod on node NODE (`exec ds/...` picks any node's)."""
+    pods = node.kubectl(
+        "-n", NAMESPACE, "get", "pods", "-l", "app.kubernetes.io/name=gpu-sharing",
+        f"--field-selector=spec.nodeName={NODE}", "-o", "name", check=True,
+    ).stdout.split()  # fmt: skip
+    exported = node.kubectl("-n", NAMESPACE, "exec", pods[0], "--", "sharing", "export", "--json", check=True)
+    return dict(json.loads(exported.stdout))
+
+
+def up(nodes: int = 1) -> RealNode:
     with phase(
         "Go binaries", "building or reusing the Go binaries (the first build: about 11 minutes on 2 cores)"
     ):
@@ -96,24 +127,33 @@ def up() -> RealNode:
     ):
         node = RealNode(NAME, NODE).up(archives)
     say(f"the node's logs: {node.logs()}")
+    layout = {NODE: (PRESET, EXPECTED)} | {n: (c, e) for n, _, c, e in JOINING[: nodes - 1]}
+    for name, gpus, _, _ in JOINING[: nodes - 1]:
+        with phase(f"node {name} Ready", f"node {name} joins with {gpus}: containerd, kubelet, kube-proxy"):
+            node.join(name, gpus, archives)
 
     def kubectl(*args: str) -> str:
         return node.kubectl(*args, check=True).stdout
 
-    say(f"labelling {NODE} with {CONFIG_LABEL}={PRESET}")
-    kubectl("label", "node", NODE, f"{CONFIG_LABEL}={PRESET}", "--overwrite")
+    for name, (preset, _) in layout.items():
+        say(f"labelling {name} with {CONFIG_LABEL}={preset}")
+        kubectl("label", "node", name, f"{CONFIG_LABEL}={preset}", "--overwrite")
     say("installing the agent with its Helm chart (deploy/helm/gpu-sharing), driverRoot /run/nvidia/driver")
     Helm(node.kubeconfig).upgrade_install(lab_values())
     started = time.monotonic()
 
-    def sliced() -> bool:
-        n = json.loads(kubectl("get", "node", NODE, "-o", "json"))
+    def sliced(name: str, expected: dict[str, str]) -> bool:
+        n = json.loads(kubectl("get", "node", name, "-o", "json"))
         labels, capacity = n["metadata"].get("labels", {}), n["status"].get("allocatable", {})
-        return labels.get("nvidia.com/mig.config.state") == "success" and EXPECTED.items() <= capacity.items()
+        return labels.get(STATE_LABEL) == "success" and expected.items() <= capacity.items()
 
-    wait("the slices on the Node", sliced)
-    say(f"slices visible on the Node {time.monotonic() - started:.0f}s after the install")
-    print(kubectl("describe", "node", NODE))
+    for name, (_, expected) in layout.items():
+        wait(f"the slices on Node {name}", lambda name=name, e=expected: sliced(name, e))  # type: ignore[misc]
+    say(f"slices visible on every Node {time.monotonic() - started:.0f}s after the install")
+    if nodes > 1:
+        print(kubectl("get", "nodes", "-L", f"{STATE_LABEL},{CONFIG_LABEL}"))
+    for name in layout:
+        print(kubectl("describe", "node", name))
     with phase("pod mig-demo Running", "starting pod mig-demo with limits nvidia.com/mig-1g.5gb: 1"):
         node.kubectl("apply", "-f", "-", input=POD, check=True)
         wait(
@@ -126,9 +166,7 @@ def up() -> RealNode:
     visible = next(
         (line for line in env.splitlines() if line.startswith("NVIDIA_VISIBLE_DEVICES=")), "(none)"
     )
-    exported = json.loads(
-        kubectl("-n", NAMESPACE, "exec", f"ds/{RELEASE}", "--", "sharing", "export", "--json")
-    )
+    exported = export(node)
     where = {
         i["uuid"]: f"GPU {g['index']} ({g['product']}), MIG {i['profile']} at slice {i['start']}"
         for g in exported["gpus"]
@@ -228,9 +266,7 @@ def dra(node: RealNode) -> None:
             print(kubectl("describe", "pod", name), file=sys.stderr)
             raise
     print(kubectl("get", "resourceclaims", "-o", "wide"))
-    exported = json.loads(
-        kubectl("-n", NAMESPACE, "exec", f"ds/{RELEASE}", "--", "sharing", "export", "--json")
-    )
+    exported = export(node)
     where = {g["uuid"]: f"GPU {g['index']} ({g['product']}), the whole GPU" for g in exported["gpus"]}
     where |= {
         i["uuid"]: f"GPU {g['index']} ({g['product']}), MIG {i['profile']} at slice {i['start']}"
@@ -247,7 +283,14 @@ def dra(node: RealNode) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description="gpu-sharing demo on a real single-node Kubernetes")
+    parser = argparse.ArgumentParser(description="gpu-sharing demo on a real Kubernetes")
+    parser.add_argument(
+        "--nodes",
+        type=int,
+        choices=range(1, len(JOINING) + 2),
+        default=1,
+        help="how many nodes: 3 adds a node of A100 80GB and a node mixing L4s and an H200",
+    )
     parser.add_argument("--detach", action="store_true", help="return once the pod runs with its slice")
     parser.add_argument("--down", action="store_true", help="stop a detached demo")
     parser.add_argument(
@@ -269,7 +312,7 @@ def main() -> int:
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     started = time.monotonic()
     try:
-        node = up()
+        node = up(args.nodes)
         if args.dra:
             dra(node)
         say(f"the demo is up: {time.monotonic() - started:.0f} s in all")
@@ -285,6 +328,7 @@ def main() -> int:
             RealNode.load(NAME).down()
         return 1
     hints = f"""Try next (in another shell, after the export below):
+  kubectl get nodes -L {STATE_LABEL},{CONFIG_LABEL}  # each node's config and its state
   kubectl label node {NODE} {CONFIG_LABEL}=all-1g --overwrite          # 7 x 1g on every GPU
   kubectl label node {NODE} {CONFIG_LABEL}=all-replicas-4 --overwrite  # MIG off, 4 replicas each
   kubectl -n {NAMESPACE} edit configmap gpu-sharing-config                 # your configs: applied live

@@ -2,6 +2,8 @@
 # The main job: a real single-node Kubernetes (containerd, kubelet, scheduler, ... in private
 # namespaces), the fake NVIDIA driver (2x A100 + 2x H100), the agent installed with its Helm chart, the
 # slices in `kubectl describe node demo-gpu-node`, and a pod running with a MIG slice.
+#   hack/demo.sh --nodes 3  three nodes, each its own GPUs and config: the first as above, then
+#                           4x A100-SXM4-80GB (all-1g) and 2x L4 + 1x H200 (all-balanced)
 #   hack/demo.sh            run until Ctrl-C
 #   hack/demo.sh --detach   return once the pod runs (last line: export KUBECONFIG=...)
 #   hack/demo.sh --down     stop a detached demo

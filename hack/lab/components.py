@@ -12,11 +12,11 @@ import json
 from pathlib import Path
 
 from lab.binaries import Binaries
-from lab.containerd import POD_CIDR, SOCKET
+from lab.containerd import CLUSTER_CIDR, SOCKET
 from lab.controlplane import SERVICE_RANGE, ControlPlane
 
 
-def kubelet_config(cp: ControlPlane, cgroup_root: str, state: Path) -> Path:
+def kubelet_config(cp: ControlPlane, cgroup_root: str, state: Path, pod_cidr: str) -> Path:
     """Write the KubeletConfiguration (JSON is YAML) and return its path."""
     resolv = state / "resolv.conf"
     resolv.write_text("# no cluster DNS on this node\n")
@@ -42,7 +42,7 @@ def kubelet_config(cp: ControlPlane, cgroup_root: str, state: Path) -> Path:
         # Capacity changes from device plugins reach the Node within ~2 s (default 10 s).
         "nodeStatusUpdateFrequency": "2s",
         "serializeImagePulls": False,
-        "podCIDR": POD_CIDR,
+        "podCIDR": pod_cidr,
     }
     path = state / "kubelet-config.yaml"
     path.write_text(json.dumps(cfg, indent=2))
@@ -95,7 +95,7 @@ def proxy_args(bins: Binaries, node: str, kubeconfig: Path) -> list[str]:
         f"--kubeconfig={kubeconfig}",
         f"--hostname-override={node}",
         "--proxy-mode=iptables",
-        f"--cluster-cidr={POD_CIDR}",
+        f"--cluster-cidr={CLUSTER_CIDR}",
         # Zero: leave the host-wide conntrack sysctls alone (they are not per network namespace).
         "--conntrack-max-per-core=0",
         "--conntrack-tcp-timeout-established=0",

@@ -20,7 +20,14 @@ from lab.process import Process, wait_until
 
 SOCKET = "/run/containerd/containerd.sock"
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
-POD_CIDR = "10.244.0.0/24"
+CLUSTER_CIDR = "10.244.0.0/16"
+
+
+def pod_cidr(member: int) -> str:
+    """The pod subnet of the cluster's node ``member``: each node its own part of ``CLUSTER_CIDR``."""
+    return f"10.244.{member}.0/24"
+
+
 CNI_BIN = "/usr/lib/cni"  # Debian's containernetworking-plugins
 
 
@@ -56,8 +63,11 @@ imports = []
 """
 
 
-def cni_config() -> str:
-    """A bridge with host-local addresses and port mapping: one node needs nothing more."""
+def cni_config(subnet: str) -> str:
+    """A bridge with host-local addresses in ``subnet`` and port mapping. Traffic leaving the pod
+    subnet is masqueraded as the node's address, so a pod on one node reaches the API server on
+    another (through the `kubernetes` Service) and the answer finds its way back without routes
+    to every node's pods."""
     return json.dumps(
         {
             "cniVersion": "1.0.0",
@@ -67,11 +77,11 @@ def cni_config() -> str:
                     "type": "bridge",
                     "bridge": "cni0",
                     "isGateway": True,
-                    "ipMasq": False,
+                    "ipMasq": True,
                     "hairpinMode": True,
                     "ipam": {
                         "type": "host-local",
-                        "ranges": [[{"subnet": POD_CIDR}]],
+                        "ranges": [[{"subnet": subnet}]],
                         "routes": [{"dst": "0.0.0.0/0"}],
                     },
                 },
@@ -86,7 +96,7 @@ def process(bins: Binaries, ns: Namespaces, state: Path, cgroup_procs: tuple[Pat
     """The containerd process, its config written under ``state``."""
     cni = state / "cni"
     cni.mkdir(parents=True, exist_ok=True)
-    (cni / "10-bridge.conflist").write_text(cni_config())
+    (cni / "10-bridge.conflist").write_text(cni_config(pod_cidr(ns.member)))
     path = state / "containerd.toml"
     path.write_text(config(state / "containerd", cni))
     # The runc shim is looked up on PATH.

@@ -22,8 +22,9 @@ GPUS = "A100-SXM4-40GB:2,H100-80GB-HBM3:2"
 STATE = "var/lib/fake-nvidia/gpus.json"
 
 
-def install(root: Path, gpus: str = GPUS) -> Path:
-    """`hack/fakedriver/build.sh --install ROOT`, then `sharing sim init` there unless GPUs exist."""
+def install(root: Path, gpus: str = GPUS, seed: str = "sim") -> Path:
+    """`hack/fakedriver/build.sh --install ROOT`, then `sharing sim init` there unless GPUs exist;
+    ``seed`` seeds their UUIDs (each node its own, as no two real GPUs share one)."""
     done = subprocess.run(
         [str(REPO / "hack/fakedriver/build.sh"), "--install", str(root)],
         capture_output=True,
@@ -35,6 +36,7 @@ def install(root: Path, gpus: str = GPUS) -> Path:
     state = root / STATE
     if not state.exists():
         init = [sys.executable, "-m", "sharing", "sim", "init", "--sim-state", str(state), "--gpus", gpus]
+        init += ["--seed", seed]
         made = subprocess.run(
             init, capture_output=True, text=True, check=False, env={**os.environ, "PYTHONPATH": str(REPO)}
         )

@@ -1,11 +1,14 @@
-"""The real node's private namespaces: one sleeping process holds a mount and a network namespace.
+"""A real node's private namespaces: one sleeping process holds a mount and a network namespace.
 
 Everything node-side (control plane, containerd, kubelet, pods) runs inside them, entered with
 ``nsenter``, so the host keeps its own ``/run``, ``/var/lib``, ``/var/log``, routes and iptables
-rules. The only thing the host sees while the node is up is one end of a veth pair (``gs-<name>``)
-with the gateway address, through which ``kubectl`` on the host reaches the API server at the node's
-address; the kernel removes it with the namespace. Killing the holder (after every process it
-hosts) takes the namespaces, their mounts and their rules with it.
+rules. What the host sees while a cluster is up: one bridge (``gs<index>-<name>``) with the gateway
+address, the cluster's network, and on it the host end of each node's veth pair
+(``gs<index>-<member>-<name>``). The nodes of a cluster reach each other across the bridge (a
+worker's kubelet the API server, the API server a kubelet's port), ``kubectl`` on the host reaches
+the API server at the first node's address, and the host forwards nothing. The kernel removes a veth
+with its namespace; the first node's ``down`` removes the bridge. Killing the holder (after every
+process it hosts) takes the namespaces, their mounts and their rules with it.
 """
 
 from __future__ import annotations
@@ -25,14 +28,19 @@ INTERFACE = "node0"
 
 
 class Namespaces:
-    """The holder of node ``name``; ``index`` picks the subnet ``10.(200+index).0.0/24``."""
+    """The holder of node ``member`` of cluster ``name``; ``index`` picks the cluster's subnet
+    ``10.(200+index).0.0/24``, where the node's address is ``.(2+member)``."""
 
-    def __init__(self, name: str, state: Path, index: int = 0) -> None:
+    def __init__(self, name: str, state: Path, index: int = 0, member: int = 0) -> None:
         self.name = name
         self.state = state
+        self.member = member
         self.gateway = f"10.{200 + index}.0.1"
-        self.address = f"10.{200 + index}.0.2"
-        self.host_interface = f"gs-{name}"[:15]
+        self.address = f"10.{200 + index}.0.{2 + member}"
+        # Interface names have at most 15 bytes; the index (one subnet per cluster on the host)
+        # keeps them apart, the cluster's name says whose they are.
+        self.bridge = f"gs{index}-{name}"[:15]
+        self.host_interface = f"gs{index}-{member}-{name}"[:15]
         self.record: PidRecord | None = None
 
     @property
@@ -77,24 +85,20 @@ class Namespaces:
 
     def _network(self) -> None:
         assert self.record is not None
-        host = self.host_interface
-        for cmd in (
-            [
-                "ip",
-                "link",
-                "add",
-                host,
-                "type",
-                "veth",
-                "peer",
-                "name",
-                INTERFACE,
-                "netns",
-                str(self.record.pid),
-            ],
-            ["ip", "addr", "add", f"{self.gateway}/24", "dev", host],
-            ["ip", "link", "set", host, "up"],
-        ):
+        host, bridge = self.host_interface, self.bridge
+        commands = []
+        if self.member == 0:  # the first node makes the cluster's network
+            commands += [
+                ["ip", "link", "add", bridge, "type", "bridge"],
+                ["ip", "addr", "add", f"{self.gateway}/24", "dev", bridge],
+                ["ip", "link", "set", bridge, "up"],
+            ]
+        peer = ["peer", "name", INTERFACE, "netns", str(self.record.pid)]
+        commands += [
+            ["ip", "link", "add", host, "type", "veth", *peer],
+            ["ip", "link", "set", host, "master", bridge, "up"],
+        ]
+        for cmd in commands:
             done = subprocess.run(cmd, capture_output=True, text=True, check=False)
             if done.returncode != 0:
                 raise ClusterError(f"{' '.join(cmd)}: {done.stderr.strip()}")
@@ -128,10 +132,12 @@ echo 1 > /proc/sys/net/ipv4/ip_forward
             ]
         self.run("sh", "-c", "\n".join(lines))
 
-    def remove_host_interface(self) -> None:
-        """Delete the host end of the veth if it outlived the namespace (it should not)."""
-        if Path(f"/sys/class/net/{self.host_interface}").exists():
-            subprocess.run(["ip", "link", "del", self.host_interface], capture_output=True, check=False)
+    def remove_host_interfaces(self) -> None:
+        """Delete the host end of the veth if it outlived the namespace (it should not) and, for the
+        first node, the cluster's bridge."""
+        for link in (self.host_interface, self.bridge) if self.member == 0 else (self.host_interface,):
+            if Path(f"/sys/class/net/{link}").exists():
+                subprocess.run(["ip", "link", "del", link], capture_output=True, check=False)
 
 
 def _ns_inode(pid: int, kind: str) -> int | None:

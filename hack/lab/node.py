@@ -1,15 +1,20 @@
-"""A real single-node Kubernetes: the control plane, containerd, kubelet, scheduler, controller-manager
-and kube-proxy, all inside the node's private namespaces and cgroups.
+"""A real Kubernetes cluster of one node or several: the first node runs the control plane,
+containerd, kubelet, scheduler, controller-manager and kube-proxy, every further node its own
+containerd, kubelet and kube-proxy; each node in its own private namespaces and cgroups, with its own
+fake NVIDIA driver and GPUs.
 
-``RealNode.up()`` starts everything detached and records each PID (with its start time) in
-``<state>/node.json``; ``RealNode.load(name).down()`` stops them from that record alone, kills what
-they left in the node's cgroups (shims, containers), removes the cgroups, and lets the kernel drop
-the namespaces with their mounts, interfaces and iptables rules. ``kubectl`` on the host works with
-the admin kubeconfig: the API server listens on the node's address, reached through a veth pair.
+``RealNode.up()`` starts the first node detached and ``join()`` another one; each records its PIDs
+(with their start times) in ``<state>/node.json``, the first node also the nodes that joined.
+``RealNode.load(name).down()`` stops every node from those records alone, kills what they left in
+their cgroups (shims, containers), removes the cgroups and the cluster's bridge, and lets the kernel
+drop the namespaces with their mounts, interfaces and iptables rules. ``kubectl`` on the host works
+with the admin kubeconfig: the API server listens on the first node's address, on the cluster's
+bridge (lab.netns).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import http.client
 import json
@@ -36,17 +41,39 @@ READY_TIMEOUT = 120.0
 
 
 class RealNode:
-    """Node ``node_name`` of the lab cluster ``name``; ``index`` keeps two clusters apart (subnet)."""
+    """Node ``node_name`` of the lab cluster ``name``; ``index`` keeps two clusters apart (subnet).
 
-    def __init__(self, name: str = "demo", node_name: str = "demo-gpu-node", *, index: int = 0) -> None:
+    ``member`` 0 is the cluster's first node (the control plane runs on it, as on a kubeadm
+    control-plane node that also runs pods); the nodes that ``join`` it are members 1, 2, ...
+    ``gpus`` are the node's simulated GPUs (`sharing sim init --gpus`), their UUIDs seeded with the
+    node's name so no two nodes share one.
+    """
+
+    def __init__(
+        self,
+        name: str = "demo",
+        node_name: str = "demo-gpu-node",
+        *,
+        index: int = 0,
+        member: int = 0,
+        gpus: str = driver.GPUS,
+    ) -> None:
         self.name = name
         self.node_name = node_name
         self.index = index
-        self.state = cache_dir() / "node" / name
-        self.cgroup = CgroupTree(f"gpu-sharing-{name}")
-        self.ns = Namespaces(name, self.state, index)
+        self.member = member
+        self.gpus = gpus
+        cluster = cache_dir() / "node" / name
+        self.state = cluster if member == 0 else cluster.with_name(f"{name}-n{member}")
+        self.cgroup = CgroupTree(f"gpu-sharing-{name}" + (f"-n{member}" if member else ""))
+        self.ns = Namespaces(name, self.state, index, member)
         self.records: list[PidRecord] = []
-        self.kubeconfig = self.state / "control-plane" / "admin.kubeconfig"
+        self.members: list[RealNode] = []
+        """The nodes that joined this one (on the first node)."""
+        self._recorded_members: list[int] = []
+        self.kubeconfig = cluster / "control-plane" / "admin.kubeconfig"
+        self.api_address = f"10.{200 + index}.0.2"
+        """Where the cluster's API server listens: the first node's address."""
         self._bins: Binaries | None = None
         self._cp: ControlPlane | None = None
 
@@ -77,25 +104,53 @@ class RealNode:
     # -- up ----------------------------------------------------------------------------------
 
     def up(self, images: Sequence[Path] = ()) -> RealNode:
-        """Start the node and import ``images`` (docker archives); return once the Node is Ready."""
+        """Start the cluster's first node and import ``images`` (docker archives); return once the
+        Node is Ready."""
+        if self.member != 0:
+            raise ClusterError("a further node joins the first one: first.join(...)")
         if self.state_file.exists():
             RealNode.load(self.name).down()
-        shutil.rmtree(self.state, ignore_errors=True)
-        (self.state / "logs").mkdir(parents=True)
+        self._fresh_state()
         packages.ensure()
-        bins = self.bins
         try:
-            self._up(bins, images)
+            self._up(self.bins, images)
         except BaseException:
             self.down()
             raise
         return self
 
-    def _up(self, bins: Binaries, images: Sequence[Path]) -> None:
+    def join(self, node_name: str, gpus: str = driver.GPUS, images: Sequence[Path] = ()) -> RealNode:
+        """Start another node of this cluster (its containerd, kubelet and kube-proxy, its own GPUs)
+        with ``images`` imported; return it once its Node is Ready. Called on the first node, the
+        one that started the control plane (it holds the CA that signs the kubelet's identity)."""
+        if self.member != 0 or self._cp is None:
+            raise ClusterError("only the first node, as `up` returned it, can take another")
+        node = RealNode(self.name, node_name, index=self.index, member=len(self.members) + 1, gpus=gpus)
+        node._bins, node._cp = self._bins, self._cp
+        if node.state_file.exists():
+            RealNode.load_member(self.name, node.member).down()
+        node._fresh_state()
+        self.members.append(node)
+        self._save()
+        try:
+            node._join(images)
+        except BaseException:
+            node.down()
+            self.members.remove(node)
+            self._save()
+            raise
+        return node
+
+    def _fresh_state(self) -> None:
+        shutil.rmtree(self.state, ignore_errors=True)
+        (self.state / "logs").mkdir(parents=True)
+
+    def _isolate(self) -> tuple[Path, ...]:
+        """The node's cgroups, driver (its own GPUs) and namespaces; the daemons' cgroup.procs."""
         self.cgroup.create()
         procs = self.cgroup.daemon_procs()
         # A GPU node: the fake NVIDIA driver and its GPUs, under the node's driver root.
-        driver.install(self.driver_root)
+        driver.install(self.driver_root, self.gpus, seed=self.node_name)
         mounts = {
             "/var/lib/kubelet": self.state / "kubelet",
             "/var/log": self.state / "log",
@@ -103,6 +158,28 @@ class RealNode:
         }
         self.records.append(self.ns.start(procs, mounts))
         self._save()
+        return procs
+
+    def _runtime(self, images: Sequence[Path], procs: tuple[Path, ...]) -> None:
+        """containerd, with ``images`` imported."""
+        bins = self.bins
+        runtime = containerd.process(bins, self.ns, self.state, procs)
+        self._start(runtime, keep=True)
+        containerd.wait_ready(runtime, self.ns, bins)
+        runtime.forget()
+        for archive in images:
+            containerd.import_image(self.ns, bins, archive)
+
+    def _join(self, images: Sequence[Path]) -> None:
+        procs = self._isolate()
+        self._runtime(images, procs)
+        self._start_kubelet()
+        proxy = self._control_plane().user_kubeconfig("system:kube-proxy")
+        self._start(self._daemon("kube-proxy", components.proxy_args(self.bins, self.node_name, proxy)))
+        self.wait_ready()
+
+    def _up(self, bins: Binaries, images: Sequence[Path]) -> None:
+        procs = self._isolate()
         net = NodeNetwork(self.ns.address, self.ns.launcher, procs)
         cp = self._cp = ControlPlane(
             base_dir=self.state / "control-plane", detached=True, keep=True, bins=bins, network=net
@@ -111,12 +188,7 @@ class RealNode:
         self.records += cp.records()
         cp.forget()
         self._save()
-        runtime = containerd.process(bins, self.ns, self.state, procs)
-        self._start(runtime, keep=True)
-        containerd.wait_ready(runtime, self.ns, bins)
-        runtime.forget()
-        for archive in images:
-            containerd.import_image(self.ns, bins, archive)
+        self._runtime(images, procs)
         self._start_kubelet()
         scheduler = cp.user_kubeconfig("system:kube-scheduler")
         manager = cp.user_kubeconfig("system:kube-controller-manager")
@@ -154,16 +226,17 @@ class RealNode:
     def _start_kubelet(self) -> None:
         cp = self._control_plane()
         kubeconfig = cp.user_kubeconfig(f"system:node:{self.node_name}", ["system:nodes"])
-        config = components.kubelet_config(cp, self.cgroup.name, self.state)
+        config = components.kubelet_config(cp, self.cgroup.name, self.state, containerd.pod_cidr(self.member))
         args = components.kubelet_args(self.bins, self.node_name, self.ns.address, config, kubeconfig)
         self._start(self._daemon("kubelet", args))
 
     def _control_plane(self) -> ControlPlane:
         if self._cp is None:  # loaded from the state file: only the paths are needed
-            self._cp = ControlPlane(base_dir=self.state / "control-plane", keep=True)
-            self._cp.dir = self.state / "control-plane"
-            self._cp.ca_path = self._cp.dir / "ca.crt"
-            self._cp.server = f"https://{self.ns.address}:6443"
+            where = self.kubeconfig.parent
+            self._cp = ControlPlane(base_dir=where, keep=True)
+            self._cp.dir = where
+            self._cp.ca_path = where / "ca.crt"
+            self._cp.server = f"https://{self.api_address}:6443"
         return self._cp
 
     # -- while up ------------------------------------------------------------------------------
@@ -171,7 +244,7 @@ class RealNode:
     @functools.cached_property
     def api(self) -> Api:
         """The API server as admin on a kept-alive connection: a read without a process."""
-        return Api(f"https://{self.address}:6443", self.state / "control-plane")
+        return Api(f"https://{self.api_address}:6443", self.kubeconfig.parent)
 
     def kubectl(
         self, *args: str, input: str | None = None, check: bool = False, timeout: float = 60
@@ -231,19 +304,42 @@ class RealNode:
             "name": self.name,
             "node": self.node_name,
             "index": self.index,
+            "member": self.member,
+            "gpus": self.gpus,
             "address": self.ns.address,
             "kubeconfig": str(self.kubeconfig),
             "pids": [r.to_json() for r in self.records],
+            "members": [m.member for m in self.members],
         }
         self.state_file.write_text(json.dumps(data, indent=2) + "\n")
 
     @classmethod
     def load(cls, name: str) -> RealNode:
-        """The node ``name`` as its state file records it (raises when there is none)."""
-        state = cache_dir() / "node" / name / "node.json"
+        """The cluster ``name`` (its first node, with the nodes that joined in ``members``) as the
+        state files record it (raises when there is none)."""
+        node = cls._load(cache_dir() / "node" / name / "node.json")
+        for member in node._recorded_members:
+            with contextlib.suppress(FileNotFoundError):  # it had not started yet
+                node.members.append(cls.load_member(name, member))
+        return node
+
+    @classmethod
+    def load_member(cls, name: str, member: int) -> RealNode:
+        """Node ``member`` of cluster ``name`` as its state file records it."""
+        return cls._load(cache_dir() / "node" / f"{name}-n{member}" / "node.json")
+
+    @classmethod
+    def _load(cls, state: Path) -> RealNode:
         data = json.loads(state.read_text())
-        node = cls(name, data["node"], index=data["index"])
+        node = cls(
+            data["name"],
+            data["node"],
+            index=data["index"],
+            member=data.get("member", 0),
+            gpus=data.get("gpus", driver.GPUS),
+        )
         node.records = [PidRecord.from_json(r) for r in data["pids"]]
+        node._recorded_members = data.get("members", [])
         if node.records and node.records[0].name == "namespace-holder":
             node.ns.record = node.records[0]
         return node
@@ -252,16 +348,19 @@ class RealNode:
         return any(r.alive() for r in self.records)
 
     def down(self) -> list[str]:
-        """Stop everything, empty and remove the cgroups; return the names of what was running."""
+        """Stop everything (on the first node: every node of the cluster, the joined ones first),
+        empty and remove the cgroups; return the names of what was running."""
         close_api(self)
+        stopped = [name for m in reversed(self.members) for name in m.down()]
+        self.members = []
         holder = [r for r in self.records if r.name == "namespace-holder"]
         daemons = [r for r in self.records if r.name != "namespace-holder"]
         # Nothing on the node is kept, so nothing needs a long graceful shutdown.
-        stopped = stop_all(list(reversed(daemons)), timeout=0.5)
+        stopped += stop_all(list(reversed(daemons)), timeout=0.5)
         stopped += stop_all(holder, timeout=0.5)
         # Shims and containers have no record: they are found by cgroup.
         self.cgroup.kill_all()
-        self.ns.remove_host_interface()
+        self.ns.remove_host_interfaces()
         deadline = time.monotonic() + 10
         while (left := self.cgroup.remove()) and time.monotonic() < deadline:
             time.sleep(0.1)

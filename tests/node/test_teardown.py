@@ -1,8 +1,9 @@
 """`down` leaves nothing on the host: no process, mount, cgroup, network interface or iptables rule.
 
-A node of its own (another name and subnet than the session's and the bench's), compared before `up`
-and after `down`, in the host's namespaces. Only what names the node or its subnet is compared:
-other nodes may come and go on the host meanwhile (the tests run on several workers).
+A cluster of its own, two nodes (another name and subnet than the session's and the bench's),
+compared before `up` and after `down`, in the host's namespaces. Only what names the cluster or its
+subnet is compared: other nodes may come and go on the host meanwhile (the tests run on several
+workers).
 """
 
 from __future__ import annotations
@@ -61,19 +62,24 @@ def test_down_leaves_nothing_on_the_host(cluster_binaries: lab.Binaries) -> None
     before = host_view()
     node = lab.RealNode(NAME, "teardown-node", index=INDEX).up()
     try:
-        holder = next(r for r in node.records if r.name == "namespace-holder")
-        ns = namespaces(holder.pid)
-        assert ns != namespaces(os.getpid())
+        joined = node.join("teardown-node-2", "A100-SXM4-80GB:1")
+        spaces = [
+            namespaces(next(r for r in n.records if r.name == "namespace-holder").pid) for n in (node, joined)
+        ]
+        assert namespaces(os.getpid()) not in spaces
+        assert spaces[0] != spaces[1]
         running = host_view()
-        assert {"gs-teardown"} == running["links"] - before["links"]  # the host end of the node's veth
-        assert before["mounts"] == running["mounts"]  # the node's mounts are in its own namespace
-        assert len(processes_in(ns)) >= len(node.records)
-        records = list(node.records)
+        # The cluster's bridge and the host end of each node's veth.
+        assert {"gs5-teardown", "gs5-0-teardown", "gs5-1-teardown"} == running["links"] - before["links"]
+        assert before["mounts"] == running["mounts"]  # the nodes' mounts are in their own namespaces
+        assert len(processes_in(spaces[0])) >= len(node.records)
+        assert len(processes_in(spaces[1])) >= len(joined.records)
+        records = node.records + joined.records
     finally:
         stopped = lab.RealNode.load(NAME).down()
-    assert {r.name for r in records} == set(stopped)
+    assert sorted(r.name for r in records) == sorted(stopped)
     assert not any(r.alive() for r in records)
-    assert [] == processes_in(ns)
+    assert [] == [pid for ns in spaces for pid in processes_in(ns)]
     after = host_view()
     for what in before:
         assert before[what] == after[what], what
