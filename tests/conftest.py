@@ -124,16 +124,19 @@ that the random order started last while the other workers wait."""
 def _first_to_last(item: pytest.Item) -> int:
     group = worker_group(item.nodeid)
     if group:
-        return {"host": 0, "node": 1}[group]
+        return {"host": 0, "node": 1, "cluster": 2}[group]
     module = item.nodeid.split("::", 1)[0]
     return 2 + _LONGEST.index(module) if module in _LONGEST else 2 + len(_LONGEST)
 
 
 def worker_group(nodeid: str) -> str:
     """Which tests one worker runs together when the run is spread over several: every test of the
-    session's real node (they share its one node), and the tests of `_HOST_WIDE`; "" for the rest."""
+    session's real node (they share its one node), every test of the session's three-node cluster,
+    and the tests of `_HOST_WIDE`; "" for the rest."""
     if nodeid.startswith(_HOST_WIDE):
         return "host"
+    if nodeid.startswith("tests/cluster/"):
+        return "cluster"
     return "node" if nodeid.startswith("tests/node/") else ""
 
 
@@ -142,7 +145,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """pytest-xdist's load scheduling by scope: a scope is a `worker_group`, or else a module (so a
     module's fixtures are set up once, not once per worker its tests land on). Scopes go out in the
     order collected (`_first_to_last`): the host-wide tests (the bench's smoke run) to one worker, the
-    real node's to another, then each module, the longest first, to whichever worker is free.
+    real node's to another, the cluster's to a third, then each module, the longest first, to
+    whichever worker is free.
     pytest-xdist's own `loadgroup` cannot be used: it names groups by rewriting `item._nodeid`, which
     pytest 9 no longer reads."""
     from xdist.scheduler import LoadScopeScheduling  # noqa: PLC0415  (only when the run is spread)

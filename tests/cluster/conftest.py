@@ -1,0 +1,239 @@
+"""One real three-node Kubernetes for every test in tests/cluster, the agent installed on all three by
+its chart (one DaemonSet), each node with its own fake GPUs and its own config label.
+
+The nodes (hack/lab: the first runs the control plane; each its own containerd, kubelet and
+kube-proxy in private namespaces, its own driver root):
+
+- ``node-a``: 2x A100-SXM4-40GB + 1x H100 80GB HBM3, config ``work``;
+- ``node-b``: 3x A100-SXM4-80GB, config ``work``;
+- ``node-c``: 1x H200 + 2x L4 (a node that mixes MIG-capable GPUs and GPUs without MIG), config
+  ``work-c`` (the same text as ``work``, so a change of one config is seen on one node only).
+
+On every node GPU 0 is split into MIG devices, GPU 1 time-sliced (``nvidia.com/gpu-ts``) and GPU 2
+shared with MPS (``nvidia.com/gpu-mps``): each kind of slice on each node. Tests talk to the cluster
+as an operator does (kubectl, helm, `kubectl exec`) and leave it as they found it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import lab
+import pytest
+from bench.clients import Watch
+from lab import images
+from lab.api import Api
+from lab.helm import NAMESPACE, Helm, lab_values
+
+from tests.polling import poll
+
+CONFIG_LABEL = "nvidia.com/device-plugin.config"
+STATE_LABEL = "nvidia.com/mig.config.state"
+TOOLBOX = "localhost/toolbox:1"
+WORK = """version: v1
+migStrategy: mixed
+gpus:
+  - devices: {product: A100-SXM4-40GB, indices: [0]}
+    mig: {1g.5gb: 2, 3g.20gb: 1}
+  - devices: {product: A100-SXM4-80GB, indices: [0]}
+    mig: {1g.10gb: 2, 3g.40gb: 1}
+  - devices: {product: H200, indices: [0]}
+    mig: {1g.18gb: 2, 3g.71gb: 1}
+  - devices: [1]
+    replicas: 2
+    rename: {nvidia.com/gpu: gpu-ts}
+  - devices: [2]
+    mps: {replicas: 2}
+    rename: {nvidia.com/gpu: gpu-mps}
+"""
+CONFIGS = {"work": WORK, "work-c": WORK}
+SHARED = {"nvidia.com/gpu-ts": "2", "nvidia.com/gpu-mps": "2"}
+NODES: dict[str, tuple[str, str, dict[str, str]]] = {
+    # name: (GPUs, config, what the node offers under it)
+    "node-a": (
+        "A100-SXM4-40GB:2,H100-80GB-HBM3:1",
+        "work",
+        {"nvidia.com/mig-1g.5gb": "2", "nvidia.com/mig-3g.20gb": "1", **SHARED},
+    ),
+    "node-b": (
+        "A100-SXM4-80GB:3",
+        "work",
+        {"nvidia.com/mig-1g.10gb": "2", "nvidia.com/mig-3g.40gb": "1", **SHARED},
+    ),
+    "node-c": (
+        "H200:1,L4:2",
+        "work-c",
+        {"nvidia.com/mig-1g.18gb": "2", "nvidia.com/mig-3g.71gb": "1", **SHARED},
+    ),
+}
+MIG = {
+    "node-a": "nvidia.com/mig-1g.5gb",
+    "node-b": "nvidia.com/mig-1g.10gb",
+    "node-c": "nvidia.com/mig-1g.18gb",
+}
+"""A MIG resource of each node."""
+
+
+@dataclass
+class Cluster:
+    """The running cluster (its first node holds the control plane) and what tests do with it."""
+
+    first: lab.RealNode
+    helm: Helm
+    pods: list[str] = field(default_factory=list)
+
+    def node(self, name: str) -> lab.RealNode:
+        return next(n for n in (self.first, *self.first.members) if n.node_name == name)
+
+    def kubectl(self, *args: str, input: str | None = None) -> str:
+        done = self.first.kubectl(*args, input=input)
+        assert 0 == done.returncode, f"kubectl {' '.join(args)}: {done.stderr}"
+        return done.stdout
+
+    def get(self, path: str) -> dict[str, Any]:
+        """A GET of the API server (a path under it), as admin."""
+        return dict(self.first.api.request("GET", path))
+
+    def labels(self, node: str) -> dict[str, str]:
+        return dict(self.get(f"/api/v1/nodes/{node}")["metadata"].get("labels", {}))
+
+    def allocatable(self, node: str) -> dict[str, str]:
+        """The Node's allocatable nvidia.com/ resources, less those at 0 (the kubelet keeps a
+        resource whose plugin has gone at 0)."""
+        status = self.get(f"/api/v1/nodes/{node}")["status"]
+        return {
+            k: v for k, v in status.get("allocatable", {}).items() if k.startswith("nvidia.com/") and v != "0"
+        }
+
+    def converged(self, node: str, expected: dict[str, str]) -> bool:
+        return self.labels(node).get(STATE_LABEL) == "success" and self.allocatable(node) == expected
+
+    def wait_converged(self, node: str, expected: dict[str, str], timeout: float = 180) -> None:
+        poll(
+            f"node {node} at success offering {expected}",
+            lambda: (self.labels(node).get(STATE_LABEL), self.allocatable(node)),
+            lambda seen: seen == ("success", expected),
+            timeout,
+        )
+
+    def agent_pods(self) -> dict[str, dict[str, Any]]:
+        """The agent's live pods by node."""
+        selector = "app.kubernetes.io/name=gpu-sharing"
+        items = self.get(f"/api/v1/namespaces/{NAMESPACE}/pods?labelSelector={selector}")["items"]
+        return {p["spec"]["nodeName"]: p for p in items if not p["metadata"].get("deletionTimestamp")}
+
+    def agent_exec(self, node: str, *command: str) -> str:
+        """A command in the agent's container on ``node`` (`kubectl exec ds/...` picks any node's)."""
+        pod = self.agent_pods()[node]["metadata"]["name"]
+        return self.kubectl("-n", NAMESPACE, "exec", pod, "-c", "agent", "--", *command)
+
+    def put_config(self, name: str, text: str | None) -> None:
+        """Set (or, with None, remove) one config of the user's ConfigMap."""
+        patch = json.dumps({"data": {name: text}})
+        self.kubectl("-n", NAMESPACE, "patch", "configmap", "gpu-sharing-config", "--type=merge", "-p", patch)
+
+    def start_pod(
+        self, node: str, limits: dict[str, str], *, image: str = TOOLBOX, command: list[str] | None = None
+    ) -> str:
+        """A pod on ``node`` with these limits, sleeping unless told otherwise; its name."""
+        name = f"p-{uuid.uuid4().hex[:6]}"
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {
+                "nodeName": node,
+                "restartPolicy": "Never",
+                "terminationGracePeriodSeconds": 1,
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": image,
+                        "imagePullPolicy": "IfNotPresent",
+                        "command": command or ["sleep", "1000000"],
+                        "resources": {"limits": limits},
+                    }
+                ],
+            },
+        }
+        self.kubectl("apply", "-f", "-", input=json.dumps(pod))
+        self.pods.append(name)
+        return name
+
+    def pod(self, name: str) -> dict[str, Any]:
+        return self.get(f"/api/v1/namespaces/default/pods/{name}")
+
+    def wait_running(self, name: str, timeout: float = 90) -> dict[str, Any]:
+        return dict(poll(f"pod {name} Running", lambda: self.pod(name), running, timeout))
+
+    def delete_pods(self) -> None:
+        if self.pods:
+            self.kubectl("delete", "pod", *self.pods, "--ignore-not-found", "--wait=true", "--timeout=120s")
+            self.pods.clear()
+
+
+def running(pod: dict[str, Any]) -> bool:
+    status = pod.get("status", {})
+    ready = all(c.get("ready") for c in status.get("containerStatuses", [{}]))
+    return status.get("phase") == "Running" and ready
+
+
+@pytest.fixture(scope="session")
+def real_cluster(cluster_binaries: lab.Binaries) -> Iterator[Cluster]:
+    """The three nodes, labelled, with the chart installed; down at the end of the session."""
+    if os.geteuid() != 0:
+        pytest.skip("the real cluster needs root (namespaces, cgroups, mounts)")
+    archives = images.all_images(cluster_binaries)
+    # Its own subnet and state beside the session's single node (tests/node, index 1) and the
+    # bench's; SHARING_TEST_CLUSTER_INDEX names another for a second checkout testing beside this one.
+    index = int(os.environ.get("SHARING_TEST_CLUSTER_INDEX", "10"))
+    (first_name, (first_gpus, _, _)), *rest = NODES.items()
+    first = lab.RealNode(f"cluster{index}", first_name, index=index, gpus=first_gpus).up(archives)
+    try:
+        for name, (gpus, _, _) in rest:
+            first.join(name, gpus, archives)
+        for name, (_, config, _) in NODES.items():
+            first.kubectl("label", "node", name, f"{CONFIG_LABEL}={config}", check=True)
+        helm = Helm(first.kubeconfig, binary=cluster_binaries.helm)
+        helm.upgrade_install(lab_values(CONFIGS))
+        cluster = Cluster(first, helm)
+        for name, (_, _, expected) in NODES.items():
+            cluster.wait_converged(name, expected)
+        yield cluster
+    finally:
+        first.down()
+
+
+@pytest.fixture
+def node_watch(real_cluster: Cluster) -> Iterator[Watch]:
+    """Every update of every Node while the test runs (a watch: no update is missed), as its
+    nvidia.com/ allocatable (less those at 0), state label and config label."""
+
+    def view(node: Mapping[str, Any]) -> dict[str, Any]:
+        allocatable = node.get("status", {}).get("allocatable", {})
+        labels = node.get("metadata", {}).get("labels", {})
+        return {
+            "allocatable": {k: v for k, v in allocatable.items() if k.startswith("nvidia.com/") and v != "0"},
+            "state": labels.get(STATE_LABEL),
+            "config": labels.get(CONFIG_LABEL),
+        }
+
+    first = real_cluster.first
+    watch = Watch(Api(f"https://{first.api_address}:6443", first.kubeconfig.parent), "/api/v1/nodes", view)
+    watch.start()
+    try:
+        yield watch
+    finally:
+        watch.stop()
+
+
+@pytest.fixture
+def cluster(real_cluster: Cluster) -> Iterator[Cluster]:
+    """The session's cluster; pods a test started are deleted after it."""
+    yield real_cluster
+    real_cluster.delete_pods()
