@@ -17,7 +17,7 @@ and ``stubplugin`` (a Go device plugin as a test peer);
 the harness and the real node need root.
 """
 
-from lab.binaries import Binaries, binaries
+from lab.binaries import Binaries, binaries, kubernetes_version
 from lab.controlplane import ControlPlane, NodeNetwork
 from lab.errors import AdmissionError, BinariesUnavailable, ClusterError
 from lab.harness import HarnessClient, KubeletHarness
@@ -36,4 +36,5 @@ __all__ = [
     "RealNode",
     "StubDevicePlugin",
     "binaries",
+    "kubernetes_version",
 ]

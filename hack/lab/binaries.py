@@ -51,6 +51,16 @@ def env_var(field: str) -> str:
     return "SHARING_" + field.upper()
 
 
+def kubernetes_version() -> str:
+    """The Kubernetes release the lab builds (``k8s.io/kubernetes`` in hack/go/k8s/go.mod), as its
+    binaries report it: ``v1.37.2``."""
+    for line in (REPO / "hack" / "go" / "k8s" / "go.mod").read_text().splitlines():
+        words = line.split()
+        if words[:1] == ["k8s.io/kubernetes"] and len(words) >= 2 and words[1] != "=>":
+            return words[1]
+    raise ClusterError("hack/go/k8s/go.mod requires no k8s.io/kubernetes")
+
+
 _cache: Binaries | None = None
 
 

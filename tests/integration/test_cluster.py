@@ -47,7 +47,7 @@ def test_kubectl_talks_to_the_control_plane(control_plane: lab.ControlPlane) -> 
     ns = kubectl_json(control_plane, "get", "ns", "default")
     assert ns["metadata"]["name"] == "default"
     version = kubectl_json(control_plane, "version")
-    assert version["serverVersion"]["gitVersion"] == "v1.36.3"
+    assert version["serverVersion"]["gitVersion"] == lab.kubernetes_version()
     assert control_plane.server.startswith("https://127.0.0.1:")
 
 
@@ -128,7 +128,7 @@ def test_harness_registers_a_ready_node(control_plane: lab.ControlPlane, kubelet
     ready = {c["type"]: c["status"] for c in node["status"]["conditions"]}
     assert ready["Ready"] == "True"
     assert int(node["status"]["capacity"]["pods"]) == 110
-    assert node["status"]["nodeInfo"]["kubeletVersion"].startswith("v1.36.3")
+    assert node["status"]["nodeInfo"]["kubeletVersion"].startswith(lab.kubernetes_version())
 
 
 def test_device_capacity_reaches_node_status(

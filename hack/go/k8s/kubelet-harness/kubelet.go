@@ -21,6 +21,7 @@ import (
 	"k8s.io/kubernetes/pkg/kubelet/cm/containermap"
 	"k8s.io/kubernetes/pkg/kubelet/cm/devicemanager"
 	"k8s.io/kubernetes/pkg/kubelet/cm/topologymanager"
+	"k8s.io/kubernetes/pkg/kubelet/lifecycle"
 )
 
 // fakeKubelet owns the real devicemanager.ManagerImpl and the pieces of
@@ -88,7 +89,7 @@ func (k *fakeKubelet) activePods() []*v1.Pod {
 // opinion) and starts it. Start reads the checkpoint, deletes every socket
 // in the plugin directory and listens on a new kubelet.sock.
 func (k *fakeKubelet) startManager(logger klog.Logger) error {
-	mgr, err := devicemanager.NewManagerImpl(nil, topologymanager.NewFakeManager())
+	mgr, err := devicemanager.NewManagerImpl(logger, nil, topologymanager.NewFakeManager(logger))
 	if err != nil {
 		return fmt.Errorf("create device manager: %w", err)
 	}
@@ -289,7 +290,7 @@ func (k *fakeKubelet) admit(ctx context.Context, spec podSpec) (*podResult, erro
 
 	all := append(append([]v1.Container{}, pod.Spec.InitContainers...), pod.Spec.Containers...)
 	for i := range all {
-		if err := mgr.Allocate(pod, &all[i]); err != nil {
+		if err := mgr.Allocate(ctx, pod, &all[i], lifecycle.AddOperation); err != nil {
 			k.removePod(pod.UID) // a rejected pod is never active
 			res := admission.GetPodAdmitResult(err)
 			return nil, &admissionError{Message: res.Message, Reason: res.Reason, Stage: "admit"}
@@ -498,8 +499,8 @@ func (k *fakeKubelet) sampleResources(logger klog.Logger) {
 	if mgr == nil {
 		return
 	}
-	capacity, allocatable, removed := mgr.GetCapacity()
-	if k.state.update(capacity, allocatable, removed, mgr.GetAllocatableDevices()) {
+	capacity, allocatable, removed := mgr.GetCapacity(logger)
+	if k.state.update(capacity, allocatable, removed, mgr.GetAllocatableDevices(logger)) {
 		snap, _ := k.state.snapshot()
 		b, _ := json.Marshal(snap)
 		logger.V(1).Info("Device resources changed", "state", string(b))

@@ -56,7 +56,7 @@ import (
 var kubeletVersion = func() string {
 	v := version.Get().GitVersion
 	if v == "" || strings.HasPrefix(v, "v0.0.0") {
-		return "v1.36.3-harness"
+		return "v1.37.2-harness"
 	}
 	return v
 }()

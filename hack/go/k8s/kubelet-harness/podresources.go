@@ -28,14 +28,16 @@ import (
 // is unexported): one ContainerDevices entry per device and NUMA node.
 type devicesProvider struct{ k *fakeKubelet }
 
-func (p devicesProvider) UpdateAllocatedDevices() { p.k.manager().UpdateAllocatedDevices() }
+func (p devicesProvider) UpdateAllocatedDevices(logger klog.Logger) {
+	p.k.manager().UpdateAllocatedDevices(logger)
+}
 
 func (p devicesProvider) GetDevices(podUID, containerName string) []*podresourcesv1.ContainerDevices {
 	return containerDevices(p.k.manager().GetDevices(podUID, containerName))
 }
 
-func (p devicesProvider) GetAllocatableDevices() []*podresourcesv1.ContainerDevices {
-	return containerDevices(p.k.manager().GetAllocatableDevices())
+func (p devicesProvider) GetAllocatableDevices(logger klog.Logger) []*podresourcesv1.ContainerDevices {
+	return containerDevices(p.k.manager().GetAllocatableDevices(logger))
 }
 
 func containerDevices(devs devicemanager.ResourceDeviceInstances) []*podresourcesv1.ContainerDevices {
@@ -91,17 +93,21 @@ func (p podsProvider) GetPodByName(namespace, name string) (*v1.Pod, bool) {
 
 type noCPUs struct{}
 
-func (noCPUs) GetCPUs(string, string) []int64 { return nil }
-func (noCPUs) GetAllocatableCPUs() []int64    { return nil }
+func (noCPUs) GetCPUs(*v1.Pod, *v1.Container) []int64 { return nil }
+func (noCPUs) GetPodCPUs(string) []int64              { return nil }
+func (noCPUs) GetAllocatableCPUs() []int64            { return nil }
 
 type noMemory struct{}
 
-func (noMemory) GetMemory(string, string) []*podresourcesv1.ContainerMemory { return nil }
-func (noMemory) GetAllocatableMemory() []*podresourcesv1.ContainerMemory    { return nil }
+func (noMemory) GetMemory(klog.Logger, *v1.Pod, *v1.Container) []*podresourcesv1.ContainerMemory {
+	return nil
+}
+func (noMemory) GetPodMemory(klog.Logger, string) []*podresourcesv1.ContainerMemory { return nil }
+func (noMemory) GetAllocatableMemory(klog.Logger) []*podresourcesv1.ContainerMemory { return nil }
 
 type noDRA struct{}
 
-func (noDRA) GetDynamicResources(*v1.Pod, *v1.Container) []*podresourcesv1.DynamicResource {
+func (noDRA) GetDynamicResources(klog.Logger, *v1.Pod, *v1.Container) []*podresourcesv1.DynamicResource {
 	return nil
 }
 
