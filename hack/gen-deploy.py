@@ -40,6 +40,7 @@ FILES = {
     "rbac.yaml": "10-rbac.yaml",
     "admission-policy.yaml": "15-admission-policy.yaml",
     "daemonset.yaml": "20-daemonset.yaml",
+    "mps-keeper.yaml": "25-mps-keeper.yaml",
     "presets-configmap.yaml": "presets-configmap.yaml",
 }
 NAMESPACE_DOC = f"""{HEADER}# The namespace the agent and its ConfigMaps live in.

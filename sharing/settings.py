@@ -78,7 +78,7 @@ class Settings:
     """How often every MPS control daemon is asked whether it still answers."""
     mps_keeper_socket: Path | None = None
     """The MPS keeper's socket (`sharing mps-keeper`): the daemons are started there, so they outlive
-    the agent's container; None: the agent starts them as its own children."""
+    the agent's container and pod; None: the agent starts them as its own children."""
     http_port: int = 9402
     """/healthz, /readyz, /metrics and /status; 0: no HTTP server."""
     holders_localhost_only: bool = False
@@ -185,7 +185,7 @@ _OPTIONS: dict[str, str] = {
 _Kind = type[Settings] | type[KeeperSettings]
 
 _KEEPER_OPTIONS: dict[str, str] = {
-    "mps_keeper_socket": "the unix socket to serve (a directory the agent's container shares)",
+    "mps_keeper_socket": "the unix socket to serve (in a directory on the node the agent's pod mounts too)",
     "driver_root": "the driver root the agent has: <root>/usr/bin/nvidia-cuda-mps-control is run",
     "mps_root": "the MPS root the agent has: the daemons' pipes and logs go in <root>/<GPU UUID>/",
     "log_format": "auto, json or console",

@@ -7,7 +7,8 @@
 Parts, in order: planner, hostile (parsing hostile ConfigMap keys), mutations, prepare (the agent's
 own share of seven on-demand MIG prepares at once on one fake-driver A100), listandwatch, cluster
 (startup, reconcile, configmap, allocate, idle, preferred, restart: the API server's), agentrestart
-(the agent's: how long the kubelet refuses pods), realnode, dra (the DRA front-end on a real node),
+(the agent's: how long the kubelet refuses pods), realnode, realcluster (three real nodes: a
+ConfigMap edit, a rolling upgrade with work on every node), dra (the DRA front-end on a real node),
 ondemand (on-demand MIG against pre-made slices on a real node, and at the fake driver's assumed MIG
 latencies), fleet, fleetdra (the fleet on DRA: a storm of claims every agent watches), probes
 (the HTTP port under a flood), resourceslices (the DRA publisher: a
@@ -52,6 +53,7 @@ from bench import (
     planner,
     prepare,
     probes,
+    realcluster,
     realnode,
     reconcile,
     resourceslices,
@@ -71,6 +73,7 @@ PARTS = (
     "cluster",
     "agentrestart",
     "realnode",
+    "realcluster",
     "dra",
     "ondemand",
     "fleet",
@@ -206,6 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ("cluster", lambda: cluster_parts(tmp / "cluster", budget, results)),
             ("agentrestart", lambda: agentrestart_part(tmp / "agentrestart", budget, results)),
             ("realnode", lambda: realnode.bench_real_node(budget, results)),
+            ("realcluster", lambda: realcluster.bench_real_cluster(budget, results)),
             ("dra", lambda: dra.bench_dra(budget, results)),
             ("ondemand", lambda: ondemand.bench_ondemand(budget, results)),
             ("fleet", lambda: fleet.bench_fleet(nodes, budget, results) if nodes else None),

@@ -35,7 +35,7 @@ from sharing.deviceplugin.plugin import PluginServer
 from sharing.deviceplugin.service import Handouts
 from sharing.devices import APPLICATION_XIDS, ENVVAR_BY_UUID, HealthState, Injection, Inventory, with_health
 from sharing.errors import PluginError
-from sharing.kubelet.restarts import SocketId, socket_identity
+from sharing.kubelet.restarts import SocketId, listening, socket_identity
 from sharing.model import HealthEvent
 
 DEFAULT_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
@@ -367,9 +367,11 @@ class Fleet:
 
 
 def _remove_stale_sockets(plugin_dir: Path, prefix: str) -> None:
-    """Remove sockets a killed process of ours left (ours by name; nothing else is touched)."""
+    """Remove sockets a killed process of ours left: ours by name, and nothing listens on them. One that
+    answers is another agent's (a rolling update starts the new pod beside the old one, whose plugins
+    serve until it stops): removing it would leave the kubelet's next dial to that plugin nowhere."""
     try:
-        names = [p for p in plugin_dir.glob(f"{prefix}-*.sock") if p.is_socket()]
+        names = [p for p in plugin_dir.glob(f"{prefix}-*.sock") if p.is_socket() and listening(p) is False]
     except OSError:
         return
     for path in names:

@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import os
 import secrets
-import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +34,7 @@ from sharing.gpu.devfiles import DeviceFiles
 from sharing.kubelet.api import dra_v1_pb2_grpc as dra_grpc
 from sharing.kubelet.api import drahealth_v1alpha1_pb2_grpc as health_grpc
 from sharing.kubelet.api import pluginregistration_v1_pb2_grpc as reg_grpc
+from sharing.kubelet.restarts import listening
 from sharing.model import NodeState
 from sharing.store import ClaimCheckpoint
 
@@ -208,28 +208,14 @@ class DraPlugin:
 def others_serving(paths: DraPaths) -> list[Path]:
     """The registration sockets of other instances of the driver that answer (a rolling update's
     other pod serves the node)."""
-    return [p for p in paths.others() if p.parent == paths.registry_dir and _answers(p) is not False]
+    return [p for p in paths.others() if p.parent == paths.registry_dir and listening(p) is not False]
 
 
 def _remove_dead(sockets: list[Path]) -> None:
     """Remove the sockets nothing answers on (left by an instance that was killed); one that answers
     belongs to a live instance (a rolling update's other pod) and is left alone."""
     for path in sockets:
-        if _answers(path) is False:
+        if listening(path) is False:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
             log.info("dra_stale_socket_removed", socket=str(path))
-
-
-def _answers(path: Path) -> bool | None:
-    """Whether something listens on the unix socket (None: cannot tell)."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        probe.settimeout(1.0)
-        try:
-            probe.connect(str(path))
-        except (ConnectionRefusedError, FileNotFoundError):
-            return False
-        except OSError as err:
-            log.warning("dra_socket_not_probed", socket=str(path), error=str(err))
-            return None
-        return True

@@ -1,17 +1,18 @@
-"""The MPS keeper: it starts the MPS control daemons for the agent, from a container of its own, so
-that they outlive the agent's container.
+"""The MPS keeper: it starts the MPS control daemons for the agent, from a pod of its own, so that
+they outlive the agent's container and its pod.
 
 A daemon the agent starts itself lives in the agent's container: when that container's first
 process ends (a crash, an OOM kill, a restart after a failed liveness probe), "the kernel terminates
 all of the processes in the namespace via a SIGKILL signal" (pid_namespaces(7),
 https://man7.org/linux/man-pages/man7/pid_namespaces.7.html; a pod's containers have a PID namespace
 each unless the pod sets `shareProcessNamespace`: https://kubernetes.io/docs/tasks/configure-pod-container/share-process-namespace/),
-and every MPS client on the node loses its server. So the agent asks the keeper, a second container
-of its pod, to run `nvidia-cuda-mps-control -d`: the daemon then lives in the keeper's container,
-which the kubelet leaves alone when only the agent's container restarts. Everything else (limits,
-reads, `quit`) the agent still does over the daemon's pipe directory, which both containers mount.
+and every MPS client on the node loses its server. So the agent asks the keeper, the node's pod of a
+DaemonSet of its own, to run `nvidia-cuda-mps-control -d`: the daemon then lives in the keeper's
+container, which neither a restart of the agent's container nor a new agent pod (a rolling update,
+whose DaemonSet surges while the keeper's updates only on delete) touches. Everything else (limits,
+reads, `quit`) the agent still does over the daemon's pipe directory, which both pods mount.
 
-The wire: a unix socket in a directory the two containers share; one request per connection, one
+The wire: a unix socket in a directory on the node that both pods mount; one request per connection, one
 JSON line `{"gpu": "GPU-<uuid>"}` (or `"MIG-<uuid>"`) of at most `MAX_REQUEST` bytes, answered by one
 JSON line `{"status": N, "output": "..."}` (the tool's exit status and its output, bounded) or
 `{"error": "..."}` (the request refused, or the tool could not be run). The UUID is checked strictly:
@@ -156,12 +157,12 @@ async def _connect(path: Path) -> tuple[asyncio.StreamReader, asyncio.StreamWrit
         except (FileNotFoundError, ConnectionRefusedError) as err:
             if loop.time() >= deadline:
                 raise BackendError(
-                    f"the MPS keeper does not answer at {path} ({err.strerror}): it is the mps-keeper "
-                    "container of the agent's pod"
+                    f"the MPS keeper does not answer at {path} ({err.strerror}): it is the node's pod of "
+                    "the DaemonSet <release>-mps-keeper"
                 ) from None
         except OSError as err:
             raise BackendError(f"the MPS keeper at {path} cannot be reached: {err}") from err
-        await asyncio.sleep(delay)  # its container starts beside the agent's, with a deadline
+        await asyncio.sleep(delay)  # its pod starts beside the agent's, with a deadline
         delay = min(delay * 2, 0.5)
 
 

@@ -1,16 +1,7 @@
 """One real three-node Kubernetes for every test in tests/cluster, the agent installed on all three by
-its chart (one DaemonSet), each node with its own fake GPUs and its own config label.
-
-The nodes (hack/lab: the first runs the control plane; each its own containerd, kubelet and
-kube-proxy in private namespaces, its own driver root):
-
-- ``node-a``: 2x A100-SXM4-40GB + 1x H100 80GB HBM3, config ``work``;
-- ``node-b``: 3x A100-SXM4-80GB, config ``work``;
-- ``node-c``: 1x H200 + 2x L4 (a node that mixes MIG-capable GPUs and GPUs without MIG), config
-  ``work-c`` (the same text as ``work``, so a change of one config is seen on one node only).
-
-On every node GPU 0 is split into MIG devices, GPU 1 time-sliced (``nvidia.com/gpu-ts``) and GPU 2
-shared with MPS (``nvidia.com/gpu-mps``): each kind of slice on each node. Tests talk to the cluster
+its chart (one DaemonSet), each node with its own fake GPUs and its own config label: the layout of
+`lab.cluster` (hack/lab: the first node runs the control plane; each its own containerd, kubelet and
+kube-proxy in private namespaces, its own driver root). Tests talk to the cluster
 as an operator does (kubectl, helm, `kubectl exec`) and leave it as they found it.
 """
 
@@ -26,57 +17,15 @@ from typing import Any
 import lab
 import pytest
 from bench.clients import Watch
+from lab import cluster as lab_cluster
 from lab import images
 from lab.api import Api
-from lab.helm import NAMESPACE, Helm, lab_values
+from lab.cluster import CONFIG_LABEL, NODES, STATE_LABEL
+from lab.helm import NAMESPACE, Helm
 
 from tests.polling import poll
 
-CONFIG_LABEL = "nvidia.com/device-plugin.config"
-STATE_LABEL = "nvidia.com/mig.config.state"
 TOOLBOX = "localhost/toolbox:1"
-WORK = """version: v1
-migStrategy: mixed
-gpus:
-  - devices: {product: A100-SXM4-40GB, indices: [0]}
-    mig: {1g.5gb: 2, 3g.20gb: 1}
-  - devices: {product: A100-SXM4-80GB, indices: [0]}
-    mig: {1g.10gb: 2, 3g.40gb: 1}
-  - devices: {product: H200, indices: [0]}
-    mig: {1g.18gb: 2, 3g.71gb: 1}
-  - devices: [1]
-    replicas: 2
-    rename: {nvidia.com/gpu: gpu-ts}
-  - devices: [2]
-    mps: {replicas: 2}
-    rename: {nvidia.com/gpu: gpu-mps}
-"""
-CONFIGS = {"work": WORK, "work-c": WORK}
-SHARED = {"nvidia.com/gpu-ts": "2", "nvidia.com/gpu-mps": "2"}
-NODES: dict[str, tuple[str, str, dict[str, str]]] = {
-    # name: (GPUs, config, what the node offers under it)
-    "node-a": (
-        "A100-SXM4-40GB:2,H100-80GB-HBM3:1",
-        "work",
-        {"nvidia.com/mig-1g.5gb": "2", "nvidia.com/mig-3g.20gb": "1", **SHARED},
-    ),
-    "node-b": (
-        "A100-SXM4-80GB:3",
-        "work",
-        {"nvidia.com/mig-1g.10gb": "2", "nvidia.com/mig-3g.40gb": "1", **SHARED},
-    ),
-    "node-c": (
-        "H200:1,L4:2",
-        "work-c",
-        {"nvidia.com/mig-1g.18gb": "2", "nvidia.com/mig-3g.71gb": "1", **SHARED},
-    ),
-}
-MIG = {
-    "node-a": "nvidia.com/mig-1g.5gb",
-    "node-b": "nvidia.com/mig-1g.10gb",
-    "node-c": "nvidia.com/mig-1g.18gb",
-}
-"""A MIG resource of each node."""
 
 
 @dataclass
@@ -192,15 +141,8 @@ def real_cluster(cluster_binaries: lab.Binaries) -> Iterator[Cluster]:
     # Its own subnet and state beside the session's single node (tests/node, index 1) and the
     # bench's; SHARING_TEST_CLUSTER_INDEX names another for a second checkout testing beside this one.
     index = int(os.environ.get("SHARING_TEST_CLUSTER_INDEX", "10"))
-    (first_name, (first_gpus, _, _)), *rest = NODES.items()
-    first = lab.RealNode(f"cluster{index}", first_name, index=index, gpus=first_gpus).up(archives)
+    first, helm = lab_cluster.up(f"cluster{index}", index, cluster_binaries, archives)
     try:
-        for name, (gpus, _, _) in rest:
-            first.join(name, gpus, archives)
-        for name, (_, config, _) in NODES.items():
-            first.kubectl("label", "node", name, f"{CONFIG_LABEL}={config}", check=True)
-        helm = Helm(first.kubeconfig, binary=cluster_binaries.helm)
-        helm.upgrade_install(lab_values(CONFIGS))
         cluster = Cluster(first, helm)
         for name, (_, _, expected) in NODES.items():
             cluster.wait_converged(name, expected)

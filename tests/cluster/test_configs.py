@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import pytest
 from bench.clients import Watch
+from lab.cluster import CONFIG_LABEL, NODES, STATE_LABEL, WORK
 
-from tests.cluster.conftest import CONFIG_LABEL, NODES, STATE_LABEL, WORK, Cluster
+from tests.cluster.conftest import Cluster
 from tests.polling import poll
 
 pytestmark = pytest.mark.node

@@ -136,13 +136,20 @@ class NodeUnderTest:
         return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
 
     def running_agent(self, timeout: float = 90, not_uid: str | None = None) -> dict[str, Any]:
-        """The agent's pod once Running (and ready), optionally a new one (not ``not_uid``)."""
+        """The agent's pod once Running (and ready) and the only one, optionally a new one (not
+        ``not_uid``). An update starts the new pod beside the old one (the chart's maxSurge), which
+        stops once the new one is ready: until it has gone, `kubectl exec ds/...` may reach either."""
+
+        def every() -> list[dict[str, Any]]:
+            return list(
+                self.get("pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/name=gpu-sharing")["items"]
+            )
 
         def ok(pods: list[dict[str, Any]]) -> bool:
-            return any(_running(p) and p["metadata"]["uid"] != not_uid for p in pods)
+            return len(pods) == 1 and _running(pods[0]) and pods[0]["metadata"]["uid"] != not_uid
 
-        pods = poll("the agent's pod Running", self.agent_pods, ok, timeout)
-        return next(p for p in pods if _running(p) and p["metadata"]["uid"] != not_uid)
+        (pod,) = poll("the agent's pod Running, alone", every, ok, timeout)
+        return dict(pod)
 
     def agent_log(self) -> str:
         return self.kubectl("-n", NAMESPACE, "logs", f"ds/{RELEASE}")
@@ -212,7 +219,7 @@ class NodeUnderTest:
 
 
 def container_status(pod: dict[str, Any], name: str) -> dict[str, Any]:
-    """The status of the pod's container `name` (the agent's pod has two: agent and mps-keeper)."""
+    """The status of the pod's container `name`."""
     status: dict[str, Any] = next(c for c in pod["status"]["containerStatuses"] if c["name"] == name)
     return status
 

@@ -4,7 +4,7 @@ The H100s (GPUs 2 and 3) are shared with MPS by a config in the user's ConfigMap
 for a replica gets its GPU's pipe directory and the MPS shared memory. A client is a pod that
 connects to the pipe and stays, and exits (failing its pod) if its daemon goes (the fake daemon's
 stand-in for a CUDA process, in the agent's image, which has Python). The daemons are started by
-the MPS keeper, the agent pod's second container, and live in its PID namespace: the PID in a
+the MPS keeper, a DaemonSet of its own, and live in its pod's PID namespace: the PID in a
 daemon's record is one there. What each daemon enforces is read from its record under the node's
 driver root. The node's label and ConfigMap are put back afterwards.
 """
@@ -30,6 +30,8 @@ from tests.polling import poll
 pytestmark = pytest.mark.node
 
 SHARED = "nvidia.com/gpu.shared"
+KEEPER = f"{RELEASE}-mps-keeper"
+"""The MPS keeper's DaemonSet: the daemons live in its pod, not the agent's."""
 A100S = """  - devices: {product: A100-SXM4-40GB}
     mig: {1g.5gb: 2, 2g.10gb: 1, 3g.20gb: 1}
     replicas: {2g.10gb: 2}
@@ -237,8 +239,8 @@ def test_a_reload_waits_for_the_client_and_restarts_only_the_daemon_whose_limits
 
 
 def keeper(node: NodeUnderTest, *command: str) -> str:
-    """Run a command in the agent pod's mps-keeper container, the daemons' PID namespace."""
-    return node.kubectl("-n", NAMESPACE, "exec", f"ds/{RELEASE}", "-c", "mps-keeper", "--", *command)
+    """Run a command in the MPS keeper's pod, the daemons' PID namespace."""
+    return node.kubectl("-n", NAMESPACE, "exec", f"ds/{KEEPER}", "--", *command)
 
 
 def test_a_reload_without_clients_restarts_only_the_daemon_whose_limits_changed(mps: NodeUnderTest) -> None:
@@ -259,7 +261,7 @@ def test_a_reload_without_clients_restarts_only_the_daemon_whose_limits_changed(
 @pytest.fixture
 def mps_cdi(mps: NodeUnderTest) -> Iterator[NodeUnderTest]:
     """The MPS node with the chart upgraded to hand devices out by CDI names only (cdi-cri): the
-    agent's pod is replaced (its daemons end with it) and the new one starts them again."""
+    agent's pod is replaced, and the new one finds the daemons the keeper kept."""
     (old,) = mps.agent_pods()
     mps.helm.upgrade_install(lab_values({CONFIG: ALL_KINDS}, deviceListStrategy="cdi-cri"))
     try:
@@ -362,7 +364,7 @@ def test_a_killed_agent_container_leaves_the_mps_daemons_serving_and_the_new_age
     poll("the client attached", lambda: daemon(mps, held), lambda r: r is not None and bool(r["clients"]))
     before = {g: daemon(mps, g) for g in (gpu2, gpu3)}
     (pod,) = mps.agent_pods()
-    agent, kept = container_status(pod, "agent"), container_status(pod, "mps-keeper")
+    agent, kept = container_status(pod, "agent"), container_status(keeper_pod(mps), "mps-keeper")
     starts = keeper_log(mps).count("mps_keeper_started")
     init = container_init(mps, agent["containerID"])
     assert b"agent" in Path(f"/proc/{init}/cmdline").read_bytes().split(b"\0")
@@ -374,7 +376,7 @@ def test_a_killed_agent_container_leaves_the_mps_daemons_serving_and_the_new_age
 
     (after,) = poll("the agent's container restarted and ready", mps.agent_pods, restarted, 120)
     assert pod["metadata"]["uid"] == after["metadata"]["uid"]
-    keeper_now = container_status(after, "mps-keeper")
+    keeper_now = container_status(keeper_pod(mps), "mps-keeper")
     assert (kept["containerID"], kept["restartCount"]) == (
         keeper_now["containerID"],
         keeper_now["restartCount"],
@@ -394,4 +396,9 @@ def test_a_killed_agent_container_leaves_the_mps_daemons_serving_and_the_new_age
 
 
 def keeper_log(node: NodeUnderTest) -> str:
-    return node.kubectl("-n", NAMESPACE, "logs", f"ds/{RELEASE}", "-c", "mps-keeper")
+    return node.kubectl("-n", NAMESPACE, "logs", f"ds/{KEEPER}")
+
+
+def keeper_pod(node: NodeUnderTest) -> dict[str, Any]:
+    (pod,) = node.get("pods", "-n", NAMESPACE, "-l", f"app.kubernetes.io/name={KEEPER}")["items"]
+    return dict(pod)

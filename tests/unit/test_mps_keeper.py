@@ -193,7 +193,7 @@ async def test_a_keeper_whose_socket_is_not_there_fails_the_start_with_a_reason(
     with pytest.raises(BackendError) as failed:
         await ask_keeper(short_path, GPU, timeout_s=1)
     assert f"the MPS keeper does not answer at {short_path} (No such file or directory)" in str(failed.value)
-    assert "the mps-keeper container of the agent's pod" in str(failed.value)
+    assert "the node's pod of the DaemonSet <release>-mps-keeper" in str(failed.value)
 
 
 async def test_a_keeper_that_waits_longer_than_the_agent_fails_the_start(short_path: Path) -> None:

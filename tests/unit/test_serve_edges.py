@@ -83,7 +83,8 @@ async def test_a_slow_registration_holds_back_no_other_resource(kubelet: FakeKub
 async def test_sockets_a_killed_agent_left_are_removed_at_start(
     kubelet: FakeKubelet, plugin_dir: Path
 ) -> None:
-    """kill -9 leaves the sockets behind (66 after 56 kills); only ours are removed, nothing else."""
+    """kill -9 leaves the sockets behind (66 after 56 kills); only ours that nothing listens on are
+    removed, nothing else."""
     left = []
     for name in ("gpu-sharing-gpu-0a1b2c3d.sock", "gpu-sharing-mig-1g.5gb-00ff00ff.sock"):
         s = socket.socket(socket.AF_UNIX)
@@ -94,13 +95,19 @@ async def test_sockets_a_killed_agent_left_are_removed_at_start(
     s = socket.socket(socket.AF_UNIX)
     s.bind(str(theirs))
     s.close()
+    # A rolling update's old agent still serves beside the new one: its socket is ours by name, alive.
+    serving = socket.socket(socket.AF_UNIX)
+    serving.bind(str(plugin_dir / "gpu-sharing-gpu-feedf00d.sock"))
+    serving.listen()
     fleet = Fleet(FleetSettings(plugin_dir=plugin_dir, poll_interval_s=0.02))
     await fleet.start()
     try:
         assert [p.exists() for p in left] == [False, False]
         assert theirs.exists()
+        assert (plugin_dir / "gpu-sharing-gpu-feedf00d.sock").exists()
         assert (plugin_dir / "kubelet.sock").exists()
     finally:
+        serving.close()
         await fleet.stop()
 
 

@@ -25,3 +25,8 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 {{ .Values.deviceListStrategy }}
 {{- end -}}
 {{- end -}}
+
+{{/* The node's directory of the MPS keeper's socket: the agent's pods and the keeper's mount it. */}}
+{{- define "gpu-sharing.keeperDir" -}}
+{{ printf "%s/mps-keeper" (trimSuffix "/" .Values.stateDir) }}
+{{- end -}}
