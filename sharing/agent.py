@@ -329,7 +329,7 @@ class Agent:
             fallback=self.settings.fallback_label,
             default=self.settings.default_config,
         )
-        await self.node_out.invalid_configs(configs, selection)
+        await self.node_out.invalid_configs(configs, selection, quiet=self.sources.invalid_presets)
         if isinstance(selection, Failed):
             self._selected = (selection.name, "")
             verdict = Verdict(ConfigState.FAILED, "ConfigRejected", selection.reason, selection.reason)

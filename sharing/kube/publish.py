@@ -151,13 +151,18 @@ class NodePublisher:
             f"({primary} wins)",
         )
 
-    async def invalid_configs(self, configs: ConfigSet, selection: Selection) -> None:
-        """Keys with errors that this node does not select, each with its first error: said once per
-        change (the selected one gets ConfigRejected); the node goes on with its own config."""
+    async def invalid_configs(
+        self, configs: ConfigSet, selection: Selection, quiet: frozenset[str] = frozenset()
+    ) -> None:
+        """Keys with errors that this node does not select, each with its first error, less those in
+        `quiet`: said once per change (the selected one gets ConfigRejected); the node goes on with
+        its own config."""
         selected = selection.name if isinstance(selection, Failed) else None
         if isinstance(selection, Selected):
             selected = selection.config.name
-        first = {p.config: str(p) for p in reversed(configs.errors) if p.config != selected}
+        first = {
+            p.config: str(p) for p in reversed(configs.errors) if p.config != selected and p.config not in quiet
+        }
         shown = tuple(first[name] for name in configs.invalid if name in first)
         if shown == self._invalid:
             return

@@ -67,6 +67,9 @@ class ConfigSources:
         self._strategy = default_mig_strategy
         self._parsed: list[tuple[object, ConfigSet]] = []  # per ConfigMap: (what it was parsed from, configs)
         self._merged: ConfigSet | None = None
+        self.invalid_presets: frozenset[str] = frozenset()
+        """Invalid keys of the presets ConfigMap the user's does not redefine: a shipped preset that does
+        not fit this node's GPUs (MIG on an L4) is no error of the user's unless the node selects it."""
 
     def start(self, on_change: Callable[[], None]) -> None:
         """Start watching (from the event loop)."""
@@ -102,6 +105,7 @@ class ConfigSources:
         if changed or self._merged is None:
             sets = [configs for _, configs in self._parsed]
             self._merged = merge(sets[0], sets[1]) if len(sets) > 1 else sets[0]
+            self.invalid_presets = frozenset(self._merged.invalid) - frozenset(sets[0].invalid)
             if self._merged.warnings:  # said once per change of the ConfigMaps (or of the GPUs)
                 shown = [bounded(str(w), 200) for w in self._merged.warnings[:5]]
                 log.warning("config_warnings", count=len(self._merged.warnings), first=shown)

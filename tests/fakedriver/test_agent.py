@@ -336,3 +336,25 @@ async def test_drain_mode_evicts_at_the_next_recheck_once_a_budget_allows_it(
         await task
         kube.close()
         await kubelet.stop()
+
+
+async def test_a_shipped_preset_that_does_not_fit_the_gpus_is_no_warning_until_the_node_selects_it(
+    running: Running,
+) -> None:
+    """A mixed fleet: a preset that makes MIG devices on every GPU cannot apply to this T4 node. That is
+    no error of the user's (the node does not select it), so only the user's own broken key is named;
+    selecting the preset is refused with the reason."""
+    mig_everywhere = "version: v1\ngpus:\n  - devices: all\n    mig: {1g.5gb: 7}\n"
+    running.kube.set_configmap(NS, "gpu-sharing-presets", {"all-1g": mig_everywhere})
+    running.kube.set_configmap(NS, "gpu-sharing-config", {"mine": replicas(3), "broken": "version: v9\n"})
+    await running.kubelet.wait(lambda: running.kubelet.allocatable() == {GPU: 3}, timeout=10)
+    invalid = [m for k, r, m in running.kube.events if (k, r) == ("Warning", "ConfigInvalid")]
+    assert len(invalid) == 1
+    assert invalid[0].startswith("ConfigMap keys with errors, not selected by this node: broken: ")
+    assert "all-1g" not in invalid[0]
+    running.kube.label(**{"nvidia.com/device-plugin.config": "all-1g"})
+    await until(
+        "the preset refused",
+        lambda: any(r == "ConfigRejected" and "all-1g" in m for _, r, m in running.kube.events),
+    )
+    assert {GPU: 3} == running.kubelet.allocatable()  # the last good config goes on serving
