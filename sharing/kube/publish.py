@@ -160,9 +160,8 @@ class NodePublisher:
         selected = selection.name if isinstance(selection, Failed) else None
         if isinstance(selection, Selected):
             selected = selection.config.name
-        first = {
-            p.config: str(p) for p in reversed(configs.errors) if p.config != selected and p.config not in quiet
-        }
+        skip = quiet | {selected}
+        first = {p.config: str(p) for p in reversed(configs.errors) if p.config not in skip}
         shown = tuple(first[name] for name in configs.invalid if name in first)
         if shown == self._invalid:
             return
