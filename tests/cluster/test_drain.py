@@ -18,6 +18,7 @@ import pytest
 from lab.helm import NAMESPACE
 
 from tests.cluster.conftest import CONFIG_LABEL, MIG, NODES, STATE_LABEL, WORK, Cluster
+from tests.cluster.test_configs import reconciles
 from tests.polling import poll
 
 pytestmark = pytest.mark.node
@@ -96,6 +97,8 @@ def test_a_drain_beside_a_waiting_change_destroys_nothing_and_every_node_converg
             lambda p: p is not None and p["metadata"]["uid"] != old_agent and running_agent(p),
             180,
         )
+        # The new agent has reconciled the node (its own /metrics) and offers what the node offered.
+        poll("node-a's new agent reconciled", lambda: reconciles(cluster, "node-a"), lambda n: n >= 1, 120)
         cluster.wait_converged("node-a", NODES["node-a"][2])
         # Nothing destroyed anywhere: every MIG device of before is there, the held ones included.
         for node in NODES:
