@@ -14,6 +14,7 @@ the tarballs into its containerd; pods find them by name and never pull (``IfNot
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import os
@@ -36,6 +37,8 @@ TOOLBOX = "localhost/toolbox:1"
 TOOLBOX_APPLETS = ("sh", "env", "cat", "ls", "sleep", "grep", "head", "stat", "wget")
 BASE_PACKAGES = "python3,python3-pip,ca-certificates"
 HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
+STALE_S = 3600
+"""An image archive no checkout has used for this long is removed when another of its name is built."""
 # What deploy/Dockerfile copies into the image, relative to the repository root.
 AGENT_INPUTS = ("deploy/Dockerfile", "pyproject.toml", "README.md", "sharing")
 
@@ -75,6 +78,7 @@ def _cached(name: str, key: str, build: Callable[[Path], None]) -> Path:
     """``<cache>/images/<name>-<key>.tar``, built by ``build(tmp_path)`` when missing."""
     out = cache_dir() / "images" / f"{name}-{key}.tar"
     if out.exists():
+        os.utime(out)  # in use: not stale for another checkout's build (below)
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     print(f"==> building image {name} ({key})", file=sys.stderr, flush=True)
@@ -85,9 +89,13 @@ def _cached(name: str, key: str, build: Callable[[Path], None]) -> Path:
         tmp.rename(out)
     finally:
         tmp.unlink(missing_ok=True)
-    for stale in out.parent.glob(f"{name}-*.tar"):  # one image per name: the cache does not grow
-        if stale != out:
-            stale.unlink(missing_ok=True)
+    # The cache does not grow: other images of this name go once no checkout has used them for an
+    # hour. Not at once: another checkout of other sources (a worktree testing beside this one) may
+    # have just been handed its archive and be about to import it into its nodes.
+    for stale in out.parent.glob(f"{name}-*.tar"):
+        with contextlib.suppress(FileNotFoundError):
+            if stale != out and time.time() - stale.stat().st_mtime > STALE_S:
+                stale.unlink(missing_ok=True)
     print(f"==> built image {name} in {time.monotonic() - start:.0f}s", file=sys.stderr, flush=True)
     return out
 

@@ -9,19 +9,22 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import lab
 import pytest
 from bench.clients import Watch
 from lab import cluster as lab_cluster
-from lab import images
+from lab import images, kubeconfig
 from lab.api import Api
-from lab.cluster import CONFIG_LABEL, NODES, STATE_LABEL
-from lab.helm import NAMESPACE, Helm
+from lab.cluster import CONFIG_LABEL, CONFIGS, NODES, STATE_LABEL
+from lab.helm import NAMESPACE, Helm, lab_values
+from lab.paths import KUBECTL
 
 from tests.polling import poll
 
@@ -179,3 +182,63 @@ def cluster(real_cluster: Cluster) -> Iterator[Cluster]:
     """The session's cluster; pods a test started are deleted after it."""
     yield real_cluster
     real_cluster.delete_pods()
+
+
+# --- What tests/cluster/test_own_node.py, test_dra.py and test_drain.py add ----------------------
+
+FRONTEND = "nvidia.com/gpu-sharing.frontend"
+"""A node's front-end label (deploy/helm/gpu-sharing/values.yaml `frontend`): deviceplugin or dra."""
+TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+"""Where the kubelet puts the agent pod's projected ServiceAccount token."""
+
+
+def agent_token(cluster: Cluster, node: str) -> str:
+    """The token of the agent pod on ``node``, read inside its container: the pod-bound token the
+    agent itself uses, carrying the node claim the own-node admission policy checks."""
+    return cluster.agent_exec(node, "cat", TOKEN).strip()
+
+
+def token_kubeconfig(cluster: Cluster, token: str, name: str) -> Path:
+    """A kubeconfig for the cluster's API server that authenticates with ``token`` only."""
+    where = cluster.first.kubeconfig.parent
+    return kubeconfig.write(
+        where / f"token-{name}.kubeconfig",
+        f"https://{cluster.first.api_address}:6443",
+        where / "ca.crt",
+        token=token,
+        user=name,
+    )
+
+
+def kubectl_as(config: Path, *args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
+    """``kubectl`` with another kubeconfig than the admin's; not checked (refusals are expected)."""
+    return subprocess.run(
+        [KUBECTL, f"--kubeconfig={config}", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        input=input,
+        timeout=60,
+    )
+
+
+def roll_out(cluster: Cluster, values: dict[str, Any]) -> None:
+    """``helm upgrade`` the release to ``values``; return once every node runs an agent of the new
+    template and every node is back at ``success`` with what it offered before."""
+    cluster.helm.upgrade_install(values)
+    cluster.kubectl("-n", NAMESPACE, "rollout", "status", "daemonset/gpu-sharing", "--timeout=300s")
+    for name, (_, _, expected) in NODES.items():
+        cluster.wait_converged(name, expected)
+
+
+@pytest.fixture(scope="module")
+def dra_chart(real_cluster: Cluster) -> Iterator[Cluster]:
+    """The chart with its DRA part on (DeviceClasses, the agent's ResourceSlice rights and the
+    own-ResourceSlices admission policy) for one module, every node still on the device plugins;
+    the session's values again after it."""
+    roll_out(real_cluster, lab_values(CONFIGS, dra={"enabled": True}))
+    try:
+        yield real_cluster
+    finally:
+        real_cluster.delete_pods()
+        roll_out(real_cluster, lab_values(CONFIGS))
