@@ -70,6 +70,13 @@ MIG = {
 """A MIG resource of each node."""
 
 
+def values() -> dict[str, Any]:
+    """The release's values: the configs, and the chart's DRA part on (DeviceClasses, the agent's
+    ResourceSlice rights and admission policy), each node on the device plugins until its front-end
+    label says `dra`."""
+    return lab_values(CONFIGS, dra={"enabled": True})
+
+
 def up(name: str, index: int, bins: Binaries, archives: Sequence[Path]) -> tuple[RealNode, Helm]:
     """The three nodes, labelled, with the chart installed (not yet waited for); the first node (which
     holds the control plane and its members) and the release. Down with ``first.down()``, also when
@@ -82,7 +89,7 @@ def up(name: str, index: int, bins: Binaries, archives: Sequence[Path]) -> tuple
         for node, (_, config, _) in NODES.items():
             first.kubectl("label", "node", node, f"{CONFIG_LABEL}={config}", check=True)
         helm = Helm(first.kubeconfig, binary=bins.helm)
-        helm.upgrade_install(lab_values(CONFIGS))
+        helm.upgrade_install(values())
     except BaseException:
         first.down()
         raise
@@ -146,6 +153,6 @@ def runs(pod: Mapping[str, Any], image: str) -> bool:
 
 def install(helm: Helm, image: str) -> None:
     """`helm upgrade` of the cluster's release to the agent's `image` (one of `retag`'s)."""
-    values = lab_values(CONFIGS)
-    values["image"] = {**values["image"], "tag": image.rpartition(":")[2]}
-    helm.upgrade_install(values)
+    chosen = values()
+    chosen["image"] = {**chosen["image"], "tag": image.rpartition(":")[2]}
+    helm.upgrade_install(chosen)

@@ -22,8 +22,8 @@ from bench.clients import Watch
 from lab import cluster as lab_cluster
 from lab import images, kubeconfig
 from lab.api import Api
-from lab.cluster import CONFIG_LABEL, CONFIGS, NODES, STATE_LABEL
-from lab.helm import NAMESPACE, Helm, lab_values
+from lab.cluster import CONFIG_LABEL, NODES, STATE_LABEL
+from lab.helm import NAMESPACE, Helm
 from lab.paths import KUBECTL
 
 from tests.polling import poll
@@ -222,23 +222,12 @@ def kubectl_as(config: Path, *args: str, input: str | None = None) -> subprocess
     )
 
 
-def roll_out(cluster: Cluster, values: dict[str, Any]) -> None:
-    """``helm upgrade`` the release to ``values``; return once every node runs an agent of the new
-    template and every node is back at ``success`` with what it offered before."""
-    cluster.helm.upgrade_install(values)
-    cluster.kubectl("-n", NAMESPACE, "rollout", "status", "daemonset/gpu-sharing", "--timeout=300s")
-    for name, (_, _, expected) in NODES.items():
-        cluster.wait_converged(name, expected)
-
-
 @pytest.fixture(scope="module")
 def dra_chart(real_cluster: Cluster) -> Iterator[Cluster]:
-    """The chart with its DRA part on (DeviceClasses, the agent's ResourceSlice rights and the
-    own-ResourceSlices admission policy) for one module, every node still on the device plugins;
-    the session's values again after it."""
-    roll_out(real_cluster, lab_values(CONFIGS, dra={"enabled": True}))
+    """The session's cluster, whose chart has its DRA part on (`lab.cluster.values`): DeviceClasses,
+    the agent's ResourceSlice rights and the own-ResourceSlices admission policy; every node on the
+    device plugins until its front-end label says otherwise. Pods a module started go after it."""
     try:
         yield real_cluster
     finally:
         real_cluster.delete_pods()
-        roll_out(real_cluster, lab_values(CONFIGS))
