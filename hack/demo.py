@@ -43,7 +43,9 @@ from lab.errors import ClusterError
 from lab.helm import NAMESPACE, RELEASE, Helm, lab_values
 from lab.node import RealNode
 
-NAME, NODE = "demo", "demo-gpu-node"
+INDEX = int(os.environ.get("SHARING_DEMO_INDEX", "0"))
+"""The demo's subnet, 10.(200+INDEX).0.0/24: another index lets a second checkout run its own demo."""
+NAME, NODE = "demo" if INDEX == 0 else f"demo{INDEX}", "demo-gpu-node"
 STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 PRESET = "a100-mig-h100-time-sliced"
 CONFIG_LABEL = "nvidia.com/device-plugin.config"
@@ -128,7 +130,7 @@ def up(nodes: int = 1) -> RealNode:
         f"starting node {NODE}: etcd, kube-apiserver, containerd, kubelet, scheduler, controllers,"
         " kube-proxy",
     ):
-        node = RealNode(NAME, NODE).up(archives)
+        node = RealNode(NAME, NODE, index=INDEX).up(archives)
     say(f"the node's logs: {node.logs()}")
     layout = {NODE: (PRESET, EXPECTED)} | {n: (c, e) for n, _, c, e in JOINING[: nodes - 1]}
     for name, gpus, _, _ in JOINING[: nodes - 1]:
