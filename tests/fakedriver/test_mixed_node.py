@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from lab.deadlines import scaled
 
 from sharing.agent import Agent
 from sharing.deviceplugin import Fleet, FleetSettings
@@ -120,7 +121,8 @@ async def test_dynamic_mig_on_a_cluster_without_partitionable_devices_is_refused
     stop = asyncio.Event()
     task = asyncio.create_task(agent.run(stop))
     try:
-        await until("state failed", lambda: kube.node.labels.get(STATE_LABEL) == "failed")
+        # The switch to DRA comes first (retried with a growing delay while the fake kubelet starts).
+        await until("state failed", lambda: kube.node.labels.get(STATE_LABEL) == "failed", scaled(30))
         refusals = [m for _, r, m in kube.events if r == "ConfigInvalid"]
         assert len(refusals) == 1
         assert "config 'all' asks for mig: dynamic (GPU 0)" in refusals[0]
@@ -129,7 +131,7 @@ async def test_dynamic_mig_on_a_cluster_without_partitionable_devices_is_refused
         assert not any(i.dynamic for i in slices.published)
 
         kube.label(**{"nvidia.com/device-plugin.config": "whole"})
-        await until("state success", lambda: kube.node.labels.get(STATE_LABEL) == "success")
+        await until("state success", lambda: kube.node.labels.get(STATE_LABEL) == "success", scaled(30))
         await until("both GPUs offered whole", lambda: slices.devices() == 2)
         assert len([r for _, r, _ in kube.events if r == "ConfigInvalid"]) == 1  # said once
     finally:
