@@ -7,7 +7,7 @@
   lacks (partitionable devices, off by default: `mig: dynamic`) is refused by name.
 
 Each module brings its node up and down (module-scoped), so the two never run at once and share one
-subnet: index SHARING_TEST_SKEW_INDEX (11 unless told; 1 is tests/node's, 10 tests/cluster's). The
+subnet: index SHARING_TEST_SKEW_INDEX (12 unless told; 1 is tests/node's, 10 tests/cluster's). The
 tests use the helpers of tests/cluster (the same operator's view: kubectl, the API, pods by node).
 """
 
@@ -32,7 +32,7 @@ OLD = SKEW_RELEASE
 
 
 def skew_index() -> int:
-    return int(os.environ.get("SHARING_TEST_SKEW_INDEX", "11"))
+    return int(os.environ.get("SHARING_TEST_SKEW_INDEX", "12"))
 
 
 def server_version(cluster: Cluster) -> str:
