@@ -140,6 +140,7 @@ class DraFrontEnd:
             self._probe_error = str(err)
             return self._features
         missing = self._features.missing
+        self.publisher.said_missing = missing
         if missing:
             log.warning(
                 "cluster_features_missing",
