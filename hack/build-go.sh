@@ -10,6 +10,13 @@
 #   hack/go/etcd        etcd
 #   hack/go/containerd  containerd, containerd-shim-runc-v2, ctr (containerd 2.x: CDI on by default)
 #   hack/go/helm        helm (v3)
+#   hack/go/k8s-<minor> another Kubernetes release's five daemons only (kube-apiserver, kubelet,
+#                       kube-scheduler, kube-controller-manager, kube-proxy), for
+#                       SHARING_K8S_VERSION=<minor> (e.g. 1.34); everything else as for the default
+#
+# SHARING_K8S_VERSION picks the Kubernetes release of the five daemons: unset, or the minor of
+# hack/go/k8s (1.37), is the default; another minor needs hack/go/k8s-<minor>. The test peers (the
+# kubelet harness, the stub device plugin, dra-kubelet) always come from hack/go/k8s.
 #
 # Separate modules keep each dependency graph apart (MVS never mixes etcd's, containerd's or helm's
 # versions into Kubernetes'). <key> is a hash of every input (go.mod/go.sum, our Go sources) plus
@@ -43,6 +50,19 @@ mod_version() { # <go.mod> <module path>
 	awk -v m="$2" '($1 == m) { print $2; exit } ($1 == "require" && $2 == m) { print $3; exit }' "$1"
 }
 k8s_version=$(mod_version "$gomods/k8s/go.mod" k8s.io/kubernetes)
+[ -n "$k8s_version" ] || die "cannot find k8s.io/kubernetes in hack/go/k8s/go.mod"
+# The module the five Kubernetes daemons come from: hack/go/k8s, or hack/go/k8s-<minor>.
+k8s_mod=k8s
+wanted=${SHARING_K8S_VERSION:-}
+wanted=${wanted#v}
+if [ -n "$wanted" ] && [ "$wanted" != "$(echo "${k8s_version#v}" | cut -d. -f1,2)" ]; then
+	k8s_mod="k8s-$(echo "$wanted" | cut -d. -f1,2)"
+	if [ ! -f "$gomods/$k8s_mod/go.mod" ]; then
+		others=$(cd "$gomods" && ls -d k8s-* 2>/dev/null | sed 's/^k8s-//' | paste -sd, -)
+		die "SHARING_K8S_VERSION=$SHARING_K8S_VERSION: no hack/go/$k8s_mod (the default is $(echo "${k8s_version#v}" | cut -d. -f1,2); others: ${others:-none})"
+	fi
+fi
+kube_version=$(mod_version "$gomods/$k8s_mod/go.mod" k8s.io/kubernetes)
 etcd_version=$(mod_version "$gomods/etcd/go.mod" go.etcd.io/etcd/server/v3)
 containerd_version=$(mod_version "$gomods/containerd/go.mod" github.com/containerd/containerd/v2)
 helm_version=$(mod_version "$gomods/helm/go.mod" helm.sh/helm/v3)
@@ -61,12 +81,13 @@ hash_files() { # files (relative to hack/go)... -> short content hash
 go_files() { (cd "$gomods" && find "$1" -type f -name '*.go' | LC_ALL=C sort); }
 mods="k8s/go.mod k8s/go.sum etcd/go.mod etcd/go.sum containerd/go.mod containerd/go.sum helm/go.mod helm/go.sum"
 sources="$(go_files k8s/kubelet-harness) $(go_files k8s/stubplugin) $(go_files k8s/dra-kubelet) $(go_files k8s/pause)"
+[ "$k8s_mod" = k8s ] || mods="$mods $k8s_mod/go.mod $k8s_mod/go.sum"
 # shellcheck disable=SC2086
 inputs_hash=$(hash_files $mods $sources)
 go_hash=$(printf '%s' "$go_version" | sha256sum | cut -c1-8)
 
 cache=${SHARING_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-sharing}
-prefix="$cache/bin/k8s-${k8s_version}_etcd-${etcd_version}_containerd-${containerd_version}_${inputs_hash}"
+prefix="$cache/bin/k8s-${kube_version}_etcd-${etcd_version}_containerd-${containerd_version}_${inputs_hash}"
 bin="${prefix}_go-${go_hash}"
 objs="$cache/objs"
 names="kube-apiserver etcd kubelet-harness stub-device-plugin dra-kubelet kubelet kube-scheduler kube-controller-manager kube-proxy pause containerd containerd-shim-runc-v2 ctr helm"
@@ -104,11 +125,11 @@ if ! flock -n 9; then
 	flock 9
 fi
 
-ldflags_k8s() { # version stamping as kubernetes' hack/lib/version.sh does it
+ldflags_k8s() { # <version>: version stamping as kubernetes' hack/lib/version.sh does it
 	local minor ld="-s -w" kv
-	minor=${k8s_version#v1.}
+	minor=${1#v1.}
 	minor=${minor%%.*}
-	for kv in "gitVersion=$k8s_version" gitMajor=1 "gitMinor=$minor" gitTreeState=clean \
+	for kv in "gitVersion=$1" gitMajor=1 "gitMinor=$minor" gitTreeState=clean \
 		gitCommit=module-build "buildDate=$(date -u +%Y-%m-%dT%H:%M:%SZ)"; do
 		ld="$ld -X k8s.io/component-base/version.$kv -X k8s.io/client-go/pkg/version.$kv"
 	done
@@ -145,7 +166,7 @@ build() {
 	fi
 }
 
-k8s_hash=$(hash_files k8s/go.mod k8s/go.sum)_$go_hash
+k8s_hash=$(hash_files "$k8s_mod/go.mod" "$k8s_mod/go.sum")_$go_hash
 # shellcheck disable=SC2046
 harness_hash=$(hash_files k8s/go.mod k8s/go.sum $(go_files k8s/kubelet-harness))_$go_hash
 # shellcheck disable=SC2046
@@ -157,10 +178,11 @@ pause_hash=$(hash_files $(go_files k8s/pause))_$go_hash
 etcd_hash=$(hash_files etcd/go.mod etcd/go.sum)_$go_hash
 containerd_hash=$(hash_files containerd/go.mod containerd/go.sum)_$go_hash
 helm_hash=$(hash_files helm/go.mod helm/go.sum)_$go_hash
-k8s_ld=$(ldflags_k8s)
+k8s_ld=$(ldflags_k8s "$k8s_version")
+kube_ld=$(ldflags_k8s "$kube_version")
 k8s=k8s.io/kubernetes/cmd
 
-build kube-apiserver "$k8s_version" "${k8s_version}_$k8s_hash" "$gomods/k8s" "$k8s/kube-apiserver" "$k8s_ld" \
+build kube-apiserver "$kube_version" "${kube_version}_$k8s_hash" "$gomods/$k8s_mod" "$k8s/kube-apiserver" "$kube_ld" \
 	"~10 min on 2 cores from an empty Go cache; ~1 min to relink when only go.mod/go.sum changed"
 build etcd "$etcd_version" "${etcd_version}_$etcd_hash" "$gomods/etcd" go.etcd.io/etcd/server/v3 "-s -w" \
 	"~2 min from an empty Go cache"
@@ -170,12 +192,12 @@ build stub-device-plugin "(k8s $k8s_version)" "${k8s_version}_$stub_hash" "$gomo
 	"a test peer for the harness: seconds"
 build dra-kubelet "(k8s $k8s_version)" "${k8s_version}_$dra_kubelet_hash" "$gomods/k8s" ./dra-kubelet "$k8s_ld" \
 	"the kubelet's DRA plugin registration and client, a test peer for DRA plugins: ~2 min cold, seconds after"
-build kubelet "$k8s_version" "${k8s_version}_$k8s_hash" "$gomods/k8s" "$k8s/kubelet" "$k8s_ld" \
+build kubelet "$kube_version" "${kube_version}_$k8s_hash" "$gomods/$k8s_mod" "$k8s/kubelet" "$kube_ld" \
 	"~4 min from an empty Go cache, ~1 min after kube-apiserver"
-build kube-scheduler "$k8s_version" "${k8s_version}_$k8s_hash" "$gomods/k8s" "$k8s/kube-scheduler" "$k8s_ld" "~10-45 s"
-build kube-controller-manager "$k8s_version" "${k8s_version}_$k8s_hash" "$gomods/k8s" "$k8s/kube-controller-manager" \
-	"$k8s_ld" "~1-2 min"
-build kube-proxy "$k8s_version" "${k8s_version}_$k8s_hash" "$gomods/k8s" "$k8s/kube-proxy" "$k8s_ld" "~10-60 s"
+build kube-scheduler "$kube_version" "${kube_version}_$k8s_hash" "$gomods/$k8s_mod" "$k8s/kube-scheduler" "$kube_ld" "~10-45 s"
+build kube-controller-manager "$kube_version" "${kube_version}_$k8s_hash" "$gomods/$k8s_mod" "$k8s/kube-controller-manager" \
+	"$kube_ld" "~1-2 min"
+build kube-proxy "$kube_version" "${kube_version}_$k8s_hash" "$gomods/$k8s_mod" "$k8s/kube-proxy" "$kube_ld" "~10-60 s"
 build pause "(static)" "$pause_hash" "$gomods/k8s" ./pause "-s -w" "seconds"
 ctrd_ld="-s -w -X github.com/containerd/containerd/v2/version.Version=${containerd_version#v}"
 for name in containerd containerd-shim-runc-v2 ctr; do

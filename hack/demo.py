@@ -16,6 +16,8 @@ With --dra the node is then switched to the DRA front-end (the chart's `dra.enab
 their devices through claims: a whole GPU (class gpu.nvidia.com), a MIG device (class mig.nvidia.com,
 CEL on its profile), and `nvidia.com/mig-1g.5gb: 1` in `resources.limits`, served through the
 profile's DeviceClass (its extendedResourceName).
+With --k8s 1.34 the cluster runs Kubernetes 1.34 (SHARING_K8S_VERSION; docs/versions.md says what
+each release supports).
 Without --detach it stays up until Ctrl-C; --down stops what a detached run left running.
 """
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -35,12 +38,14 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from lab import images
-from lab.binaries import binaries
+from lab.binaries import K8S_VERSION_ENV, binaries, default_kubernetes_version, kubernetes_version
 from lab.errors import ClusterError
 from lab.helm import NAMESPACE, RELEASE, Helm, lab_values
 from lab.node import RealNode
 
-NAME, NODE = "demo", "demo-gpu-node"
+INDEX = int(os.environ.get("SHARING_DEMO_INDEX", "0"))
+"""The demo's subnet, 10.(200+INDEX).0.0/24: another index lets a second checkout run its own demo."""
+NAME, NODE = "demo" if INDEX == 0 else f"demo{INDEX}", "demo-gpu-node"
 STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 PRESET = "a100-mig-h100-time-sliced"
 CONFIG_LABEL = "nvidia.com/device-plugin.config"
@@ -125,7 +130,7 @@ def up(nodes: int = 1) -> RealNode:
         f"starting node {NODE}: etcd, kube-apiserver, containerd, kubelet, scheduler, controllers,"
         " kube-proxy",
     ):
-        node = RealNode(NAME, NODE).up(archives)
+        node = RealNode(NAME, NODE, index=INDEX).up(archives)
     say(f"the node's logs: {node.logs()}")
     layout = {NODE: (PRESET, EXPECTED)} | {n: (c, e) for n, _, c, e in JOINING[: nodes - 1]}
     for name, gpus, _, _ in JOINING[: nodes - 1]:
@@ -179,6 +184,9 @@ def up(nodes: int = 1) -> RealNode:
 
 
 FRONTEND_LABEL = "nvidia.com/gpu-sharing.frontend"
+EXTENDED_RESOURCE_DEFAULT_ON = 36
+"""The minor from which DRAExtendedResource is on by default (k8s.io/kubernetes
+pkg/features/kube_features.go)."""
 DRA_OBJECTS = """apiVersion: resource.k8s.io/v1
 kind: ResourceClaim
 metadata: {name: whole-gpu, namespace: default}
@@ -246,6 +254,11 @@ def dra(node: RealNode) -> None:
         ),
         "mig-limits-demo": ("", "{limits: {nvidia.com/mig-1g.5gb: 1}}"),
     }
+    release = kubernetes_version()
+    if int(release.split(".")[1]) < EXTENDED_RESOURCE_DEFAULT_ON:
+        say(f"no pod mig-limits-demo: Kubernetes {release} has no extended resources through DRA "
+            "(feature gate DRAExtendedResource, on by default from 1.36)")  # fmt: skip
+        del pods["mig-limits-demo"]
     for name, (claims, resources) in pods.items():
         say(f"starting pod {name}: {claims or resources}")
         node.kubectl(
@@ -291,12 +304,20 @@ def main() -> int:
         default=1,
         help="how many nodes: 3 adds a node of A100 80GB and a node mixing L4s and an H200",
     )
+    parser.add_argument(
+        "--k8s",
+        metavar="MINOR",
+        help=f"the cluster's Kubernetes release: {default_kubernetes_version()} by default, or another "
+        "the lab builds (1.34: hack/go/k8s-1.34); the same as SHARING_K8S_VERSION",
+    )
     parser.add_argument("--detach", action="store_true", help="return once the pod runs with its slice")
     parser.add_argument("--down", action="store_true", help="stop a detached demo")
     parser.add_argument(
         "--dra", action="store_true", help="then switch the node to DRA and run pods through claims"
     )
     args = parser.parse_args()
+    if args.k8s:  # every binary the lab asks for below is of that release
+        os.environ[K8S_VERSION_ENV] = args.k8s
     if args.down:
         try:
             node = RealNode.load(NAME)

@@ -9,6 +9,8 @@
 #   hack/demo.sh --down     stop a detached demo
 #   hack/demo.sh --dra      then switch the node to DRA: claims for a GPU and a MIG device, and
 #                           nvidia.com/mig-1g.5gb limits through the DeviceClass (ResourceSlices printed)
+#   hack/demo.sh --k8s 1.34 the cluster on Kubernetes 1.34 instead of 1.37 (= SHARING_K8S_VERSION=1.34;
+#                           what each release supports: docs/versions.md)
 # The first run builds the Go binaries and the images; later runs reuse them from
 # ~/.cache/gpu-sharing. Each phase prints how long it took (README quotes them). Needs root.
 set -euo pipefail

@@ -29,6 +29,8 @@ from sharing.config import (
     Selected,
     SharingConfig,
     choose_frontend,
+    identity,
+    is_dynamic,
     select_config,
 )
 from sharing.deviceplugin import Fleet
@@ -38,6 +40,7 @@ from sharing.gpu import GpuBackend
 from sharing.gpu.mps import MpsDaemons
 from sharing.gpu.mpscontrol import CONTROL
 from sharing.kube import ConfigSources, KubeClient, NodePublisher, watch_node
+from sharing.kube.features import PARTITIONABLE
 from sharing.labels import ConfigState
 from sharing.mig import Catalog
 from sharing.model import ClaimAllocation, NodeState
@@ -334,6 +337,10 @@ class Agent:
             self._selected = (selection.name, "")
             verdict = Verdict(ConfigState.FAILED, "ConfigRejected", selection.reason, selection.reason)
             config = self._good
+        elif isinstance(selection, Selected) and (lacking := await self._lacking(selection.config, observed)):
+            self._selected = (selection.config.name, selection.source)
+            verdict = Verdict(ConfigState.FAILED, "ConfigInvalid", lacking, lacking)
+            config = self._good
         elif isinstance(selection, Selected):
             config = selection.config
             self._selected = (config.name, selection.source)
@@ -358,6 +365,28 @@ class Agent:
         verdict = await self._advertise(observed, config, verdict)
         await self.drain.after(verdict, self.rollout.holders)
         return verdict
+
+    async def _lacking(self, config: SharingConfig, observed: NodeState) -> str:
+        """Why the cluster cannot take `config` on this node (a feature it needs is off), or "".
+
+        `mig: dynamic` on the DRA front-end publishes partitionable devices; an API server without
+        them drops their counters, and the scheduler could then allocate overlapping MIG placements.
+        The config is refused as a whole, so the node stays on its last good one and nothing the
+        GPUs serve changes; every other config, and the other front-end, still work.
+        """
+        if self.dra is None or self.rollout.frontend is not Frontend.DRA:
+            return ""
+        dynamic = [g for g in observed.gpus if is_dynamic(config.rule_matching(identity(g, self.catalog)), g)]
+        if not dynamic or not (await self.dra.features()).lacks(PARTITIONABLE):
+            return ""
+        gpus = ", ".join(f"GPU {g.index}" for g in dynamic)
+        return (
+            f"config {config.name!r} asks for mig: dynamic ({gpus}), which needs partitionable devices: "
+            f"this cluster's API server has the feature gate {PARTITIONABLE} off (off by default before "
+            "Kubernetes 1.36) and drops their counters; the node stays as it is. Turn the gate on "
+            "(kube-apiserver, kube-scheduler, kube-controller-manager, kubelet) and restart the agent, "
+            "or give these GPUs a MIG layout"
+        )
 
     # --- after a restart ----------------------------------------------------------------------
 

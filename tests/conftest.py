@@ -94,11 +94,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             bins = lab.binaries()
             if node and os.geteuid() == 0:
                 images.all_images(bins)
+            if any(worker_group(item.nodeid) == "skew" for item in items):
+                lab.binaries(SKEW_RELEASE)  # tests/skew's other release (~10 more minutes cold)
     except lab.BinariesUnavailable:
         pass  # the fixture skips
     except lab.ClusterError as e:
         _build_error = e
 
+
+SKEW_RELEASE = "1.34"
+"""The Kubernetes release tests/skew runs beside the default (hack/go/k8s-1.34)."""
 
 _HOST_WIDE = ("tests/bench/", "tests/node/test_teardown.py")
 """Tests that start real nodes of their own and read the host as a whole (its cgroups, links and
@@ -124,19 +129,22 @@ that the random order started last while the other workers wait."""
 def _first_to_last(item: pytest.Item) -> int:
     group = worker_group(item.nodeid)
     if group:
-        return {"host": 0, "node": 1, "cluster": 2}[group]
+        return {"host": 0, "node": 1, "cluster": 2, "skew": 3}[group]
     module = item.nodeid.split("::", 1)[0]
-    return 2 + _LONGEST.index(module) if module in _LONGEST else 2 + len(_LONGEST)
+    return 4 + _LONGEST.index(module) if module in _LONGEST else 4 + len(_LONGEST)
 
 
 def worker_group(nodeid: str) -> str:
     """Which tests one worker runs together when the run is spread over several: every test of the
     session's real node (they share its one node), every test of the session's three-node cluster,
-    and the tests of `_HOST_WIDE`; "" for the rest."""
+    the tests of other Kubernetes releases (tests/skew: one node at a time, on one subnet), and the
+    tests of `_HOST_WIDE`; "" for the rest."""
     if nodeid.startswith(_HOST_WIDE):
         return "host"
     if nodeid.startswith("tests/cluster/"):
         return "cluster"
+    if nodeid.startswith("tests/skew/"):
+        return "skew"
     return "node" if nodeid.startswith("tests/node/") else ""
 
 

@@ -17,7 +17,7 @@ and ``stubplugin`` (a Go device plugin as a test peer);
 the harness and the real node need root.
 """
 
-from lab.binaries import Binaries, binaries, kubernetes_version
+from lab.binaries import Binaries, binaries, default_kubernetes_version, kubernetes_version
 from lab.controlplane import ControlPlane, NodeNetwork
 from lab.errors import AdmissionError, BinariesUnavailable, ClusterError
 from lab.harness import HarnessClient, KubeletHarness
@@ -36,5 +36,6 @@ __all__ = [
     "RealNode",
     "StubDevicePlugin",
     "binaries",
+    "default_kubernetes_version",
     "kubernetes_version",
 ]

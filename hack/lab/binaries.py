@@ -3,6 +3,10 @@
 ``hack/build-go.sh`` is the one build entry point: it builds what is missing into a content-keyed
 cache directory and prints that directory. Each binary can be replaced by a prebuilt one through
 its environment variable (envtest style), so a machine without Go can still run the lab.
+
+The Kubernetes release is hack/go/k8s's unless ``SHARING_K8S_VERSION`` names another minor (``1.34``:
+hack/go/k8s-1.34); ``binaries("1.34")`` asks for one explicitly (a node's kubelet of another release,
+for version skew). Only the five Kubernetes daemons differ between releases.
 """
 
 from __future__ import annotations
@@ -51,29 +55,68 @@ def env_var(field: str) -> str:
     return "SHARING_" + field.upper()
 
 
-def kubernetes_version() -> str:
-    """The Kubernetes release the lab builds (``k8s.io/kubernetes`` in hack/go/k8s/go.mod), as its
-    binaries report it: ``v1.37.2``."""
-    for line in (REPO / "hack" / "go" / "k8s" / "go.mod").read_text().splitlines():
+K8S_VERSION_ENV = "SHARING_K8S_VERSION"
+KUBELET_VERSION_ENV = "SHARING_KUBELET_VERSION"
+
+
+def _module(minor: str | None) -> Path:
+    """The wrapper module of Kubernetes ``minor`` (``1.34``; None: the one ``SHARING_K8S_VERSION``
+    names, else the default's)."""
+    go = REPO / "hack" / "go"
+    wanted = (minor or os.environ.get(K8S_VERSION_ENV) or "").removeprefix("v")
+    wanted = ".".join(wanted.split(".")[:2])
+    if not wanted or wanted == _minor(_required(go / "k8s" / "go.mod")):
+        return go / "k8s"
+    module = go / f"k8s-{wanted}"
+    if not (module / "go.mod").is_file():
+        others = sorted(p.name.removeprefix("k8s-") for p in go.glob("k8s-*"))
+        default = _minor(_required(go / "k8s" / "go.mod"))
+        raise ClusterError(
+            f"no Kubernetes {wanted} in the lab (hack/go/k8s-{wanted}): {default} (the default) or "
+            + (", ".join(others) or "none other")
+        )
+    return module
+
+
+def _required(go_mod: Path) -> str:
+    for line in go_mod.read_text().splitlines():
         words = line.split()
         if words[:1] == ["k8s.io/kubernetes"] and len(words) >= 2 and words[1] != "=>":
             return words[1]
-    raise ClusterError("hack/go/k8s/go.mod requires no k8s.io/kubernetes")
+        if words[:2] == ["require", "k8s.io/kubernetes"] and len(words) >= 3:
+            return words[2]
+    raise ClusterError(f"{go_mod.relative_to(REPO)} requires no k8s.io/kubernetes")
 
 
-_cache: Binaries | None = None
+def _minor(version: str) -> str:
+    return ".".join(version.removeprefix("v").split(".")[:2])
 
 
-def binaries() -> Binaries:
+def kubernetes_version(minor: str | None = None) -> str:
+    """The Kubernetes release the lab builds, as its binaries report it: ``v1.37.2`` (``k8s.io/kubernetes``
+    in hack/go/k8s/go.mod), or the one of ``minor`` / ``SHARING_K8S_VERSION`` (``v1.34.4``)."""
+    return _required(_module(minor) / "go.mod")
+
+
+def default_kubernetes_version() -> str:
+    """The default release (hack/go/k8s), whatever ``SHARING_K8S_VERSION`` says."""
+    return _required(REPO / "hack" / "go" / "k8s" / "go.mod")
+
+
+_cache: dict[str, Binaries] = {}
+
+
+def binaries(version: str | None = None) -> Binaries:
     """Paths of every binary: the ``SHARING_*`` overrides win, ``hack/build-go.sh`` provides the rest.
 
-    The build happens once per machine (the first takes ~25 minutes on 2 cores). Raises
-    ``BinariesUnavailable`` when Go is missing and nothing is cached, ``ClusterError`` when a build
-    fails.
+    ``version`` (``1.34``) picks the Kubernetes release of the five Kubernetes daemons; None: the one
+    of ``SHARING_K8S_VERSION``, else the default. The build happens once per machine and release (the
+    first takes ~25 minutes on 2 cores, another release ~10 more). Raises ``BinariesUnavailable`` when
+    Go is missing and nothing is cached, ``ClusterError`` when a build fails.
     """
-    global _cache  # noqa: PLW0603 - one build per process
-    if _cache is not None:
-        return _cache
+    release = kubernetes_version(version)
+    if release in _cache:  # one build per process and release
+        return _cache[release]
     paths: dict[str, Path] = {}
     names = [f.name for f in fields(Binaries)]
     for name in names:
@@ -85,19 +128,22 @@ def binaries() -> Binaries:
             paths[name] = path
     missing = [n for n in names if n not in paths]
     if missing:
-        bin_dir = _build()
+        bin_dir = _build(_minor(release))
         if bin_dir is None:
             wanted = ", ".join(env_var(n) for n in missing)
             raise BinariesUnavailable(f"Go is not installed and nothing is cached; set {wanted}")
         for name in missing:
             paths[name] = bin_dir / name.replace("_", "-")
-    _cache = Binaries(**paths)
-    return _cache
+    _cache[release] = Binaries(**paths)
+    return _cache[release]
 
 
-def _build() -> Path | None:
+def _build(minor: str) -> Path | None:
     # stderr (progress lines) goes straight to the caller's terminal or pytest's capture.
-    proc = subprocess.run([str(BUILD_SCRIPT)], stdout=subprocess.PIPE, text=True, check=False, cwd=REPO)
+    env = os.environ | {K8S_VERSION_ENV: minor}
+    proc = subprocess.run(
+        [str(BUILD_SCRIPT)], stdout=subprocess.PIPE, text=True, check=False, cwd=REPO, env=env
+    )
     if proc.returncode == NO_GO_EXIT:
         return None
     if proc.returncode != 0:

@@ -18,6 +18,7 @@ import contextlib
 import functools
 import http.client
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -28,7 +29,7 @@ from typing import Any
 
 from lab import components, containerd, driver, packages
 from lab.api import Api, ApiError, close_api
-from lab.binaries import Binaries, binaries
+from lab.binaries import KUBELET_VERSION_ENV, Binaries, binaries
 from lab.cgroups import CgroupTree
 from lab.controlplane import ControlPlane, NodeNetwork
 from lab.deadlines import scaled
@@ -46,7 +47,10 @@ class RealNode:
     ``member`` 0 is the cluster's first node (the control plane runs on it, as on a kubeadm
     control-plane node that also runs pods); the nodes that ``join`` it are members 1, 2, ...
     ``gpus`` are the node's simulated GPUs (`sharing sim init --gpus`), their UUIDs seeded with the
-    node's name so no two nodes share one.
+    node's name so no two nodes share one. ``k8s`` is the cluster's Kubernetes release (``"1.34"``;
+    default ``SHARING_K8S_VERSION``, else hack/go/k8s's). ``kubelet`` runs the node's kubelet from
+    another release than the cluster's (``"1.34"``: version skew, within the kubelet's three minors
+    behind the API server; default ``SHARING_KUBELET_VERSION``, else the cluster's release).
     """
 
     def __init__(
@@ -57,12 +61,16 @@ class RealNode:
         index: int = 0,
         member: int = 0,
         gpus: str = driver.GPUS,
+        k8s: str | None = None,
+        kubelet: str | None = None,
     ) -> None:
         self.name = name
+        self.k8s_version = k8s
         self.node_name = node_name
         self.index = index
         self.member = member
         self.gpus = gpus
+        self.kubelet_version = kubelet or os.environ.get(KUBELET_VERSION_ENV) or None
         cluster = cache_dir() / "node" / name
         self.state = cluster if member == 0 else cluster.with_name(f"{name}-n{member}")
         self.cgroup = CgroupTree(f"gpu-sharing-{name}" + (f"-n{member}" if member else ""))
@@ -98,8 +106,13 @@ class RealNode:
     @property
     def bins(self) -> Binaries:
         if self._bins is None:
-            self._bins = binaries()
+            self._bins = binaries(self.k8s_version)
         return self._bins
+
+    @property
+    def kubelet_bins(self) -> Binaries:
+        """Where the node's kubelet comes from: its own release's binaries, else the cluster's."""
+        return binaries(self.kubelet_version) if self.kubelet_version else self.bins
 
     # -- up ----------------------------------------------------------------------------------
 
@@ -119,13 +132,30 @@ class RealNode:
             raise
         return self
 
-    def join(self, node_name: str, gpus: str = driver.GPUS, images: Sequence[Path] = ()) -> RealNode:
+    def join(
+        self,
+        node_name: str,
+        gpus: str = driver.GPUS,
+        images: Sequence[Path] = (),
+        *,
+        kubelet: str | None = None,
+    ) -> RealNode:
         """Start another node of this cluster (its containerd, kubelet and kube-proxy, its own GPUs)
         with ``images`` imported; return it once its Node is Ready. Called on the first node, the
-        one that started the control plane (it holds the CA that signs the kubelet's identity)."""
+        one that started the control plane (it holds the CA that signs the kubelet's identity).
+        ``kubelet``: the node's kubelet from that Kubernetes release (``"1.34"``), as for ``RealNode``."""
         if self.member != 0 or self._cp is None:
             raise ClusterError("only the first node, as `up` returned it, can take another")
-        node = RealNode(self.name, node_name, index=self.index, member=len(self.members) + 1, gpus=gpus)
+        member = len(self.members) + 1
+        node = RealNode(
+            self.name,
+            node_name,
+            index=self.index,
+            member=member,
+            gpus=gpus,
+            k8s=self.k8s_version,
+            kubelet=kubelet,
+        )
         node._bins, node._cp = self._bins, self._cp
         if node.state_file.exists():
             RealNode.load_member(self.name, node.member).down()
@@ -227,7 +257,7 @@ class RealNode:
         cp = self._control_plane()
         kubeconfig = cp.user_kubeconfig(f"system:node:{self.node_name}", ["system:nodes"])
         config = components.kubelet_config(cp, self.cgroup.name, self.state, containerd.pod_cidr(self.member))
-        args = components.kubelet_args(self.bins, self.node_name, self.ns.address, config, kubeconfig)
+        args = components.kubelet_args(self.kubelet_bins, self.node_name, self.ns.address, config, kubeconfig)
         self._start(self._daemon("kubelet", args))
 
     def _control_plane(self) -> ControlPlane:
@@ -306,6 +336,8 @@ class RealNode:
             "index": self.index,
             "member": self.member,
             "gpus": self.gpus,
+            "k8s": self.k8s_version,
+            "kubelet": self.kubelet_version,
             "address": self.ns.address,
             "kubeconfig": str(self.kubeconfig),
             "pids": [r.to_json() for r in self.records],
@@ -337,6 +369,8 @@ class RealNode:
             index=data["index"],
             member=data.get("member", 0),
             gpus=data.get("gpus", driver.GPUS),
+            k8s=data.get("k8s"),
+            kubelet=data.get("kubelet"),
         )
         node.records = [PidRecord.from_json(r) for r in data["pids"]]
         node._recorded_members = data.get("members", [])

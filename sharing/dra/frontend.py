@@ -42,10 +42,11 @@ from sharing.dra.partitions import partitionable_slices, pool, withdrawn_static
 from sharing.dra.plugin import DraPaths, DraPlugin, Registration, others_serving
 from sharing.dra.prepare import Recorder
 from sharing.dra.slices import build_slices
-from sharing.errors import SharingError
+from sharing.errors import KubeError, SharingError
 from sharing.gpu.devfiles import DeviceFiles
 from sharing.kube import KubeClient, Watched, watch_pool_claims
 from sharing.kube.api import PoolClaims, SliceSpec
+from sharing.kube.features import ClusterFeatures, described, probe
 from sharing.kube.resourceslices import SlicePublisher
 from sharing.kubelet.restarts import SocketId, socket_identity
 from sharing.mig import Catalog
@@ -122,6 +123,35 @@ class DraFrontEnd:
         self._confirmed_by: SocketId | None = None
         """The kubelet (its kubelet.sock) that last confirmed the registration (None: none since start)."""
         self._problem = ""
+        self._features = ClusterFeatures()
+        self._probe_error = ""
+
+    async def features(self) -> ClusterFeatures:
+        """What the cluster's API server keeps of the fields the pool uses (`sharing.kube.features`):
+        asked once, said once (`cluster_features_missing`); asked again while the API server has not
+        answered (then `known` is False)."""
+        if self._features.known:
+            return self._features
+        try:
+            self._features = await asyncio.to_thread(probe, self.kube, DRIVER, self.node_name)
+        except KubeError as err:
+            if str(err) != self._probe_error:
+                log.warning("cluster_features_not_probed", error=bounded(str(err)))
+            self._probe_error = str(err)
+            return self._features
+        missing = self._features.missing
+        self.publisher.said_missing = missing
+        if missing:
+            log.warning(
+                "cluster_features_missing",
+                feature_gates=",".join(sorted(missing)),
+                lost=described(missing),
+                hint="the API server drops these fields: turn the gates on (kube-apiserver, "
+                "kube-scheduler, kube-controller-manager, kubelet) and restart the agent",
+            )
+        else:
+            log.info("cluster_features", missing="none")
+        return self._features
 
     async def start(self) -> None:
         """Serve the plugin's sockets and keep the slices as wanted (re-published after a wipe)."""
@@ -173,6 +203,7 @@ class DraFrontEnd:
         """Offer exactly `inventory` in the pool's slices; "" once the API server holds them."""
         self.inventory, self.node = inventory, node
         self.plugin.refresh()
+        await self.features()  # said once, by name, whatever the config asks
         if inventory.dynamic:
             await self._read_allocations()
         self._follow_claims(bool(inventory.dynamic) and self._task is not None)

@@ -332,6 +332,11 @@ class KubeClient(Protocol):
         """Create a ResourceSlice (generateName `<driver>-<node>-`, owned by the Node as controller)."""
         ...
 
+    def dry_run_resource_slice(self, spec: SliceSpec, owner: NodeObject) -> ResourceSliceObject:
+        """Create a ResourceSlice with `dryRun=All`: validated and admitted, never stored; the answer
+        is the slice as the API server would store it (`sharing.kube.features`)."""
+        ...
+
     def update_resource_slice(
         self, name: str, resource_version: str, spec: SliceSpec, owner: NodeObject
     ) -> ResourceSliceObject:

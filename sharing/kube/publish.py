@@ -37,6 +37,7 @@ OUTCOMES = {
     "ConfigApplyFailed": "failed",
     "ConfigApplyBlocked": "blocked",
     "ConfigRejected": "rejected",
+    "ConfigInvalid": "rejected",
     "JournalCorrupt": "failed",
     "JournalUnusable": "failed",
 }

@@ -176,6 +176,8 @@ class SlicePublisher:
         self._lock = threading.Lock()
         self.hold_additions = False
         """Add no device the pool does not hold already (see the module's docstring)."""
+        self.said_missing: frozenset[str] = frozenset()
+        """Gates already said to be off (`sharing.kube.features`): their dropped fields are not news."""
 
     def release(self) -> None:
         """Add what is wanted from now on (the kubelet uses the driver)."""
@@ -278,7 +280,8 @@ class SlicePublisher:
         self.published = tuple(results)
         if problems and tuple(problems) != self.problems:
             gates = sorted({g for field, g in GATES.items() if any(field in p for p in problems)})
-            log.warning(
+            said = gates and set(gates) <= self.said_missing
+            (log.debug if said else log.warning)(
                 "resourceslice_fields_dropped",
                 dropped=bounded("; ".join(problems)),
                 feature_gates=",".join(gates) or "unknown",

@@ -12,6 +12,7 @@ from typing import Protocol
 from sharing.devices import Inventory
 from sharing.dra.foreign import Foreign
 from sharing.dra.fragmentation import Fragmented
+from sharing.kube.features import ClusterFeatures
 from sharing.model import ClaimHold, NodeState
 
 
@@ -20,6 +21,10 @@ class DraFrontend(Protocol):
 
     event: Callable[[str, str, str], Awaitable[None]] | None
     """Where it records Events on the Node ((type, reason, message)); set by the agent."""
+
+    async def features(self) -> ClusterFeatures:
+        """The gates the cluster's API server has off among those the pool's fields need (asked once)."""
+        ...
 
     async def start(self) -> None:
         """Serve the DRA and registration sockets; publish once an inventory is given."""

@@ -24,6 +24,7 @@ from sharing.dra.fragmentation import Fragmented
 from sharing.errors import KubeError
 from sharing.gpu import simstate
 from sharing.gpu.nvml import NvmlBackend
+from sharing.kube.features import ClusterFeatures
 from sharing.labels import STATE_LABEL, ConfigState
 from sharing.mig.catalog import default_catalog
 from sharing.model import ClaimAllocation, ClaimHold, HealthEvent, NodeState
@@ -132,6 +133,11 @@ class Slices:
     unknown: str = ""
     event: Callable[[str, str, str], Awaitable[None]] | None = None
     fragmented: tuple[Fragmented, ...] = ()
+    cluster: ClusterFeatures = field(default_factory=lambda: ClusterFeatures(known=True))
+    """What the API server keeps (`sharing.kube.features`): everything unless a test says otherwise."""
+
+    async def features(self) -> ClusterFeatures:
+        return self.cluster
 
     async def start(self) -> None:
         self.running = True

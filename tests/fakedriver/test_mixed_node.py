@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from lab.deadlines import scaled
 
 from sharing.agent import Agent
 from sharing.deviceplugin import Fleet, FleetSettings
@@ -20,6 +21,7 @@ from sharing.dra.slices import build_slices
 from sharing.gpu import simstate
 from sharing.gpu.nvml import NvmlBackend
 from sharing.kube.api import Version
+from sharing.kube.features import PARTITIONABLE, ClusterFeatures
 from sharing.labels import STATE_LABEL
 from sharing.mig.catalog import default_catalog
 from sharing.settings import Settings
@@ -88,6 +90,50 @@ async def test_dynamic_mig_applies_to_the_mig_gpu_and_the_l4_beside_it_is_publis
         ]
         assert "gpu-0-mig-1g-5gb-at-6" in ondemand
         assert not [n for n in ondemand if n.startswith("gpu-1-")]
+    finally:
+        stop.set()
+        await task
+        await backend.close()
+        kube.close()
+        await kubelet.stop()
+
+
+async def test_dynamic_mig_on_a_cluster_without_partitionable_devices_is_refused_by_name(
+    tmp_path: Path,
+    plugin_dir: Path,  # noqa: F811
+    state: Path,
+    nvml: Any,
+) -> None:
+    """An API server with DRAPartitionableDevices off (Kubernetes 1.34's default) would drop the
+    counters that keep overlapping placements apart: the config is refused, the GPUs stay as they
+    are, and a config that needs no such feature is applied as ever."""
+    simstate.init_state(state, [simstate.resolve_product(CATALOG, p) for p in ("A100-SXM4-40GB", "L4")])
+    configs = {"all": CONFIGS["all"], "whole": V1 + "  - devices: all\n    mig: disabled\n"}
+    kubelet = await FakeKubelet(plugin_dir).start()
+    kube = FakeKube("n1", {(NS, "gpu-sharing-config"): configs, (NS, "gpu-sharing-presets"): {}})
+    kube.label(**{"nvidia.com/device-plugin.config": "all", FRONTEND: "dra"})
+    settings = Settings(node_name="n1", driver_root=state.parents[3], device_plugin_dir=plugin_dir,
+                        journal=tmp_path / "j")  # fmt: skip
+    slices = Slices(cluster=ClusterFeatures(frozenset({PARTITIONABLE}), known=True))
+    backend = NvmlBackend(nvml, CATALOG)
+    fleet = Fleet(FleetSettings(plugin_dir=plugin_dir, poll_interval_s=0.02))
+    agent = Agent(settings, kube=kube, backend=backend, fleet=fleet, catalog=CATALOG, dra=slices)
+    stop = asyncio.Event()
+    task = asyncio.create_task(agent.run(stop))
+    try:
+        # The switch to DRA comes first (retried with a growing delay while the fake kubelet starts).
+        await until("state failed", lambda: kube.node.labels.get(STATE_LABEL) == "failed", scaled(30))
+        refusals = [m for _, r, m in kube.events if r == "ConfigInvalid"]
+        assert len(refusals) == 1
+        assert "config 'all' asks for mig: dynamic (GPU 0)" in refusals[0]
+        assert "feature gate DRAPartitionableDevices off" in refusals[0]
+        assert [0, 0] == [g["migCurrent"] for g in simstate.read(state)["gpus"]]  # nothing changed
+        assert not any(i.dynamic for i in slices.published)
+
+        kube.label(**{"nvidia.com/device-plugin.config": "whole"})
+        await until("state success", lambda: kube.node.labels.get(STATE_LABEL) == "success", scaled(30))
+        await until("both GPUs offered whole", lambda: slices.devices() == 2)
+        assert len([r for _, r, _ in kube.events if r == "ConfigInvalid"]) == 1  # said once
     finally:
         stop.set()
         await task

@@ -31,6 +31,7 @@ from sharing.errors import KubeError
 from sharing.kube import ApiClient
 from sharing.kube.api import SliceDevice, SliceSpec
 from sharing.kube.client import resource_slice
+from sharing.kube.features import CONSUMABLE, PARTITIONABLE, TAINTS, ClusterFeatures, probe
 from sharing.kube.resourceslices import SlicePublisher
 from sharing.mig import default_catalog
 from sharing.model import (
@@ -233,10 +234,20 @@ def test_the_admission_policy_keeps_the_agent_to_its_own_nodes_slices(
     chart.kubectl("delete", "node", other, "--wait=false")
 
 
+def test_the_agent_asks_what_the_api_server_keeps_with_its_own_token_and_stores_nothing(
+    chart: lab.ControlPlane, node: Node
+) -> None:
+    assert probe(node.api, DRIVER, node.name) == ClusterFeatures(frozenset(), known=True)
+    assert stored(chart, node.name) == []
+
+
 @pytest.fixture(scope="module")
 def gates_off(cluster_binaries: lab.Binaries) -> Iterator[lab.ControlPlane]:
-    """An API server without consumable capacity and device taints (both beta, on by default in 1.36)."""
-    gates = "--feature-gates=DRAConsumableCapacity=false,DRADeviceTaints=false"
+    """An API server without consumable capacity, device taints and partitionable devices (beta, on
+    by default in 1.36; off by default in 1.34)."""
+    # DRADeviceTaintRules (beta in 1.37) depends on DRADeviceTaints: off with it, or the server exits.
+    gates = "--feature-gates=DRAConsumableCapacity=false,DRADeviceTaints=false,DRADeviceTaintRules=false,"
+    gates += "DRAPartitionableDevices=false"
     with lab.ControlPlane(bins=cluster_binaries, extra_apiserver_args=[gates]) as cp:
         yield cp
 
@@ -267,6 +278,20 @@ def test_fields_the_api_server_drops_are_said_once_and_not_rewritten(gates_off: 
         assert publisher.sync() is None
     finally:
         api.close()
+
+
+def test_the_gates_an_api_server_has_off_are_told_by_name(gates_off: lab.ControlPlane) -> None:
+    name = "probed"
+    node = json.dumps({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
+    gates_off.kubectl("create", "-f", "-", input=node, check=True)
+    api = ApiClient(str(gates_off.kubeconfig))
+    try:
+        expected = ClusterFeatures(frozenset({CONSUMABLE, PARTITIONABLE, TAINTS}), known=True)
+        assert probe(api, DRIVER, name) == expected
+        assert stored(gates_off, name) == []
+    finally:
+        api.close()
+        gates_off.kubectl("delete", "node", name, "--wait=false")
 
 
 def test_the_chart_ships_a_device_class_per_catalog_mig_profile(chart: lab.ControlPlane) -> None:

@@ -53,6 +53,7 @@ class FakeKube:
 
     def __init__(self, node: str, configmaps: Mapping[tuple[str, str], Mapping[str, str] | None]) -> None:
         self.requests = 0
+        self.dry_runs = 0
         self.node = NodeObject(node, "uid-1", "1", {})
         self.configmaps = {
             key: ConfigMapObject(key[0], key[1], "1", data) for key, data in configmaps.items()
@@ -221,6 +222,11 @@ class FakeKube:
             self.slice_writes.append(("create", made.name, spec.generation))
             self._push(("slices",), WatchEvent("ADDED", made, made.resource_version))
             return made
+
+    def dry_run_resource_slice(self, spec: SliceSpec, owner: NodeObject) -> ResourceSliceObject:
+        self.requests += 1
+        self.dry_runs += 1
+        return ResourceSliceObject(f"{spec.driver}-{spec.node}-dry-run", "", spec, (owner.uid,))
 
     def update_resource_slice(
         self, name: str, resource_version: str, spec: SliceSpec, owner: NodeObject

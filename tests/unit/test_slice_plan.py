@@ -146,6 +146,9 @@ class NoCounters(FakeKube):
     def create_resource_slice(self, spec: SliceSpec, owner: NodeObject) -> ResourceSliceObject:
         return super().create_resource_slice(self._strip(spec), owner)
 
+    def dry_run_resource_slice(self, spec: SliceSpec, owner: NodeObject) -> ResourceSliceObject:
+        return super().dry_run_resource_slice(self._strip(spec), owner)
+
     def update_resource_slice(
         self, name: str, resource_version: str, spec: SliceSpec, owner: NodeObject
     ) -> ResourceSliceObject:

@@ -48,6 +48,13 @@ class SliceCalls(Transport):
         what = f"create a resourceslice of {spec.driver} on node {spec.node}"
         return resource_slice(self._json(what, "POST", SLICES, body))
 
+    def dry_run_resource_slice(self, spec: SliceSpec, owner: NodeObject) -> ResourceSliceObject:
+        """Create a ResourceSlice with `dryRun=All` (never stored): as the API server would store it."""
+        body = slice_body(spec, owner)
+        body["metadata"]["generateName"] = f"{spec.driver}-{spec.node}-"
+        what = f"create a resourceslice of {spec.driver} on node {spec.node} (dry run)"
+        return resource_slice(self._json(what, "POST", SLICES, body, query=[("dryRun", "All")]))
+
     def update_resource_slice(
         self, name: str, resource_version: str, spec: SliceSpec, owner: NodeObject
     ) -> ResourceSliceObject:
