@@ -57,6 +57,8 @@ log = structlog.get_logger(__name__)
 
 RETRY_MIN_S = 1.0
 RETRY_MAX_S = 60.0
+OWNER_POLL_S = 0.5
+"""How often an agent that waits for the node (another agent owns it) tries the owner's lock."""
 API_GRACE_S = 5.0
 """How long a starting agent waits for the API server before serving the config it last applied."""
 
@@ -139,6 +141,7 @@ class Agent:
         self._failures = 0
         self._grace_over = False
         self._selected: tuple[str | None, str] = (None, "")
+        self._standby = False
 
     def trigger(self) -> None:
         """Ask for a reconcile soon (coalesces with any other pending trigger)."""
@@ -163,6 +166,9 @@ class Agent:
         self.report.alive = self._alive
         self.report.frontend = self.frontends.health
         await self._recall()
+        if not await self._own(stop, serving):
+            await self._stopped(http, serving)
+            return
         self.node.start(self.trigger)
         self.sources.start(self.trigger)
         self._tasks = [
@@ -202,14 +208,53 @@ class Agent:
                 task.cancel()
             # Whatever a task died of, the plugin servers stop and NVML is released.
             await asyncio.gather(*self._tasks, return_exceptions=True)
-            if http is not None:
-                await http.stop()
+            await self._stopped(http, serving)
+
+    async def _stopped(self, http: HttpServer | None, serving: contextlib.ExitStack) -> None:
+        if http is not None:
+            await http.stop()
+        try:
+            await self.frontends.stop()
+        finally:  # NVML is released and the journal's locks dropped whatever the front-end did
+            await self.backend.close()
+            serving.close()
+            log.info("agent_stopped")
+
+    async def _own(self, stop: asyncio.Event, held: contextlib.ExitStack) -> bool:
+        """Own the node before reading the API server or changing anything; False when stopped first.
+
+        A rolling update starts the new agent beside the old one (the chart's maxSurge), which stops
+        once the new one is Ready. Until then the old one owns the node (it holds the owner's lock
+        beside the journal): the new one serves what the last applied config gives, which makes it
+        Ready, and changes nothing, so two agents never act on one node (a front-end switch, a new
+        config, MPS daemons). Once it owns the node it sends every plugin's list again: the kubelet
+        keeps the list that a resource's plugins sent last, which may be the old agent's.
+        """
+        waiting = False
+        while not stop.is_set():
             try:
-                await self.frontends.stop()
-            finally:  # NVML is released and the journal's lock dropped whatever the front-end did
-                await self.backend.close()
-                serving.close()
-                log.info("agent_stopped")
+                owned = self.rollout.journal.try_own()
+            except SharingError as err:  # the journal's own fault, said by every reconcile: go on
+                log.error("agent_owner_lock_not_held", error=bounded(str(err)))
+                return True
+            if owned is not None:
+                held.enter_context(owned)
+                if waiting:
+                    self._standby = False
+                    self.fleet.resend()
+                    log.info("node_taken_over")
+                return True
+            if not waiting:
+                waiting = self._standby = True
+                log.info("another_agent_owns_the_node", lock=str(self.rollout.journal.owner_path))
+            if not self.report.advertised and not os.path.lexists(self.settings.journal):
+                with contextlib.suppress(SharingError):  # the GPUs read again at the next look
+                    await self.rollout.advertise(await self.backend.observe(), self._good)
+                    self.report.advertised = True
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(OWNER_POLL_S):
+                    await stop.wait()
+        return False
 
     async def _allocated_claims(self) -> tuple[ClaimAllocation, ...]:
         """The ResourceClaims with devices of this node's DRA pool allocated: they hold those devices."""
@@ -223,6 +268,8 @@ class Agent:
         )
 
     def _alive(self) -> bool:
+        if self._standby:
+            return True  # waiting to own the node: nothing of ours to have stopped yet
         return bool(self._tasks) and not any(t.done() for t in self._tasks[:2])
 
     # --- scheduling ---------------------------------------------------------------------------

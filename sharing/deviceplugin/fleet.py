@@ -153,6 +153,14 @@ class Fleet:
         self._wanted.inventory = inventory
         self._bump()
 
+    def resend(self) -> None:
+        """Send every plugin's current list to the kubelet again: its device manager keeps the list a
+        resource's plugins sent last (genericDeviceUpdateCallback in
+        pkg/kubelet/cm/devicemanager/manager.go, Kubernetes v1.37.2), which may be another agent's
+        that has stopped since."""
+        for plugin in self._plugins.values():
+            plugin.server.feed.resend()
+
     def apply_health(self, event: HealthEvent) -> bool:
         """Apply a backend health event (application XIDs ignored); True when the health state changed."""
         health = self._wanted.health.apply(event, self.settings.ignored_xids)

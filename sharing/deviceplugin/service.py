@@ -70,6 +70,10 @@ class DeviceFeed:
             self._encoded, self._response = encoded, (devices, response)
         return response
 
+    def resend(self) -> None:
+        """Send the current list again on every stream."""
+        self._wake()
+
     def close(self) -> None:
         """End every stream after it has sent the current list."""
         self._closed = True

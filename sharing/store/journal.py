@@ -80,6 +80,29 @@ class Journal:
         """The file an agent holds (shared) for as long as it serves the node."""
         return self.path.with_name(self.path.name + ".agent")
 
+    @property
+    def owner_path(self) -> Path:
+        """The file the agent that owns the node holds (exclusive) for as long as it runs."""
+        return self.path.with_name(self.path.name + ".owner")
+
+    def try_own(self) -> contextlib.AbstractContextManager[None] | None:
+        """Own the node if no other agent does: a context that holds the owner's file exclusively
+        (our PID in it) until it exits, or None while another process holds it (a rolling update's
+        old pod, until it stops). JournalError when the file cannot be opened."""
+        out = self._open_lock(self.owner_path)
+        try:
+            fcntl.flock(out, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            out.close()
+            return None
+
+        @contextlib.contextmanager
+        def owned() -> Iterator[None]:
+            with out, _holding(out):
+                yield
+
+        return owned()
+
     @contextlib.contextmanager
     def serving(self) -> Iterator[None]:
         """Hold the agent's file for the agent's life (JournalError when it cannot be opened)."""

@@ -358,3 +358,37 @@ async def test_a_shipped_preset_that_does_not_fit_the_gpus_is_no_warning_until_t
         lambda: any(r == "ConfigRejected" and "all-1g" in m for _, r, m in running.kube.events),
     )
     assert {GPU: 3} == running.kubelet.allocatable()  # the last good config goes on serving
+
+
+def reconciles(agent: Agent) -> float:
+    return agent.metrics.registry.get_sample_value("gpu_sharing_reconcile_duration_seconds_count") or 0.0
+
+
+async def test_a_second_agent_on_the_node_serves_and_changes_nothing_until_the_first_stops(
+    running: Running, tmp_path: Path
+) -> None:
+    """A rolling update with maxSurge: the new agent starts beside the old one. It serves what the last
+    applied config gives (so it can be Ready) and leaves every change to the old one; once that one
+    stops, it takes the node over, applies the node's config and its lists are what the kubelet has."""
+    settings = running.agent.settings
+    backend = NvmlBackend(running.backend_nvml, CATALOG)
+    fleet = Fleet(FleetSettings(plugin_dir=running.plugin_dir, poll_interval_s=0.02))
+    new = Agent(settings, kube=running.kube, backend=backend, fleet=fleet, catalog=CATALOG)
+    stop = asyncio.Event()
+    task = asyncio.create_task(new.run(stop))
+    try:
+        await until(
+            "the new agent serves the last applied config", lambda: new.report.advertised and fleet.ready
+        )
+        assert [GPU] == [p.resource for p in fleet.status()]
+        running.kube.set_configmap(NS, "gpu-sharing-config", {"mine": replicas(3)})
+        await running.kubelet.wait(lambda: running.kubelet.allocatable() == {GPU: 3}, timeout=10)
+        assert 0 == reconciles(new)  # the old agent applied it; the new one changed nothing
+        running.stop.set()
+        await running.task
+        await until("the new agent reconciled", lambda: reconciles(new) > 0)
+        await running.kubelet.wait(lambda: running.kubelet.allocatable() == {GPU: 3}, timeout=10)
+        assert running.kube.node.labels.get(STATE_LABEL) == "success"
+    finally:
+        stop.set()
+        await task

@@ -3,9 +3,11 @@ refused by name.
 
 DRA is GA in 1.34 (resource.k8s.io/v1); partitionable devices, device taints, consumable capacity
 and extended resources through DRA are alpha and off there (k8s.io/kubernetes v1.34.4
-pkg/features/kube_features.go). So the static pool is published, a claim for a whole GPU is
-allocated and its pod runs; `mig: dynamic`, which needs partitionable devices, is refused with a
-ConfigInvalid Event naming DRAPartitionableDevices while the node keeps serving its last config.
+pkg/features/kube_features.go). So the static pool is published, a claim for a whole GPU or for
+a MIG device of the static layout is allocated and its pod runs; a pod asking for a MIG resource in
+`resources.limits` is not served through DRA and stays Pending with the scheduler's reason; `mig:
+dynamic`, which needs partitionable devices, is refused with a ConfigInvalid Event naming
+DRAPartitionableDevices while the node keeps serving its last config.
 """
 
 from __future__ import annotations
@@ -67,37 +69,84 @@ def test_the_pool_is_published_on_a_1_34_api_server(old: Cluster) -> None:
     assert (old.labels(NODE)[STATE_LABEL], published(old)) == ("success", DEVICES)
 
 
-def test_a_claim_for_a_whole_gpu_is_allocated_and_its_pod_runs(old: Cluster) -> None:
+def pod_body(name: str, resources: dict[str, Any], claim: str | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": 1,
+        "containers": [
+            {"name": "main", "image": "localhost/toolbox:1", "command": ["sleep", "1000000"],
+             "resources": resources}
+        ],
+    }  # fmt: skip
+    if claim is not None:
+        spec["resourceClaims"] = [{"name": "gpu", "resourceClaimName": claim}]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": spec,
+    }
+
+
+def claimed(old: Cluster, device_class: str) -> list[tuple[str, str, str]]:
+    """A claim for one device of `device_class` and a pod that uses it, Running: what was allocated."""
     name = f"c-{uuid.uuid4().hex[:6]}"
     claim = {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
         "metadata": {"name": name, "namespace": "default"},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": device_class}}]}},
     }
-    pod: dict[str, Any] = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {
-            "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": 1,
-            "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
-            "containers": [
-                {"name": "main", "image": "localhost/toolbox:1", "command": ["sleep", "1000000"],
-                 "resources": {"claims": [{"name": "gpu"}]}}
-            ],
-        },
-    }  # fmt: skip
     try:
         old.kubectl("apply", "-f", "-", input=json.dumps(claim))
-        old.kubectl("apply", "-f", "-", input=json.dumps(pod))
+        old.kubectl("apply", "-f", "-", input=json.dumps(pod_body(name, {"claims": [{"name": "gpu"}]}, name)))
         poll(f"pod {name} Running", lambda: old.pod(name), running, 120)
         status = old.get(f"/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/{name}")["status"]
-        results = status["allocation"]["devices"]["results"]
-        assert [(r["driver"], r["pool"], r["device"]) for r in results] == [(DRIVER, NODE, "gpu-1")]
+        return [(r["driver"], r["pool"], r["device"]) for r in status["allocation"]["devices"]["results"]]
     finally:
         old.kubectl("delete", "pod,resourceclaim", name, "--ignore-not-found", "--timeout=60s")
+
+
+def test_a_claim_for_a_whole_gpu_is_allocated_and_its_pod_runs(old: Cluster) -> None:
+    assert claimed(old, DRIVER) == [(DRIVER, NODE, "gpu-1")]
+
+
+def test_a_claim_for_a_mig_device_of_the_static_layout_is_allocated_and_its_pod_runs(old: Cluster) -> None:
+    ((driver, pool, device),) = claimed(old, "mig-3g.20gb.nvidia.com")
+    assert (driver, pool) == (DRIVER, NODE)
+    assert device in {"gpu-0-mig-0", "gpu-0-mig-1"}
+
+
+def test_limits_naming_a_mig_resource_are_not_served_through_dra_and_the_scheduler_says_so(
+    old: Cluster,
+) -> None:
+    """Without DRAExtendedResource (alpha, off in 1.34) the API server drops the DeviceClasses'
+    extendedResourceName: nothing serves `nvidia.com/mig-3g.20gb` in limits on a node served through
+    DRA, and the pod stays Pending with the scheduler's reason."""
+    classes = old.get("/apis/resource.k8s.io/v1/deviceclasses/mig-3g.20gb.nvidia.com")
+    assert "extendedResourceName" not in classes["spec"]
+    name = f"l-{uuid.uuid4().hex[:6]}"
+    old.kubectl(
+        "apply", "-f", "-", input=json.dumps(pod_body(name, {"limits": {"nvidia.com/mig-3g.20gb": "1"}}))
+    )
+    try:
+
+        def unschedulable(pod: dict[str, Any]) -> str:
+            conditions = pod.get("status", {}).get("conditions", [])
+            return next(
+                (
+                    c.get("message", "")
+                    for c in conditions
+                    if c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable"
+                ),
+                "",
+            )
+
+        message = poll(f"pod {name} unschedulable", lambda: unschedulable(old.pod(name)), bool, 60)
+        assert "Insufficient nvidia.com/mig-3g.20gb" in message, message
+        assert old.pod(name)["status"]["phase"] == "Pending"
+    finally:
+        old.kubectl("delete", "pod", name, "--ignore-not-found", "--timeout=60s")
 
 
 def test_mig_dynamic_is_refused_by_name_and_the_node_keeps_serving(old: Cluster) -> None:
