@@ -34,6 +34,7 @@ from sharing.config import (
     select_config,
 )
 from sharing.deviceplugin import Fleet
+from sharing.devices.mps import mps_layout
 from sharing.dra.names import DRIVER
 from sharing.errors import SharingError
 from sharing.gpu import GpuBackend
@@ -249,7 +250,7 @@ class Agent:
                 log.info("another_agent_owns_the_node", lock=str(self.rollout.journal.owner_path))
             if not self.report.advertised and not os.path.lexists(self.settings.journal):
                 with contextlib.suppress(SharingError):  # the GPUs read again at the next look
-                    await self.rollout.advertise(await self.backend.observe(), self._good)
+                    await self._advertise_last_good(await self.backend.observe())
                     self.report.advertised = True
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(OWNER_POLL_S):
@@ -458,7 +459,19 @@ class Agent:
         self.rollout.effective = {g.uuid: config for g in observed.gpus}
         log.info("last_good_recalled", config=name)
         if not os.path.lexists(self.settings.journal):
-            await self.rollout.advertise(observed, config)
+            await self._advertise_last_good(observed)
+
+    async def _advertise_last_good(self, observed: NodeState) -> None:
+        """Advertise what the last applied config gives, its MPS replicas where a daemon answers with
+        their limits already (the keeper kept it through a restart or beside another agent): none is
+        started, stopped or withdrawn before the first reconcile."""
+        if self._good is not None:
+            wanted = mps_layout(observed, self._good, self.catalog, per_gpu=self.rollout.effective)
+            try:
+                await self.mps.adopt(wanted)
+            except SharingError as err:  # their replicas wait for the first reconcile, as before
+                log.warning("mps_daemons_not_read", error=bounded(str(err)))
+        await self.rollout.advertise(observed, self._good)
 
     async def _serve_remembered(self) -> None:
         """The API server is out of reach since start: advertise what the last applied config gives."""

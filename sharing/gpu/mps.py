@@ -212,6 +212,16 @@ class MpsDaemons:
             self._enforced[gpu] = enforced
         return changed
 
+    async def adopt(self, wanted: Mapping[GpuUuid, MpsSettings]) -> None:
+        """Take on the daemons that already answer with `wanted`'s limits (an agent that waits for the
+        node while another owns it: it starts, stops and restarts nothing, but its MPS replicas are
+        ready where a daemon serves them)."""
+        async with self._lock:
+            for gpu, want in wanted.items():
+                current = await self._read(gpu)
+                if current is not None and current.matches(want):
+                    self._wanted[gpu], self._enforced[gpu] = want, current
+
     async def enforce(
         self, wanted: Mapping[GpuUuid, MpsSettings], node: NodeState
     ) -> dict[GpuUuid, MpsResult]:
