@@ -123,17 +123,22 @@ async def test_dynamic_mig_on_a_cluster_without_partitionable_devices_is_refused
     try:
         # The switch to DRA comes first (retried with a growing delay while the fake kubelet starts).
         await until("state failed", lambda: kube.node.labels.get(STATE_LABEL) == "failed", scaled(30))
-        refusals = [m for _, r, m in kube.events if r == "ConfigInvalid"]
-        assert len(refusals) == 1
-        assert "config 'all' asks for mig: dynamic (GPU 0)" in refusals[0]
-        assert "feature gate DRAPartitionableDevices off" in refusals[0]
+
+        def refusals() -> list[str]:
+            return [m for _, r, m in kube.events if r == "ConfigInvalid"]
+
+        # The Event is sent by the agent's Event writer after the Node's labels: it may come a moment later.
+        await until("the ConfigInvalid Event", lambda: bool(refusals()), scaled(30))
+        (refusal,) = refusals()
+        assert "config 'all' asks for mig: dynamic (GPU 0)" in refusal
+        assert "feature gate DRAPartitionableDevices off" in refusal
         assert [0, 0] == [g["migCurrent"] for g in simstate.read(state)["gpus"]]  # nothing changed
         assert not any(i.dynamic for i in slices.published)
 
         kube.label(**{"nvidia.com/device-plugin.config": "whole"})
         await until("state success", lambda: kube.node.labels.get(STATE_LABEL) == "success", scaled(30))
         await until("both GPUs offered whole", lambda: slices.devices() == 2)
-        assert len([r for _, r, _ in kube.events if r == "ConfigInvalid"]) == 1  # said once
+        assert len(refusals()) == 1  # said once
     finally:
         stop.set()
         await task
