@@ -153,7 +153,8 @@ def test_mig_dynamic_is_refused_by_name_and_the_node_keeps_serving(old: Cluster)
     try:
         old.kubectl("label", "node", NODE, f"{CONFIG_LABEL}=dynamic", "--overwrite")
         poll("state failed", lambda: old.labels(NODE).get(STATE_LABEL), lambda s: s == "failed", 90)
-        (refusal,) = events(old, "ConfigInvalid")
+        # The agent sends the Event after the Node's labels: it may come a moment later.
+        (refusal,) = poll("the ConfigInvalid Event", lambda: events(old, "ConfigInvalid"), bool, 30)
         assert "config 'dynamic' asks for mig: dynamic" in refusal
         assert "feature gate DRAPartitionableDevices off" in refusal
         assert published(old) == DEVICES  # the last good config's devices, still offered
