@@ -479,7 +479,7 @@ class Agent:
         log.warning(
             "serving_without_api", config=self._good.name if self._good else None, gpus=len(observed.gpus)
         )
-        await self.rollout.advertise(observed, self._good)
+        await self._advertise_last_good(observed)
         self.report.advertised = True
 
     async def _advertise(
