@@ -153,20 +153,29 @@ async def test_a_kubelet_restart_is_followed_by_new_registrations_and_admissions
 ) -> None:
     fleet.update(inventory())
     await wait_counts(harness, EXPECTED, field="allocatable")
-    await fleet.sync()
+    # The kubelet can show the devices before the fleet has counted the registration that sent them
+    # (it counts once the stream is open): the snapshot is of a fleet that has.
+    await fleet.wait_until(settled, timeout=scaled(30))
     before = {s.resource: (s.registrations, s.socket) for s in fleet.status()}
     await asyncio.to_thread(harness.restart)
 
     def reregistered(status: tuple[PluginStatus, ...]) -> bool:
-        # A new registration on a new socket, and the new kubelet has the first device list.
-        return all(s.registered and s.streams > 0 and s.registrations > before[s.resource][0] for s in status)
+        return settled(status) and all(s.registrations > before[s.resource][0] for s in status)
 
     await fleet.wait_until(reregistered, timeout=scaled(30))  # how soon: hack/bench agentrestart
     assert not {sock for _, sock in before.values()} & {s.socket for s in fleet.status()}
-    # The restarted device manager hands the devices out again: admission needs its endpoints.
+    # An admission needs the restarted device manager to hold the devices: it takes a plugin's list
+    # from its ListAndWatch stream after the registration, and until then refuses every pod asking
+    # for the resource ("no healthy devices present", pkg/kubelet/cm/devicemanager/manager.go).
+    await wait_counts(harness, EXPECTED, field="allocatable")
     pod = await admit(harness, "after-restart", {MIG_1G: 4, MIG_3G: 1, GPU: 4})
     assert {MIG_1G: 4, MIG_3G: 1, GPU: 4} == {k: len(v) for k, v in pod["containers"][0]["devices"].items()}
     await wait_counts(harness, EXPECTED, field="capacity")
+
+
+def settled(status: tuple[PluginStatus, ...]) -> bool:
+    """Every plugin registered on its socket, its stream open with the first list sent."""
+    return bool(status) and all(s.registered and s.streams > 0 for s in status)
 
 
 async def test_a_kubelet_restarted_with_its_pods_learned_later_lists_them_only_then(
