@@ -124,6 +124,7 @@ class Agent:
             rollout=self.rollout,
             node_out=self.node_out,
             remembered_at=settings.journal.with_name("frontend"),
+            node=self.node,
         )
         self.drain = Drainer(kube, self.node, self.node_out.event, enabled=settings.drain)
         self.sources = ConfigSources(

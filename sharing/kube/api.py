@@ -52,6 +52,8 @@ class NodeObject:
     labels: Mapping[str, str] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
     unschedulable: bool = False
+    allocatable: Mapping[str, str] = field(default_factory=dict)
+    """`status.allocatable` as the API server has it (what the scheduler counts), quantities as written."""
 
 
 @dataclass(frozen=True, slots=True)

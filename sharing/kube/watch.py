@@ -23,6 +23,7 @@ kubelet's status updates cost nothing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -138,6 +139,8 @@ class Watched(Generic[T]):
         """Waits between attempts (returns early when stopped); tests record the delays instead."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self._delivered = asyncio.Event()
+        """Set (and replaced) on each version delivered: what `until` waits on."""
 
     def start(self, on_change: Callable[[], None]) -> None:
         """Start the watch thread (call from the event loop); `on_change` runs on the loop."""
@@ -149,6 +152,16 @@ class Watched(Generic[T]):
     def stop(self) -> None:
         """Ask the thread to stop; it ends at its next event or watch timeout (it is a daemon)."""
         self._stopped.set()
+
+    async def until(self, predicate: Callable[[T], bool], timeout: float) -> T | None:
+        """The newest version once `predicate` holds for it (looked at again on every version the
+        watch delivers, relevant or not); None when it does not within `timeout` seconds."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                while self.current is None or not predicate(self.current):
+                    await self._delivered.wait()
+                return self.current
+        return None
 
     def _run(self) -> None:
         read = False
@@ -212,6 +225,8 @@ class Watched(Generic[T]):
     def _store(self, obj: T) -> None:
         before = self.current
         self.current = obj
+        delivered, self._delivered = self._delivered, asyncio.Event()
+        delivered.set()
         if before is None or self._relevant(before) != self._relevant(obj):
             self._on_change()
 

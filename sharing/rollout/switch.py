@@ -3,8 +3,17 @@
 A node's GPUs are served by one front-end, never both (`sharing.config.frontend`). Before the other
 one starts, the one in service is withdrawn and confirmed free:
 - device plugins: every device withdrawn from ListAndWatch, the kubelet's GetAllocatableResources
-  confirmed to offer none of them (as a rollout confirms a withdrawal), and no pod left holding one
-  (PodResources List; fail closed when it cannot be read or believed);
+  confirmed to offer none of them (as a rollout confirms a withdrawal), no pod left holding one
+  (PodResources List; fail closed when it cannot be read or believed), and the Node's
+  `status.allocatable` on the API server showing none of the plugins' resources. The scheduler
+  sends a pod asking by limits (`nvidia.com/mig-1g.5gb: 1`) down the device-plugin path while the
+  Node's allocatable has the resource, and through DRA only where it is 0 and a DeviceClass names
+  it (`filterExtendedResources` in pkg/scheduler/framework/plugins/dynamicresources/
+  extendeddynamicresources.go, Kubernetes v1.37.2). The kubelet copies its devices into the Node
+  on its status loop (`nodeStatusUpdateFrequency`, 10 s by default), well after PodResources says
+  they are gone; a pool published before that gets pods bound the device-plugin way, which the
+  kubelet then fails for good ("no healthy devices present": `devicesToAllocate` in
+  pkg/kubelet/cm/devicemanager/manager.go, a refused pod is not retried);
 - DRA: the node's ResourceSlices deleted, no claim left with devices of our pool allocated (the API
   server's ResourceClaims) and none left prepared on the node (the plugin's checkpoint).
 Until then nothing new is offered through either, and the verdict names the pods or claims that
@@ -24,6 +33,8 @@ from sharing.config import Frontend, FrontendChoice
 from sharing.deviceplugin import Fleet
 from sharing.devices import Inventory
 from sharing.kube import NodePublisher
+from sharing.kube.api import NodeObject
+from sharing.kube.watch import Watched
 from sharing.kubelet import Holders, device_of
 from sharing.labels import ConfigState
 from sharing.model import NodeState
@@ -33,6 +44,10 @@ from sharing.rollout.verdict import Retry, Verdict
 from sharing.text import bounded, listed
 
 log = structlog.get_logger(__name__)
+
+NODE_CONFIRM_TIMEOUT_S = 45.0
+"""How long the Node on the API server gets to stop showing the withdrawn resources as allocatable:
+four of the kubelet's default status loops (10 s) and the watch's delay."""
 
 
 class Frontends:
@@ -46,8 +61,11 @@ class Frontends:
         rollout: Rollout,
         node_out: NodePublisher,
         remembered_at: Path,
+        node: Watched[NodeObject] | None = None,
     ) -> None:
         self.fleet = fleet
+        self.node = node
+        """This Node as the API server has it (None: not watched, nothing to confirm there)."""
         self.dra = dra
         self.rollout = rollout
         self.node_out = node_out
@@ -107,6 +125,7 @@ class Frontends:
         everything = frozenset(
             {g.uuid for g in observed.gpus} | {ci.uuid for g in observed.gpus for _, ci in g.mig_devices}
         )
+        served = frozenset(p.resource for p in self.fleet.status()) if old is Frontend.DEVICE_PLUGIN else None
         if old is Frontend.DRA and self.dra is not None:
             problem = await self.dra.withdraw()  # the slices deleted, not only emptied
             self.rollout.advertised = Inventory()
@@ -122,6 +141,10 @@ class Frontends:
         if held:
             # Prepared but no longer allocated has no device to watch: looked at again after a backoff.
             return switch_waits(to, held, blockers=uuids)
+        if served:
+            shown = await self._node_shows_none(served)
+            if shown:
+                return switch_waits(to, (), shown)
         await self._stop(old)
         self.serving = to
         self.rollout.frontend = to
@@ -136,6 +159,25 @@ class Frontends:
         )
         self._said = None
         return None
+
+    async def _node_shows_none(self, resources: frozenset[str]) -> str:
+        """Wait until the Node on the API server shows none of these resources allocatable; "" then,
+        else what it still shows."""
+        if self.node is None:
+            return ""
+        if self.node.current is not None and (shown := allocatable(self.node.current, resources)):
+            log.info("frontend_switch_waits_for_node", allocatable=shown)
+        node = await self.node.until(lambda n: not allocatable(n, resources), NODE_CONFIRM_TIMEOUT_S)
+        if node is not None:
+            return ""
+        left = allocatable(self.node.current, resources) if self.node.current is not None else {}
+        shown = ", ".join(f"{r}: {n}" for r, n in sorted(left.items())) or "it cannot be read"
+        return (
+            f"the Node on the API server still shows them allocatable ({shown})"
+            f" {NODE_CONFIRM_TIMEOUT_S:.0f} s after the kubelet stopped offering them (the kubelet copies"
+            " them in on its status loop), and the scheduler would send pods asking for them by limits"
+            " to the device plugins"
+        )
 
     async def _start(self, frontend: Frontend) -> None:
         if frontend is Frontend.DRA and self.dra is not None:
@@ -180,6 +222,11 @@ async def remember(path: Path, frontend: Frontend) -> None:
         await asyncio.to_thread(write)
     except OSError as err:
         log.warning("frontend_not_remembered", path=str(path), error=bounded(str(err)))
+
+
+def allocatable(node: NodeObject, resources: frozenset[str]) -> dict[str, str]:
+    """Which of `resources` the Node's `status.allocatable` shows as more than none."""
+    return {r: q for r, q in node.allocatable.items() if r in resources and q.strip() not in ("", "0")}
 
 
 def device_plugin_holders(holders: Holders) -> tuple[tuple[str, ...], frozenset[str]]:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog.testing
 
 from sharing.agent import Agent
 from sharing.deviceplugin import Fleet, FleetSettings
@@ -127,6 +128,9 @@ class Slices:
     ResourceSlice publisher are tested on their own)."""
 
     running: bool = False
+    started: list[bool] = field(default_factory=list)
+    """At each start, whether the Node then still showed devices of the plugins (`showing`)."""
+    showing: Callable[[], bool] = lambda: False
     published: list[Inventory] = field(default_factory=list)
     withdrawn: int = 0
     prepared_claims: tuple[ClaimHold, ...] = ()
@@ -141,6 +145,7 @@ class Slices:
 
     async def start(self) -> None:
         self.running = True
+        self.started.append(self.showing())
 
     async def stop(self) -> None:
         self.running = False
@@ -303,6 +308,26 @@ async def test_switching_withdraws_the_old_front_end_first_and_waits_for_its_cla
     await events(dual, "FrontendSwitched", 2)
     await dual.kubelet.wait(lambda: dual.kubelet.allocatable() == {GPU: 2}, timeout=10)
     assert not dual.slices.running
+
+
+async def test_the_pool_starts_once_the_node_on_the_api_server_shows_the_plugins_resources_gone(
+    dual: Running,
+) -> None:
+    """The scheduler sends a pod asking by limits to the device plugins while the Node's allocatable has
+    the resource; the kubelet copies it in on its status loop, after PodResources says it is gone."""
+    assert dual.slices is not None
+    dual.slices.showing = lambda: dual.kube.node.allocatable.get(GPU, "0") != "0"
+    dual.kube.set_allocatable({GPU: "2"})
+    with structlog.testing.capture_logs() as logs:
+        dual.kube.label(**{FRONTEND: "dra"})
+        await until(
+            "the switch waits", lambda: any(e["event"] == "frontend_switch_waits_for_node" for e in logs)
+        )
+    assert {GPU: 0} == dual.kubelet.allocatable()  # PodResources says they are gone: the Node does not yet
+    assert not dual.slices.running
+    dual.kube.set_allocatable({GPU: "0"})  # the kubelet's next status update
+    await events(dual, "FrontendSwitched")
+    assert [False] == dual.slices.started
 
 
 async def test_an_xid_on_the_dra_front_end_reaches_the_slices_as_unhealthy_devices(dual: Running) -> None:

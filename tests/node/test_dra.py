@@ -138,26 +138,64 @@ def _ready(node: NodeUnderTest) -> bool:
     return done.returncode == 0
 
 
+@dataclass(frozen=True)
+class Switched:
+    """The session node right after its switch to DRA, as a user saw it: the Node's allocatable
+    nvidia.com/ resources when the pool first showed, and a pod asking by limits made at that moment,
+    as it ended (Running, or failed by the kubelet)."""
+
+    node: NodeUnderTest
+    allocatable: dict[str, str]
+    pod: dict[str, Any]
+
+
+def _started_or_refused(pod: dict[str, Any]) -> bool:
+    return pod.get("status", {}).get("phase") in ("Running", "Failed")
+
+
 @pytest.fixture(scope="module")
-def dra_session(real_node: NodeUnderTest) -> Iterator[NodeUnderTest]:
+def switched(real_node: NodeUnderTest) -> Iterator[Switched]:
     """The session node switched to DRA (the chart's DRA on, the node's label), switched back after."""
     node = real_node
     node.delete_pods()
     node.helm.upgrade_install(lab_values({CONFIG: ALL_KINDS}, dra={"enabled": True}))
     try:
         node.kubectl("label", "node", NODE, f"{FRONTEND}=dra", "--overwrite")
+        # What a user does (and the demo): once the pool shows, a pod asks by limits at once.
         poll("the pool's devices", lambda: set(_published(node)), lambda d: d == DEVICES, 120)
-        poll("no device-plugin resources", node.allocatable, lambda a: set(a.values()) <= {"0"}, 60)
+        shown = node.allocatable()
+        first = DraNode(node)
+        name = first.pod(limits={"nvidia.com/mig-1g.5gb": "1"})
+        pod = poll(f"pod {name} Running or failed", lambda: node.pod(name), _started_or_refused, 60)
+        first.cleanup()
         # The agent publishes its devices once the kubelet has confirmed the plugin's registration,
         # and is ready then.
         poll("the DRA plugin registered with the kubelet", lambda: _ready(node), lambda ok: ok, 120)
-        yield node
+        yield Switched(node, shown, pod)
     finally:
         node.kubectl("label", "node", NODE, f"{FRONTEND}-")
         poll("device-plugin resources", node.allocatable, lambda a: a == EXPECTED, 120)
         node.helm.upgrade_install(lab_values({CONFIG: ALL_KINDS}))
         node.running_agent()
         node.wait_allocatable()
+
+
+@pytest.fixture(scope="module")
+def dra_session(switched: Switched) -> NodeUnderTest:
+    return switched.node
+
+
+def test_once_the_pool_shows_the_node_offers_nothing_by_plugins_and_a_pod_by_limits_runs_through_dra(
+    switched: Switched,
+) -> None:
+    """The scheduler sends a pod asking by limits to the device plugins while the Node's allocatable
+    has the resource, and the kubelet then fails it ("no healthy devices present"): the pool must not
+    show before the Node's allocatable says the plugins are gone."""
+    assert dict.fromkeys(switched.allocatable, "0") == switched.allocatable
+    status = switched.pod["status"]
+    assert ("Running", "") == (status["phase"], status.get("message", ""))
+    claimed = status["extendedResourceClaimStatus"]["requestMappings"]
+    assert [("main", "nvidia.com/mig-1g.5gb")] == [(m["containerName"], m["resourceName"]) for m in claimed]
 
 
 @pytest.fixture

@@ -94,6 +94,12 @@ class FakeKube:
             )
             self._push(("node",), WatchEvent("MODIFIED", self.node, self.node.resource_version))
 
+    def set_allocatable(self, allocatable: Mapping[str, str]) -> None:
+        """The kubelet's status loop writes the Node's allocatable."""
+        with self._lock:
+            self.node = replace(self.node, resource_version=self._next(), allocatable=dict(allocatable))
+            self._push(("node",), WatchEvent("MODIFIED", self.node, self.node.resource_version))
+
     def set_configmap(self, namespace: str, name: str, data: Mapping[str, str]) -> None:
         with self._lock:
             cm = ConfigMapObject(namespace, name, self._next(), dict(data))

@@ -135,6 +135,7 @@ def _node(obj: Mapping[str, Any]) -> NodeObject:
         dict(meta.get("labels") or {}),
         dict(meta.get("annotations") or {}),
         bool((obj.get("spec") or {}).get("unschedulable")),
+        {k: str(v) for k, v in ((obj.get("status") or {}).get("allocatable") or {}).items()},
     )
 
 
