@@ -242,3 +242,16 @@ async def test_a_surprise_from_the_client_does_not_end_the_watch() -> None:
     assert watched.current == node("3", a="3")
     assert ["", ""] == api.watch_versions[:2]
     assert 2 == len(api.pauses)
+
+
+async def test_until_returns_the_first_version_that_holds_and_none_past_its_deadline() -> None:
+    api = ScriptedApi(gets=[node("1", a="1")], watches=[[changed("2", a="1"), changed("3", a="2")]])
+    watched = Watched("node/n1", api.get, api.watch, lambda n: n.labels, pause=api.pause)
+    watched.start(lambda: None)
+    try:
+        got = await watched.until(lambda n: n.labels.get("a") == "2", timeout=10)
+        assert node("3", a="2") == got
+        assert None is await watched.until(lambda n: n.labels.get("a") == "3", timeout=0.05)
+    finally:
+        watched.stop()
+        api.release.set()
