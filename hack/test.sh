@@ -9,6 +9,11 @@
 #                                everything with N CPU-bound processes beside it for the whole run
 #                                (default: one per core); also SHARING_TEST_LOAD=N. A GPU node is
 #                                never idle: a race that shows only under load is a bug.
+#   hack/test.sh --repeat N [--under-load] [PATHS]
+#                                the flake hunt (hack/flakes.py): the tiers that start processes
+#                                (integration, e2e, node, cluster, skew; or PATHS) N times, each in a
+#                                fresh random order with the soak on new seeds; prints per test how
+#                                many runs it failed, the seeds that replay each failure and its log.
 #
 # Other arguments go to pytest (`hack/test.sh -k plan`, `hack/test.sh --randomly-seed=N`). The tests
 # run on SHARING_TEST_WORKERS workers (pytest-xdist; default one more than the cores, as the tests
@@ -22,16 +27,22 @@ cd "$root"
 
 quick=false
 load=${SHARING_TEST_LOAD:-0}
+repeat=0
 args=()
-for arg in "$@"; do
-  case $arg in
+while [ $# -gt 0 ]; do
+  case $1 in
     --quick) quick=true ;;
     --under-load) load=$(nproc) ;;
-    --under-load=*) load=${arg#--under-load=} ;;
-    *) args+=("$arg") ;;
+    --under-load=*) load=${1#--under-load=} ;;
+    --repeat) repeat=${2:-}; shift ;;
+    --repeat=*) repeat=${1#--repeat=} ;;
+    *) args+=("$1") ;;
   esac
+  shift
 done
 case $load in '' | *[!0-9]*) echo "--under-load=N: N must be a number, not '$load'" >&2; exit 2 ;; esac
+case $repeat in '' | *[!0-9]*) echo "--repeat N: N must be a number, not '$repeat'" >&2; exit 2 ;; esac
+if $quick && [ "$repeat" -gt 0 ]; then echo "--repeat runs the tiers that start processes; --quick runs none" >&2; exit 2; fi
 
 started=$SECONDS
 hogs=()
@@ -65,12 +76,27 @@ unset PYTHONDONTWRITEBYTECODE
 export PYTHONPYCACHEPREFIX="$(dirname "$venv")/pycache"  # beside the venv, in the cache
 
 failed=()
+cache=${SHARING_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-sharing}
 step() {
   local name=$1 t0=$SECONDS; shift
   echo "==> $name" >&2
   "$@" || failed+=("$name")
   echo "<== $name: $((SECONDS - t0)) s" >&2
 }
+
+if [ "$repeat" -gt 0 ]; then
+  # The hunt: the binaries the tiers run, then hack/flakes.py, with the load (if any) for all of it.
+  step "Go-built binaries" hack/build-go.sh >/dev/null
+  step "Go-built binaries (Kubernetes 1.34)" env SHARING_K8S_VERSION=1.34 hack/build-go.sh >/dev/null
+  out="$cache/flakes/$(date +%Y%m%d-%H%M%S)"
+  echo "==> the hunt's logs: $out" >&2
+  step "pytest x $repeat" python hack/flakes.py --runs "$repeat" --out "$out" --workers "$workers" -- "${args[@]}"
+  stop_load
+  echo "==> $((SECONDS - started)) s in all" >&2
+  [ ${#failed[@]} -eq 0 ] || { echo "FAILED: ${failed[*]}" >&2; exit 1; }
+  echo "no test failed in $repeat runs" >&2
+  exit 0
+fi
 
 step "ruff check" ruff check .
 step "ruff format" ruff format --check .
@@ -89,7 +115,6 @@ else
   # tests/skew's other release: the five Kubernetes daemons of 1.34 (about 9 more minutes cold).
   step "Go-built binaries (Kubernetes 1.34)" env SHARING_K8S_VERSION=1.34 hack/build-go.sh
   if [ -n "$bin" ]; then
-    cache=${SHARING_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-sharing}
     export HELM_CACHE_HOME="$cache/helm/cache" HELM_CONFIG_HOME="$cache/helm/config" HELM_DATA_HOME="$cache/helm/data"
     chart=deploy/helm/gpu-sharing
     step "helm lint" "$bin/helm" lint --strict "$chart"

@@ -71,8 +71,9 @@ from tests.e2e.wanted import (
 
 pytestmark = pytest.mark.integration
 
-SEEDS = (int(os.environ["SHARING_SOAK_SEED"]),) if os.environ.get("SHARING_SOAK_SEED") else (1111, 2718)
-"""1111: the walk that found replicas of GPUs in MIG mode offered after a kubelet restart (step 131)."""
+SEEDS = tuple(int(seed) for seed in os.environ.get("SHARING_SOAK_SEED", "1111,2718").split(","))
+"""SHARING_SOAK_SEED: one seed or several, comma-separated (`hack/test.sh --repeat` walks new ones).
+1111: the walk that found replicas of GPUs in MIG mode offered after a kubelet restart (step 131)."""
 STEPS = int(os.environ.get("SHARING_SOAK_STEPS", "200"))
 SPREAD = bool(os.environ.get("PYTEST_XDIST_WORKER"))
 """The run is spread over workers (`hack/test.sh`)."""
