@@ -34,6 +34,11 @@ def capacity(name: str, count: int) -> Callable[[dict[str, Any]], bool]:
     return lambda resources: resources.get(name, {}).get("capacity") == count
 
 
+def allocatable(name: str, count: int) -> Callable[[dict[str, Any]], bool]:
+    """The kubelet offers `count` healthy devices of `name`: what an admission of them needs."""
+    return lambda resources: resources.get(name, {}).get("allocatable") == count
+
+
 def test_label_change_carves_the_gpus_and_relabels_the_node(gpu_node: GpuNode) -> None:
     gpu_node.label(DEMO)
     gpu_node.kubelet.wait_resources(mig_and_shared, timeout=60)

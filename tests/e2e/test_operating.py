@@ -119,6 +119,7 @@ def test_the_node_says_what_is_in_effect_after_success_failure_and_a_blocked_cha
     # A change a pod blocks: one Event naming the pod and saying it is retried; then applied.
     gpu_node.label(DEMO)
     gpu_node.wait_labels(lambda labels: labels.get("nvidia.com/mig.config.state") == "success")
+    gpu_node.kubelet.wait_resources(mig_and_shared, timeout=60)  # what the admission needs
     gpu_node.kubelet.admit("holder", {"main": {"nvidia.com/mig-2g.10gb": 1}})
     gpu_node.label("all-1g")
     blocked = gpu_node.wait_event("ConfigApplyBlocked")

@@ -17,7 +17,7 @@ import lab
 import pytest
 
 from tests.e2e.conftest import AgentProcess, GpuNode
-from tests.e2e.test_agent import DEMO, capacity, mig_and_shared
+from tests.e2e.test_agent import DEMO, allocatable, capacity, mig_and_shared
 from tests.polling import poll
 
 pytestmark = pytest.mark.integration
@@ -356,8 +356,9 @@ def test_a_pod_gone_before_the_agent_saw_it_does_not_block_a_change(gpu_node: Gp
     counted as held for 30 s (the plugins' memory of recent Allocates), so the node took half a
     minute to converge after its last pod had gone."""
     gpu_node.label("all-3g")
-    gpu_node.kubelet.wait_resources(capacity("nvidia.com/mig-3g.20gb", 4), timeout=60)
     gpu_node.wait_labels(state_is("success"))
+    # What the admission needs: the kubelet offers all four (capacity counts unhealthy ones too).
+    gpu_node.kubelet.wait_resources(allocatable("nvidia.com/mig-3g.20gb", 4), timeout=60)
     pod = gpu_node.kubelet.admit("brief", {"main": {"nvidia.com/mig-3g.20gb": 4}})
     held = pod["containers"][0]["devices"]["nvidia.com/mig-3g.20gb"]
     gpu_node.kubelet.delete_pod("brief")
