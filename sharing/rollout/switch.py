@@ -165,8 +165,8 @@ class Frontends:
         else what it still shows."""
         if self.node is None:
             return ""
-        if self.node.current is not None and (shown := allocatable(self.node.current, resources)):
-            log.info("frontend_switch_waits_for_node", allocatable=shown)
+        if self.node.current is not None and (showing := allocatable(self.node.current, resources)):
+            log.info("frontend_switch_waits_for_node", allocatable=showing)
         node = await self.node.until(lambda n: not allocatable(n, resources), NODE_CONFIRM_TIMEOUT_S)
         if node is not None:
             return ""
