@@ -44,8 +44,9 @@ compute-slice-seconds served and their share of the offered, mean and p95 wait (
 profile), the largest profile still placeable and the stranded share, sampled once a trace second.
 
 Beside the figures, an offline replay of seeds 1-40 of each mix (``tracesim.vs_plain``, no
-scheduler): the policy and a placement drawn at random, each against plain order, which shows how far
-the order alone moves the pods and compute served beyond the noise of the trace itself.
+scheduler): the policy, a placement drawn at random and the GPU chosen by best fit across the GPUs
+(``tracesim.best_fit``) instead of first fit in slice order, each against plain order, which shows
+how far the order alone moves the pods and compute served beyond the noise of the trace itself.
 """
 
 from __future__ import annotations
@@ -580,13 +581,14 @@ def traces(
 
 
 def _offline(gpus: tracesim.Gpus, pods: int, results: Results) -> None:
-    """The policy and a placement drawn at random against plain order, offline, over many seeds."""
+    """The policy, a placement drawn at random and best fit across the GPUs against plain order,
+    offline, over many seeds."""
     for kind, prefix in (("steady", "trace"), ("shift", "trace_shift")):
         specs = [
             TraceSpec(s, pods) if kind == "steady" else TraceSpec.shifting(s, pods * SHIFT_LENGTH)
             for s in OFFLINE_SEEDS
         ]
-        for way in ("policy", "random"):
+        for way in ("policy", "random", "bestfit"):
             against = tracesim.vs_plain(gpus, way, specs)
             results.add(f"{prefix}_offline_{way}_vs_plain_mean", against.mean)
             results.add(f"{prefix}_offline_{way}_vs_plain_slice_mean", against.slice_mean)

@@ -28,6 +28,7 @@ memory slices of the GPUs that no waiting pod's profile could use at that moment
 from __future__ import annotations
 
 import csv
+import functools
 import heapq
 import itertools
 import math
@@ -338,9 +339,12 @@ def choose(
 ) -> tuple[int, int] | None:
     """(GPU, start) the scheduler's first fit takes for `profile` when each GPU lists its devices in
     the agent's policy order (`policy.ranked`), in plain order (`policy.plain`) or, for `random`, in
-    an order drawn from `rng` (a yardstick: what placement alone is worth), GPUs in index order;
+    an order drawn from `rng` (a yardstick: what placement alone is worth), GPUs in index order; for
+    `bestfit`, the GPU too is chosen (`best_fit`, a yardstick: what choosing the GPU is worth);
     `placed` holds each GPU's placements in use. A whole GPU is its GPU with nothing placed (the
     agent lists it first). None when no GPU has a free placement."""
+    if way == "bestfit" and profile != WHOLE:
+        return best_fit(gpus, placed, profile)
     order = policy.ranked if way == "policy" else policy.plain
     for gpu, (product, held) in enumerate(zip(gpus, placed, strict=True)):
         if not has(product, profile):
@@ -355,6 +359,40 @@ def choose(
         if free:
             return gpu, (rng.choice(free) if way == "random" and rng is not None else free[0])
     return None
+
+
+def best_fit(gpus: Gpus, placed: Sequence[Sequence[Placement]], profile: str) -> tuple[int, int] | None:
+    """(GPU, start) for `profile` chosen across the GPUs: the free placement after which the node can
+    still add the most instances of each larger placement size (compared from the largest down), GPUs
+    with nothing placed last (whole-GPU and 7g pods need them), then the GPU's own policy order and
+    its index. None when no GPU has a free placement."""
+    best: tuple[tuple[object, ...], tuple[int, int]] | None = None
+    for gpu, (product, held) in enumerate(zip(gpus, placed, strict=True)):
+        if not has(product, profile) or any(p.profile == WHOLE for p in held):
+            continue
+        occupied = tuple(sorted(set(held)))
+        ranked = [e.placement for e in policy.ranked(product, occupied) if e.free]
+        for position, spot in enumerate(p for p in ranked if p.profile == profile):
+            key = (not occupied, _loss(product, occupied, spot), position, gpu)
+            if best is None or key < best[0]:
+                best = (key, (gpu, spot.start))
+    return None if best is None else best[1]
+
+
+def _loss(product: Product, occupied: tuple[Placement, ...], spot: Placement) -> tuple[int, ...]:
+    """How many fewer instances of each larger placement size the GPU can add once `spot` is taken."""
+    before = _addable_by_size(product, occupied, spot.size)
+    after = _addable_by_size(product, tuple(sorted((*occupied, spot))), spot.size)
+    return tuple(b - a for b, a in zip(before, after, strict=True))
+
+
+@functools.lru_cache(maxsize=8192)
+def _addable_by_size(product: Product, occupied: tuple[Placement, ...], above: int) -> tuple[int, ...]:
+    sizes = sorted({p.size for p in product.profiles if p.size > above}, reverse=True)
+    return tuple(
+        sum(policy.addable(product, occupied, p.name) for p in product.profiles if p.size == size)
+        for size in sizes
+    )
 
 
 # --- static layouts --------------------------------------------------------------------------------
@@ -511,7 +549,7 @@ def timeline(samples: Sequence[int], every: int = 10) -> str:
     return "".join(str(min(samples[i : i + every])) for i in range(0, len(samples), every))
 
 
-Way = Literal["static", "policy", "plain", "random"]
+Way = Literal["static", "policy", "plain", "random", "bestfit"]
 
 
 @dataclass
