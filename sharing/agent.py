@@ -42,6 +42,7 @@ from sharing.gpu.mps import MpsDaemons
 from sharing.gpu.mpscontrol import CONTROL
 from sharing.kube import ConfigSources, KubeClient, NodePublisher, watch_node
 from sharing.kube.features import PARTITIONABLE
+from sharing.kube.podclaims import claims_of_node_pods
 from sharing.labels import ConfigState
 from sharing.mig import Catalog
 from sharing.model import ClaimAllocation, NodeState
@@ -117,7 +118,7 @@ class Agent:
         self.node = watch_node(kube, settings.node_name, settings.watch_timeout_seconds)
         self.node_out = NodePublisher(kube, self.node, catalog)
         if dra is not None:
-            dra.event = self.node_out.event
+            dra.node_claims = self._allocated_claims
         self.frontends = Frontends(
             fleet=fleet,
             dra=dra,
@@ -259,9 +260,21 @@ class Agent:
         return False
 
     async def _allocated_claims(self) -> tuple[ClaimAllocation, ...]:
-        """The ResourceClaims with devices of this node's DRA pool allocated: they hold those devices."""
-        pool = await asyncio.to_thread(self.kube.list_claims_of_pool, DRIVER, self.settings.node_name)
-        return pool.allocated
+        """The ResourceClaims with devices of this node's DRA pool allocated (they hold those devices),
+        found from the node's pods once no scheduling cycle that read the pool before its last
+        withdrawal can still write one (`sharing.kube.podclaims`)."""
+        if self.dra is not None:
+            await self.dra.settled()
+
+        def through_dra(resource: str) -> bool:
+            # The chart's DeviceClasses name these (extendedResourceName); only a node DRA serves
+            # hands them out through claims.
+            ours = resource == "nvidia.com/gpu" or resource.startswith("nvidia.com/mig-")
+            return ours and self.frontends.serving is Frontend.DRA
+
+        return await asyncio.to_thread(
+            claims_of_node_pods, self.kube, self.settings.node_name, DRIVER, through_dra=through_dra
+        )
 
     def _config_status(self) -> ConfigStatus:
         state = self.node_out.state.value if self.node_out.state else None

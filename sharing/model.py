@@ -198,12 +198,20 @@ class Listing:
 
 @dataclass(frozen=True, slots=True)
 class BoundPod:
-    """A pod the API server has bound to this node that has not ended (phase neither Succeeded nor Failed)."""
+    """A pod the API server has bound to this node, or that the scheduler is binding to it
+    (`bound` False: `status.nominatedNodeName`), that has not ended (phase neither Succeeded nor Failed)."""
 
     namespace: str
     name: str
     resources: frozenset[str]
     """The resources its containers (init containers too) request or limit."""
+    claims: tuple[str, ...] = ()
+    """The ResourceClaims (in its namespace) it uses, as far as it names them: `spec.resourceClaims`
+    by name, the claims made from its templates (`status.resourceClaimStatuses`) and the claim of its
+    extended resources served through DRA (`status.extendedResourceClaimStatus`)."""
+    bound: bool = True
+    extended_claim: bool = False
+    """`status.extendedResourceClaimStatus` names a claim."""
 
 
 @dataclass(frozen=True, slots=True)

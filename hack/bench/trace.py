@@ -21,8 +21,9 @@ Per trace, four Ready Node objects, one per way, each with the same GPUs:
 - ``policy``: on-demand, the agent's own pool: `sharing.dra.partitions.partitionable_slices` (a
   counter set per GPU, one device per profile x placement consuming its memory slices, each GPU's
   devices in `sharing.mig.policy.ranked` order; a whole-GPU device first when the trace asks for
-  whole GPUs), built again with the allocated devices and published by the agent's
-  `SlicePublisher` each time the allocations change.
+  whole GPUs), built again from what the agent knows, the devices of the claims prepared on the
+  node (the bench stands in for the kubelet: a claim whose pod is bound counts as prepared), and
+  published by the agent's `SlicePublisher` each time that changes.
 - ``plain``: the same devices with each GPU's in plain placement order (`sharing.mig.policy.plain`:
   profile, then lowest start), as NVIDIA's driver lists them, published once.
 
@@ -172,14 +173,15 @@ def ondemand_slices(
     state: NodeState,
     way: str,
     gpus: tracesim.Gpus,
-    allocated: Iterable[str] = (),
+    prepared: Iterable[str] = (),
     *,
     whole: bool = False,
 ) -> tuple[SliceSpec, ...]:
-    """The pool the agent would publish for the way: policy order given `allocated`, or plain order;
-    with `whole`, each GPU's whole-GPU device too (listed first)."""
+    """The pool the agent would publish for the way: policy order given the devices of the claims
+    `prepared` on the node, or plain order; with `whole`, each GPU's whole-GPU device too (listed
+    first)."""
     dynamic = {g.uuid for g in state.gpus}
-    specs = partitionable_slices(node, state, dynamic, CATALOG, allocated=allocated, whole_gpu=whole)
+    specs = partitionable_slices(node, state, dynamic, CATALOG, prepared=prepared, whole_gpu=whole)
     return specs if way == "policy" else plain_order(specs, gpus)
 
 
@@ -205,6 +207,8 @@ class WayRun:
     live: dict[int, str] = field(default_factory=dict)
     """Bound and not yet deleted: trace index -> profile."""
     allocated: tuple[str, ...] = ()
+    prepared: tuple[str, ...] = ()
+    """The allocated devices whose pod is bound: what the agent knows of (its checkpoint)."""
     largest: list[int] = field(default_factory=list)
     stranded: list[float] = field(default_factory=list)
     republished: int = 0
@@ -285,13 +289,21 @@ def _bound(api: Api, run: WayRun) -> dict[str, str]:
     }
 
 
-def _allocated(api: Api, run: WayRun) -> tuple[str, ...]:
+def _allocated(api: Api, run: WayRun) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The devices of the way's pool allocated to claims (what the yardsticks sample), and those of
+    the claims whose pod is bound: what the node's kubelet would have prepared, and so all the agent
+    knows of (it reads no claim it has not prepared, `sharing.dra.frontend`)."""
     listed = api.request("GET", f"/apis/resource.k8s.io/v1/namespaces/{run.namespace}/resourceclaims")
-    devices = []
+    bound = set(_bound(api, run))
+    devices, prepared = [], []
     for claim in listed["items"]:
         results = claim.get("status", {}).get("allocation", {}).get("devices", {}).get("results", [])
-        devices += [r["device"] for r in results if r.get("pool") == run.node and r.get("driver") == DRIVER]
-    return tuple(sorted(devices))
+        mine = [r["device"] for r in results if r.get("pool") == run.node and r.get("driver") == DRIVER]
+        devices += mine
+        users = {r.get("name") for r in claim.get("status", {}).get("reservedFor", [])}
+        if users & bound:
+            prepared += mine
+    return tuple(sorted(devices)), tuple(sorted(prepared))
 
 
 def resource_of(profile: str) -> str:
@@ -338,13 +350,14 @@ def run_trace(api: Api, pods: Sequence[TracePod], runs: Sequence[WayRun], unit_s
                     _delete_pod(api, run, pod)
                     run.gone.add(pod.index)
             if run.way != "static":
-                allocated = _allocated(api, run)
-                if allocated != run.allocated:
-                    run.allocated = allocated
+                allocated, prepared = _allocated(api, run)
+                run.allocated = allocated
+                if prepared != run.prepared:
+                    run.prepared = prepared
                     if run.way == "policy" and run.state is not None:
                         whole = tracesim.WHOLE in run.profiles
                         specs = ondemand_slices(
-                            run.node, run.state, "policy", run.gpus, allocated, whole=whole
+                            run.node, run.state, "policy", run.gpus, prepared, whole=whole
                         )
                         if specs != run.wanted:
                             _publish(run, specs)

@@ -133,12 +133,6 @@ def describe(status: dict[str, Any]) -> str:
         lines.append(
             f"last change {change.get('time', '')} {change.get('reason', '')}: {change.get('message', '')}"
         )
-    for f in status.get("fragmented") or ():
-        gpus = ", ".join(str(g) for g in f["gpus"])
-        lines.append(
-            f"claim {f['claim']} waits for {f['profile']}: fragmented on GPU {gpus} (the free memory and "
-            "compute would hold it, no placement does)"
-        )
     holders = status.get("holders", {})
     if not holders.get("known", True):
         lines.append(f"who holds what is unknown: {holders.get('error', '')}")
@@ -154,6 +148,13 @@ def describe(status: dict[str, Any]) -> str:
                 "  mig: dynamic: MIG devices made per claim (DRA front-end)"
                 if dynamic == "onDemand"
                 else "  mig: dynamic, but this GPU has no MIG: offered as a whole GPU"
+            )
+        room = gpu.get("room")
+        if room:
+            largest = room["largestProfile"] or "none"
+            lines.append(
+                f"  room: largest profile still placeable {largest}; {room['freeComputeSlices']} compute"
+                f" slices free, {room['strandedComputeSlices']} of them stranded (no placement can use them)"
             )
         daemon = gpu.get("mps")
         if daemon:

@@ -108,7 +108,8 @@ def reclaimable(
 ) -> tuple[Foreign, ...]:
     """The foreign instances of the GPUs in `reclaim` (dynamic, `reclaimForeign: idle`) that may be
     destroyed now: idle (no compute instance with processes), no claim of the checkpoint holds them,
-    and no claim is allocated their placement (its prepare adopts them)."""
+    and no claim is allocated their placement (`allocated`: the device names the claims of the node's
+    pods are allocated; its prepare adopts them)."""
     catalog = catalog if catalog is not None else default_catalog()
     claims = tuple(claims)
     allocated = tuple(allocated)

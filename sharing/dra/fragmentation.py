@@ -1,76 +1,75 @@
-"""Fragmentation made visible: a claim waits for a MIG profile that the free memory and compute of a
-dynamic GPU would hold, but no placement does (pure: no I/O).
+"""How much room each dynamic GPU has left, and how much of its free compute its shape strands (pure).
 
-The kube-scheduler allocates a device only where its counters fit (KEP-4815), so such a claim stays
-Pending and the scheduler says only that no device fits. Nobody moves running instances to make the
-room whole; what the agent can do is say so: this finds those claims from the pool as it is now (the
-placements allocated to claims and the instances that exist) with the placement policy's check
-(`sharing.dra.placements.request_fit`). A claim names a profile through its per-profile DeviceClass
-`mig-<profile>.nvidia.com` (`+` written `.`, as the chart names them); claims of other classes ask
-for something this cannot judge and are left out.
+Per GPU under `mig: dynamic` in MIG mode, from the instances on it (what the node knows; never other
+nodes' claims): the largest profile one more instance of which still has a free placement (the
+largest claim the GPU can take now), its free compute slices, and the stranded ones: free compute
+slices beyond what the most instances of its smallest profile that can still be placed would use.
+The smallest profile takes one compute slice and the fewest memory slices, so nothing packs more
+compute onto the GPU; what is left over is cut off by where the instances in use sit (fragmentation,
+which only their release undoes: nobody moves a running instance). `sharing status` and the metrics
+show it per GPU.
+
+A claim that waits because no GPU has a placement for it is the scheduler's to report (its Event says
+"cannot allocate all claims"); which node could hold it once its idle instances went is what
+`sharing pools` tells a person, with their own credentials: the agent reads no other node's claims.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection
 from dataclasses import dataclass
 
-from sharing.dra.placements import request_fit
-from sharing.kube.api import PendingClaim
-from sharing.mig import Catalog, Product, geometry
-from sharing.mig.policy import Fit
+from sharing.mig import Catalog, Placement, Profile, geometry
+from sharing.mig.policy import Fit, addable, fit
 from sharing.model import NodeState
 
 
 @dataclass(frozen=True, slots=True)
-class Fragmented:
-    """A pending claim's profile that fits the free memory and compute of `gpus` but no placement."""
+class GpuRoom:
+    """What one dynamic GPU can still take."""
 
-    namespace: str
-    name: str
-    profile: str
-    gpus: tuple[int, ...]
+    gpu: int
+    uuid: str
+    largest: str
+    """The largest profile (placement size, then compute, then memory) with a free placement; "" for
+    none."""
+    largest_compute_slices: int
+    free_compute_slices: int
+    stranded_compute_slices: int
+    """Free compute slices that no placement can use, given the instances where they are."""
 
-    def describe(self) -> str:
-        which = ", ".join(str(g) for g in self.gpus)
-        return (
-            f"claim {self.namespace}/{self.name} waits for a {self.profile} MIG device: GPU {which} has "
-            "the free memory and compute for it but no free placement (the free memory slices are not "
-            "contiguous around the instances in use); it fits once instances there are released"
+
+def room(node: NodeState, dynamic: Collection[str], catalog: Catalog) -> tuple[GpuRoom, ...]:
+    """The room of every dynamic GPU of `node` in MIG mode whose geometry is known, by index."""
+    found = []
+    for gpu in node.gpus:
+        product = geometry(gpu, catalog) if gpu.uuid in dynamic and gpu.mig_enabled else None
+        if product is None or not product.profiles:
+            continue
+        occupied = tuple(Placement(gi.profile, gi.start, gi.size) for gi in gpu.instances)
+        fits = sorted((p for p in product.profiles if fit(product, occupied, p.name) is Fit.FITS), key=_name)
+        largest = max(fits, key=_rank, default=None)  # of equals, the first by name (`1g.5gb`, not `+me`)
+        known = [product.profile(gi.profile) for gi in gpu.instances]
+        used = sum(p.compute_slices if p is not None else product.compute_slices for p in known)
+        free = max(0, product.compute_slices - used)
+        smallest = min(product.profiles, key=lambda p: (p.compute_slices, p.size, p.memory_mib, p.name))
+        usable = addable(product, occupied, smallest.name) * smallest.compute_slices
+        found.append(
+            GpuRoom(
+                gpu.index,
+                gpu.uuid,
+                largest.name if largest is not None else "",
+                largest.compute_slices if largest is not None else 0,
+                free,
+                max(0, free - usable),
+            )
         )
-
-
-def class_profile(device_class: str, product: Product) -> str | None:
-    """The profile a per-profile DeviceClass (`mig-1g.5gb.nvidia.com`) names on this product."""
-    for profile in product.profiles:
-        if device_class == f"mig-{profile.name.replace('+', '.')}.nvidia.com":
-            return profile.name
-    return None
-
-
-def fragmented_claims(
-    node: NodeState,
-    dynamic: Collection[str],
-    catalog: Catalog,
-    *,
-    allocated: Iterable[str],
-    pending: Sequence[PendingClaim],
-) -> tuple[Fragmented, ...]:
-    """The pending claims whose profile fits no dynamic GPU but is FRAGMENTED on at least one
-    (`sharing.dra.placements.request_fit`)."""
-    allocated = tuple(allocated)
-    products = [
-        product
-        for gpu in node.gpus
-        if gpu.uuid in dynamic and gpu.mig_enabled and (product := geometry(gpu, catalog)) is not None
-    ]
-    found: list[Fragmented] = []
-    for claim in pending:
-        for device_class in claim.classes:
-            profile = next((p for product in products if (p := class_profile(device_class, product))), None)
-            if profile is None:
-                continue
-            kind, gpus = request_fit(node, dynamic, profile, catalog, allocated=allocated)
-            if kind is Fit.FRAGMENTED:
-                found.append(Fragmented(claim.namespace, claim.name, profile, gpus))
     return tuple(found)
+
+
+def _rank(profile: Profile) -> tuple[int, int, int]:
+    return profile.size, profile.compute_slices, profile.memory_mib
+
+
+def _name(profile: Profile) -> str:
+    return profile.name

@@ -3,18 +3,24 @@
 `publish` is what `Fleet.update` is to the device plugins: the devices the hardware has, under the
 config in effect, go into the pool's slices (`sharing.dra.slices`) and the plugin prepares claims
 against that same inventory. It returns once the API server holds the slices, so a withdrawal is
-confirmed when it returns: from then on no scheduler allocates what the slices no longer list
-(allocations made before are claims the rollout reads as holders). `withdraw` deletes the slices.
+confirmed when it returns: from then on no scheduler that reads the slices afresh allocates what they
+no longer list. A scheduling cycle that read them before may still write such an allocation: `settled`
+waits that out (`SCHEDULER_WINDOW_S` after the last withdrawal) before the claims that hold devices
+are read from the node (`sharing.kube.podclaims`). `withdraw` deletes the slices.
 
 GPUs under `mig: dynamic` (`Inventory.dynamic`) are published as partitionable devices
 (`sharing.dra.partitions`) beside the static ones, in one pool. Their order is the placement policy,
-which depends on what claims are allocated: while the node has a dynamic GPU, the ResourceClaims are
-watched (`sharing.kube.watch_pool_claims`) and the slices re-built when the devices allocated from
-the pool change. The plugin makes the instance of an on-demand device at prepare and destroys it at
-unprepare (`sharing.dra.ondemand`); the GPUs are read again after each, and every `resync_s` for
-instances made or destroyed by someone else. A stale order is still safe, only less good. Instances
-the agent did not make are offered as they are (`sharing.dra.foreign`); on a GPU whose rule says
-`reclaimForeign: idle`, the idle ones no claim holds or is allocated are destroyed at those times.
+built from what the node knows, never from other nodes' claims: the claims prepared here (the
+plugin's checkpoint) and the instances on the GPUs. The plugin makes the instance of an on-demand
+device at prepare and destroys it at unprepare (`sharing.dra.ondemand`); the GPUs are read again
+after each (coalesced: one wake for a burst) and every `resync_s` for instances made or destroyed by
+someone else, and the slices re-published when either changed. A claim allocated and not prepared
+yet is not known here: its placement has no instance, so its device stays published (the scheduler
+counts what an allocated device consumes only while the slices list it), and the order is stale for
+a moment, which is safe, only less good. Instances the agent did not make are offered as they are
+(`sharing.dra.foreign`); on a GPU whose rule says `reclaimForeign: idle`, the idle ones no claim
+holds are destroyed, as any change is made: their devices withdrawn and confirmed, the claims of the
+node's pods read, and those a claim is allocated kept.
 
 The pool adds no device until the kubelet has confirmed the plugin's registration
 (`SlicePublisher.hold_additions`): a pod placed on a device of a driver the kubelet does not know
@@ -34,8 +40,8 @@ from pathlib import Path
 import structlog
 
 from sharing.devices import HealthState, Inventory
-from sharing.dra.foreign import Foreign, Held, foreign_instances, held
-from sharing.dra.fragmentation import Fragmented, fragmented_claims
+from sharing.dra.foreign import Foreign, Held, foreign_instances, held, reclaimable
+from sharing.dra.fragmentation import GpuRoom, room
 from sharing.dra.names import DRIVER
 from sharing.dra.ondemand import OnDemand
 from sharing.dra.partitions import partitionable_slices, pool, withdrawn_static
@@ -44,19 +50,28 @@ from sharing.dra.prepare import Recorder
 from sharing.dra.slices import build_slices
 from sharing.errors import KubeError, SharingError
 from sharing.gpu.devfiles import DeviceFiles
-from sharing.kube import KubeClient, Watched, watch_pool_claims
-from sharing.kube.api import PoolClaims, SliceSpec
+from sharing.kube import KubeClient
+from sharing.kube.api import SliceSpec
 from sharing.kube.features import ClusterFeatures, described, probe
 from sharing.kube.resourceslices import SlicePublisher
 from sharing.kubelet.restarts import SocketId, socket_identity
 from sharing.mig import Catalog
-from sharing.model import ClaimHold, NodeState
+from sharing.model import ClaimAllocation, ClaimHold, NodeState
 from sharing.text import bounded
 
 log = structlog.get_logger(__name__)
 
-EventSink = Callable[[str, str, str], Awaitable[None]]
-"""(type, reason, message) -> an Event on the Node."""
+NodeClaims = Callable[[], Awaitable[tuple[ClaimAllocation, ...]]]
+"""The claims with devices of the node's pool allocated, read from the node's pods
+(`sharing.kube.podclaims`, after `settled`); KubeError when that cannot be told."""
+
+SCHEDULER_WINDOW_S = 5.0
+"""How long after a withdrawal reached the API server a scheduling cycle that read the pool before it
+may still be on its way to writing an allocation of a withdrawn device where the node can see it. The
+scheduler reads the slices at the start of a cycle (PreFilter) and, once it has reserved devices,
+names the node in the pod's `status.nominatedNodeName` before it writes the claim's allocation in
+PreBind (k8s.io/kubernetes v1.37.2 pkg/scheduler/schedule_one.go `bindingCycle`): what lies between
+is one cycle's filtering and scoring and its informer's delay, with no wait on anything outside."""
 
 
 class DraFrontEnd:
@@ -75,9 +90,9 @@ class DraFrontEnd:
         ondemand: OnDemand | None = None,
         gpu_health: Callable[[], HealthState] | None = None,
         resync_s: float = 10.0,
-        watch_timeout_s: int = 300,
         kubelet_socket: Path | None = None,
         kubelet_poll_s: float = 1.0,
+        node_claims: NodeClaims | None = None,
     ) -> None:
         self.kube = kube
         self._gpu_health = gpu_health
@@ -86,19 +101,19 @@ class DraFrontEnd:
         self.catalog = catalog
         self.inventory = Inventory()
         self.node = NodeState(())
-        self.allocated: tuple[str, ...] = ()
-        """Device names of our pool that claims are allocated (sorted), as last read."""
         self.resync_s = resync_s
-        self._watch_timeout_s = watch_timeout_s
-        self._claims: Watched[PoolClaims] | None = None
-        """The ResourceClaims as the pool sees them, watched while the node has a dynamic GPU."""
+        self.node_claims: NodeClaims | None = node_claims
+        """Where `reclaimForeign: idle` asks which claims hold devices (None: nothing is reclaimed)."""
         self._wake = asyncio.Event()
-        """Set when the claims' allocations changed or claims were prepared or unprepared."""
-        self.fragmented: tuple[Fragmented, ...] = ()
-        """Pending claims whose MIG profile fits a dynamic GPU's free memory and compute but no
-        placement (`sharing.dra.fragmentation`), as of the last read."""
-        self.event: EventSink | None = None
-        """Where to say that a claim waits on fragmentation (the agent's Events on the Node)."""
+        """Set when claims were prepared or unprepared."""
+        self._prepared: frozenset[str] = frozenset()
+        """The pool's device names the prepared claims hold, as the slices were last built for."""
+        self._reclaiming: frozenset[Held] = frozenset()
+        """Foreign instances being reclaimed: their devices are withdrawn first."""
+        self._published: frozenset[str] = frozenset()
+        """The device names the API server holds in the pool, as last synced."""
+        self._withdrawn_at = -SCHEDULER_WINDOW_S
+        """When (loop time) a sync last took devices out of the pool."""
         self.plugin = DraPlugin(
             node_name=node_name,
             claims=kube,
@@ -115,7 +130,7 @@ class DraFrontEnd:
         )
         self.publisher = SlicePublisher(kube, node_name, DRIVER)
         self._task: asyncio.Task[None] | None = None
-        self._allocations: asyncio.Task[None] | None = None
+        self._follow: asyncio.Task[None] | None = None
         self._kubelet_watch: asyncio.Task[None] | None = None
         self._kubelet_socket = kubelet_socket
         """The kubelet's device-plugin kubelet.sock: made anew at each kubelet start."""
@@ -160,20 +175,18 @@ class DraFrontEnd:
             self._confirmed_by = None
             await self.plugin.start()
             self._task = asyncio.create_task(self.publisher.run(), name="resourceslices")
-            self._allocations = asyncio.create_task(self._follow_allocations(), name="dra-allocations")
+            self._follow = asyncio.create_task(self._follow_node(), name="dra-follow")
             if self._kubelet_socket is not None:
                 self._kubelet_watch = asyncio.create_task(self._watch_kubelet(), name="dra-kubelet")
-            self._follow_claims(bool(self.inventory.dynamic))
 
     async def stop(self) -> None:
         """Unregister and stop serving; the slices stay until `withdraw`."""
-        for task in (self._task, self._allocations, self._kubelet_watch):
+        for task in (self._task, self._follow, self._kubelet_watch):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        self._task = self._allocations = self._kubelet_watch = None
-        self._follow_claims(False)
+        self._task = self._follow = self._kubelet_watch = None
         if self.plugin.serving:
             await self.plugin.stop()
 
@@ -204,15 +217,15 @@ class DraFrontEnd:
         self.inventory, self.node = inventory, node
         self.plugin.refresh()
         await self.features()  # said once, by name, whatever the config asks
-        if inventory.dynamic:
-            await self._read_allocations()
-        self._follow_claims(bool(inventory.dynamic) and self._task is not None)
+        return await self._publish()
+
+    async def _publish(self) -> str:
         self.publisher.want(self.slices())
         return await self._sync()
 
     def slices(self) -> tuple[SliceSpec, ...]:
         """The pool as wanted now: the static devices, then the dynamic GPUs' counters and placements
-        (ordered for what is allocated now)."""
+        (ordered for the claims prepared here and the instances on the GPUs)."""
         static = build_slices(self.node_name, self.node, self.inventory, self.catalog)
         dynamic = self.inventory.dynamic
         if not dynamic:
@@ -224,11 +237,32 @@ class DraFrontEnd:
                 self.node,
                 dynamic,
                 self.catalog,
-                allocated=self.allocated,
+                prepared=self._prepared_devices(),
                 unhealthy=self._gpu_health().unhealthy_gpus if self._gpu_health is not None else (),
-                held=self._held(),
+                held=self._held() | self._reclaiming,
             ),
         )
+
+    def _prepared_devices(self) -> frozenset[str]:
+        """The device names of the pool that the claims prepared here hold (the checkpoint)."""
+        prepared = self.plugin.prepared()
+        self._prepared = frozenset(
+            d.device for c in prepared.claims for d in c.devices if d.pool == self.node_name
+        )
+        return self._prepared
+
+    def room(self) -> tuple[GpuRoom, ...]:
+        """Per dynamic GPU: the largest profile one more instance of which it can still hold, and the
+        free compute that no placement can use (`sharing.dra.fragmentation`)."""
+        return room(self.node, self.inventory.dynamic, self.catalog)
+
+    async def settled(self) -> None:
+        """Return once no scheduling cycle that read the pool before its last withdrawal can still be
+        on its way to writing an allocation of a withdrawn device (`SCHEDULER_WINDOW_S`)."""
+        left = self._withdrawn_at + SCHEDULER_WINDOW_S - asyncio.get_running_loop().time()
+        if left > 0:
+            log.info("pool_withdrawal_settling", seconds=round(left, 2))
+            await asyncio.sleep(left)  # the scheduler says nothing that ends this window sooner
 
     def _held(self) -> frozenset[Held]:
         """The instances the prepared claims hold; every instance while that cannot be told (the
@@ -273,63 +307,50 @@ class DraFrontEnd:
                 self.publisher.hold_additions = True
                 self.plugin.registration = Registration()
 
-    def _follow_claims(self, on: bool) -> None:
-        """Watch the ResourceClaims while the node has a dynamic GPU, and only then."""
-        if on and self._claims is None:
-            self._claims = watch_pool_claims(self.kube, DRIVER, self.node_name, self._watch_timeout_s)
-            self._claims.start(self._wake.set)
-        elif not on and self._claims is not None:
-            self._claims.stop()
-            self._claims = None
-
-    async def _read_allocations(self) -> bool:
-        """The device names allocated from our pool and the claims still pending, as the watch last
-        saw them (listed when it has not yet); True when the allocations changed. A pending claim
-        newly found waiting on fragmentation is an Event."""
-        view = self._claims.current if self._claims is not None else None
-        if view is None:
-            try:
-                view = await asyncio.to_thread(self.kube.list_claims_of_pool, DRIVER, self.node_name)
-            except SharingError as err:
-                log.warning("pool_claims_not_read", error=bounded(str(err)))
-                return False
-        claims, pending = view.seen()
-        allocated = tuple(sorted({d for c in claims for d in c.devices}))
-        changed, self.allocated = allocated != self.allocated, allocated
-        before = {(f.namespace, f.name, f.profile) for f in self.fragmented}
-        self.fragmented = fragmented_claims(
-            self.node, self.inventory.dynamic, self.catalog, allocated=allocated, pending=pending
-        )
-        for f in self.fragmented:
-            if (f.namespace, f.name, f.profile) not in before:
-                log.warning(
-                    "claim_waits_on_fragmentation", claim=f"{f.namespace}/{f.name}", profile=f.profile
-                )
-                if self.event is not None:
-                    await self.event("Warning", "MigFragmented", f.describe())
-        return changed
-
-    async def follow_allocations(self) -> bool:
-        """While the node has a dynamic GPU: re-publish the slices when the allocations or the
-        instances on the dynamic GPUs changed since last read; True when it did."""
+    async def follow_node(self) -> bool:
+        """While the node has a dynamic GPU: re-publish the slices when the claims prepared here or the
+        instances on the dynamic GPUs changed since the slices were built, and reclaim idle foreign
+        instances where the rule says so; True when it re-published."""
         if not self.inventory.dynamic:
             return False
         made = await self._observe_instances()
-        allocated = await self._read_allocations()
         reclaim = self.inventory.reclaim & self.inventory.dynamic
         # Only while the plugin serves: its checkpoint is loaded, so what claims hold is known.
-        if (
-            reclaim
-            and self.plugin.serving
-            and await self.plugin.preparer.reclaim_foreign(reclaim, self.allocated, self.catalog)
-        ):
+        if reclaim and self.plugin.serving and self.node_claims is not None and await self._reclaim(reclaim):
             made = await self._observe_instances() or made
-        if not (made or allocated):
+        prepared = self._prepared
+        if not made and self._prepared_devices() == prepared:
             return False
-        log.info("pool_allocations_changed", allocated=len(self.allocated), instances_changed=made)
-        self.publisher.want(self.slices())
-        await self._sync()
+        log.info("pool_order_changed", prepared=len(self._prepared), instances_changed=made)
+        await self._publish()
         return True
+
+    async def _reclaim(self, gpus: frozenset[str]) -> bool:
+        """`reclaimForeign: idle`, as any change is made: the devices of the idle foreign instances no
+        claim prepared here holds are withdrawn and confirmed, the claims of the node's pods read
+        (after `settled`), and the instances none of them is allocated destroyed (journaled steps,
+        `sharing.dra.instances.reclaim`); True when one was."""
+        prepared = self.plugin.prepared()
+        if prepared.unknown:
+            return False
+        found = reclaimable(self.node, gpus, prepared.claims, (), self.catalog)
+        if not found:
+            return False
+        self._reclaiming = frozenset((f.gpu.uuid, f.instance.profile, f.instance.start) for f in found)
+        try:
+            if await self._publish():
+                return False  # not withdrawn: nothing is destroyed
+            await self.settled()
+            assert self.node_claims is not None
+            try:
+                allocated = await self.node_claims()
+            except SharingError as err:
+                log.warning("foreign_instances_not_reclaimed", error=bounded(str(err)))
+                return False
+            names = tuple(d for c in allocated for d in c.devices)
+            return bool(await self.plugin.preparer.reclaim_foreign(gpus, names, self.catalog))
+        finally:
+            self._reclaiming = frozenset()
 
     async def _observe_instances(self) -> bool:
         """Read the GPUs again (prepare makes and unprepare destroys instances without the rollout
@@ -357,20 +378,19 @@ class DraFrontEnd:
         self.node = replace(self.node, gpus=tuple(fresh.get(g.uuid, g) for g in self.node.gpus))
         return True
 
-    async def _follow_allocations(self) -> None:
+    async def _follow_node(self) -> None:
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.resync_s)
             self._wake.clear()
             try:
-                await self.follow_allocations()
+                await self.follow_node()
             except Exception as err:  # never end silently: the dynamic GPUs' order would go stale
-                log.error("pool_allocations_not_followed", error=f"{type(err).__name__}: {bounded(str(err))}")
+                log.error("pool_not_followed", error=f"{type(err).__name__}: {bounded(str(err))}")
 
     async def withdraw(self) -> str:
         """Delete the pool's slices; "" once they are gone."""
         self.inventory = Inventory()
-        self._follow_claims(False)
         self.publisher.want(())
         return await self._sync()
 
@@ -401,6 +421,7 @@ class DraFrontEnd:
         return holds, prepared.unknown
 
     async def _sync(self) -> str:
+        wanted = frozenset(d.name for s in self.publisher.wanted for d in s.devices)
         try:
             await asyncio.to_thread(self.publisher.sync)
         except SharingError as err:
@@ -409,4 +430,7 @@ class DraFrontEnd:
             self._problem = why
             return why
         self._problem = ""
+        if self._published - wanted:  # devices went: a scheduling cycle may still hold them
+            self._withdrawn_at = asyncio.get_running_loop().time()
+        self._published = wanted
         return ""

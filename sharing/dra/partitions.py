@@ -16,26 +16,33 @@ or counter sets, never both; at most 8 counter sets per slice, 32 counters per s
 devices in a slice where any consumes counters. Every slice of the pool has the same generation and
 `resourceSliceCount` (`pool` sets them).
 
-Devices allocated to claims stay published, whatever exists on the GPU: the scheduler counts what an
-allocated device consumes from the device as the slices list it (k8s.io/dynamic-resource-allocation
-v0.36.3, structured/internal/incubating/allocator_incubating.go `checkAvailableCounters`: it
-subtracts the `consumesCounters` of every listed device that is allocated), so withdrawing one would
-hand its memory slices to the next claim. A GPU instance that exists but that no allocated device
-accounts for is invisible to the scheduler, since only allocated devices consume counters: every
-device that overlaps it is withdrawn until it is gone or allocated, so no claim is allocated a
-placement that cannot be made, and while it is there no other device of a profile with a count
-counter is offered either (the counter does not count it). One exception: an instance the agent did
-not make and no claim holds (`sharing.dra.foreign`) that is one whole MIG device keeps the device of
-its own placement, listed first, so a claim can be allocated it (and is prepared with it) whether
-or not it is claimed: that device overlaps only itself. An instance of a claim just deallocated and
-not unprepared yet (`held`) keeps nothing until its unprepare.
+What the node knows decides what is offered and in what order: the claims prepared here (the plugin's
+checkpoint) and the instances on the GPU. Every instance withdraws the devices of the placements it
+overlaps but its own. Its own device stays published: a claim prepared here may still be allocated it,
+and the scheduler counts what an allocated device consumes only while the slices list it
+(k8s.io/dynamic-resource-allocation v0.37.2, structured/internal/incubating/allocator_incubating.go
+`checkAvailableCounters`: it subtracts the `consumesCounters` of every listed device that is
+allocated), so withdrawing it would hand its memory slices to the next claim. A claim allocated a
+device and not prepared yet is not known here, but its placement has no instance, so its device stays
+published too. A claim released and not unprepared yet keeps its instance, and so its device: the
+scheduler may allocate it to a new claim, whose prepare then waits for the old one's unprepare
+(`sharing.dra.ondemand.SlotHandover`). A GPU instance no prepared claim accounts for (made by
+someone else) is invisible to the scheduler, since only allocated devices consume counters: every
+device that overlaps it is withdrawn until it is gone, and while it is there no other device of a
+profile with a count counter is offered either (the counter does not count it). One exception: an
+instance the agent did not make and no claim holds (`sharing.dra.foreign`) that is one whole MIG
+device keeps the device of its own placement, listed first, so a claim can be allocated it (and is
+prepared with it) whether or not it is claimed: that device overlaps only itself. One being reclaimed
+(`reclaimForeign: idle`) is passed as `held` and keeps nothing.
 
 The order a slice lists a GPU's devices in is the placement policy (`sharing.mig.policy.ranked`):
-the scheduler takes the first that fits, so the order must be published again when allocations
-change (the wiring re-builds on every allocation it sees; a stale order is still safe, only less
-good). The slices of different GPUs are ordered by their object names, which the API server makes
-up (generateName): the first GPU in that order fills first, which packs small claims onto as few
-GPUs as possible and leaves the others whole.
+the scheduler takes the first that fits, so the order is published again when what the node knows
+changes (a prepare, an unprepare, an instance made or destroyed by someone else; a stale order is
+still safe, only less good). The slices of different GPUs are ordered by their object names, which
+the API server makes up (generateName): the first GPU in that order fills first, which packs small
+claims onto as few GPUs as possible and leaves the others whole. Choosing the GPU by best fit instead
+(where a claim leaves the node the largest profiles placeable, empty GPUs last) served the same pods
+and compute in the trace bench's offline replay (hack/bench `trace_offline_bestfit_vs_plain_*`).
 """
 
 from __future__ import annotations
@@ -73,7 +80,7 @@ class OnDemandGpu:
     counters: CounterSet
     devices: tuple[SliceDevice, ...]
     occupied: tuple[Placement, ...]
-    """Placements taken now: allocated to claims, or held by instances that exist."""
+    """Placements taken now: held by claims prepared here, or by instances that exist."""
     withdrawn: tuple[str, ...] = ()
     """Devices not published because they overlap an instance no allocated device accounts for."""
 
@@ -83,15 +90,16 @@ def ondemand_gpu(
     product: Product,
     node: NodeState,
     *,
-    allocated: Iterable[str] = (),
+    prepared: Iterable[str] = (),
     taint: DeviceTaint | None = None,
     whole_gpu: bool = False,
     held: Collection[Held] = (),
 ) -> OnDemandGpu:
-    """The counters and devices of one dynamic GPU, given the device names allocated from our pool and
-    the instances the claims of the checkpoint hold (`sharing.dra.foreign.held`)."""
-    allocated = tuple(allocated)
-    claimed = allocated_placements(product, gpu.index, allocated)
+    """The counters and devices of one dynamic GPU, given the device names of our pool the claims
+    prepared here hold and the instances the claims of the checkpoint hold (`sharing.dra.foreign.held`)."""
+    prepared = tuple(prepared)
+    claimed = allocated_placements(product, gpu.index, prepared)
+    present = [Placement(gi.profile, gi.start, gi.size) for gi in gpu.instances]
     unaccounted = [gi for gi in gpu.instances if Placement(gi.profile, gi.start, gi.size) not in claimed]
     standing = [Placement(gi.profile, gi.start, gi.size) for gi in unaccounted]
     adoptable = {
@@ -99,7 +107,7 @@ def ondemand_gpu(
         for gi in unaccounted
         if (gpu.uuid, gi.profile, gi.start) not in held and offered_as(gpu, gi, product) is not None
     }
-    occupied = occupied_placements(gpu, product, allocated)
+    occupied = occupied_placements(gpu, product, prepared)
     base = _gpu_attributes(gpu, node.driver) | {"parentUUID": gpu.uuid, "parentIndex": gpu.index}
     taints = (taint,) if taint is not None else ()
     devices: list[SliceDevice] = []
@@ -107,7 +115,7 @@ def ondemand_gpu(
     whole = counters(product, gpu.index)
     if whole_gpu:
         name = device_name_of_gpu(gpu.index)
-        if standing:
+        if present:
             withdrawn.append(name)
         else:
             attributes: dict[str, AttributeValue] = _gpu_attributes(gpu, node.driver) | {
@@ -135,8 +143,11 @@ def ondemand_gpu(
         if p.profile not in offered:
             continue
         name = ondemand_device_name(gpu.index, p.profile, p.start)
+        # Every instance withdraws the placements it overlaps but its own; one no prepared claim
+        # accounts for (and no claim can adopt) its own too, and the count-limited profiles.
+        crossed = any(_overlap(p, s) for s in present if s != p)
         blocked = any(_overlap(p, s) for s in standing) or p.profile in limited
-        if p not in claimed and p not in adoptable and blocked:
+        if crossed or (p not in claimed and p not in adoptable and blocked):
             withdrawn.append(name)
             continue
         profile = product.require_profile(p.profile)
@@ -171,7 +182,7 @@ def partitionable_slices(
     dynamic: Collection[str],
     catalog: Catalog | None = None,
     *,
-    allocated: Iterable[str] = (),
+    prepared: Iterable[str] = (),
     xids: Mapping[str, int] | None = None,
     unhealthy: Collection[str] = (),
     whole_gpu: bool = False,
@@ -180,15 +191,15 @@ def partitionable_slices(
 ) -> tuple[SliceSpec, ...]:
     """The slices of the dynamic GPUs (by UUID) of `node`: counter sets first, then each GPU's devices.
 
-    `allocated` names the devices of our pool that claims are allocated now (their
-    `status.allocation.devices.results[].device` where driver and pool are ours). A dynamic GPU
+    `prepared` names the devices of our pool that the claims prepared here hold (the checkpoint's
+    `PreparedDevice.device`). A dynamic GPU
     offers nothing until MIG mode is on (the applier turns it on while the GPU is idle), nor when its
     MIG geometry is unknown. Its devices carry the health taints of `sharing.dra.slices`: `xids`
     names a GPU's last XID, `unhealthy` the GPUs the health overlay marks (an XID not known by value).
     `held` names the instances the claims of the checkpoint hold (`sharing.dra.foreign.held`).
     """
     catalog = catalog if catalog is not None else default_catalog()
-    allocated = tuple(allocated)
+    prepared = tuple(prepared)
     gpus: list[OnDemandGpu] = []
     for gpu in node.gpus:
         product = geometry(gpu, catalog) if gpu.uuid in dynamic and gpu.mig_enabled else None
@@ -199,7 +210,7 @@ def partitionable_slices(
                 gpu,
                 product,
                 node,
-                allocated=allocated,
+                prepared=prepared,
                 taint=_taint(gpu, node, xids or {}, unhealthy),
                 whole_gpu=whole_gpu,
                 held=held,

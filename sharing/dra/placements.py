@@ -1,20 +1,17 @@
 """Which placements of a dynamic GPU are taken, and what follows from that (pure: no I/O, no clock).
 
-A placement is taken when a claim is allocated the device that stands for it (its name,
+A placement is taken when a claim prepared here holds the device that stands for it (its name,
 `gpu-0-mig-3g-20gb-at-4`, parsed back through the profiles whose devices can be named) or when a GPU
 instance exists there. From that: what an allocated on-demand device holds for the safe change
-protocol (`held_by`), and whether one more instance of a profile fits a dynamic GPU of the node, or
-only its free memory and compute would hold it (`request_fit`: fragmentation made visible). The
-devices published for the placements are `sharing.dra.partitions`.
+protocol (`held_by`). The devices published for the placements are `sharing.dra.partitions`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Iterable
 
 from sharing.dra.names import parse_ondemand_name, profile_slug
-from sharing.mig import Catalog, Placement, Product, Profile, default_catalog, geometry
-from sharing.mig.policy import Fit, fit
+from sharing.mig import Placement, Product, Profile
 from sharing.model import Gpu, NodeState
 
 
@@ -29,11 +26,11 @@ def named(product: Product) -> dict[str, Profile]:
     return found
 
 
-def allocated_placements(product: Product, gpu_index: int, allocated: Iterable[str]) -> tuple[Placement, ...]:
-    """The placements of GPU `gpu_index` that the allocated device names (of our pool) stand for."""
+def allocated_placements(product: Product, gpu_index: int, devices: Iterable[str]) -> tuple[Placement, ...]:
+    """The placements of GPU `gpu_index` that these device names (of our pool) stand for."""
     slugs = named(product)
     found: list[Placement] = []
-    for name in allocated:
+    for name in devices:
         parsed = parse_ondemand_name(name)
         if parsed is None or parsed[0] != gpu_index or parsed[1] not in slugs:
             continue
@@ -61,32 +58,7 @@ def held_by(device: str, node: NodeState) -> frozenset[str] | None:
     return frozenset({gpu.uuid, *(ci.uuid for _, ci in gpu.mig_devices)})
 
 
-def occupied_placements(gpu: Gpu, product: Product, allocated: Iterable[str]) -> tuple[Placement, ...]:
-    """The placements of a dynamic GPU taken now: allocated to claims, or held by an instance."""
+def occupied_placements(gpu: Gpu, product: Product, prepared: Iterable[str]) -> tuple[Placement, ...]:
+    """The placements of a dynamic GPU taken now: held by claims prepared here, or by an instance."""
     existing = {Placement(gi.profile, gi.start, gi.size) for gi in gpu.instances}
-    return tuple(sorted(existing | set(allocated_placements(product, gpu.index, allocated))))
-
-
-def request_fit(
-    node: NodeState,
-    dynamic: Collection[str],
-    profile: str,
-    catalog: Catalog | None = None,
-    *,
-    allocated: Iterable[str] = (),
-) -> tuple[Fit, tuple[int, ...]]:
-    """Whether one more `profile` fits a dynamic GPU of the node, and the GPUs that say so: FITS with
-    the GPUs that have a free placement; else FRAGMENTED with the GPUs whose free memory and compute
-    would hold it but no placement does (for `sharing status`, an Event and a metric); else FULL."""
-    catalog = catalog if catalog is not None else default_catalog()
-    allocated = tuple(allocated)
-    found: dict[Fit, list[int]] = {Fit.FITS: [], Fit.FRAGMENTED: [], Fit.FULL: []}
-    for gpu in node.gpus:
-        product = geometry(gpu, catalog) if gpu.uuid in dynamic and gpu.mig_enabled else None
-        if product is None or product.profile(profile) is None:
-            continue
-        found[fit(product, occupied_placements(gpu, product, allocated), profile)].append(gpu.index)
-    for kind in (Fit.FITS, Fit.FRAGMENTED):
-        if found[kind]:
-            return kind, tuple(found[kind])
-    return Fit.FULL, tuple(found[Fit.FULL])
+    return tuple(sorted(existing | set(allocated_placements(product, gpu.index, prepared))))

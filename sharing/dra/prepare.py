@@ -220,7 +220,9 @@ class Preparer:
 
     async def reclaim_foreign(self, gpus: Collection[str], allocated: Sequence[str], catalog: Catalog) -> int:
         """Destroy the idle foreign instances of `gpus` no claim holds or is allocated (`reclaimForeign:
-        idle`), between prepares; how many. Nothing while the checkpoint cannot tell which are foreign."""
+        idle`; `allocated`: the device names the claims of the node's pods are allocated, read after
+        their devices were withdrawn), between prepares; how many. Nothing while the checkpoint cannot
+        tell which are foreign."""
         async with self._lock:
             if self.ondemand is None or self.records.unknown or await self._recovered():
                 return 0

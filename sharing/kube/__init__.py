@@ -22,7 +22,7 @@ from sharing.kube.client import ApiClient
 from sharing.kube.publish import NodePublisher
 from sharing.kube.resourceslices import SlicePublisher
 from sharing.kube.sources import ConfigSources
-from sharing.kube.watch import Watched, watch_configmap, watch_node, watch_pool_claims
+from sharing.kube.watch import Watched, watch_configmap, watch_node
 
 __all__ = [
     "ApiClient",
@@ -42,5 +42,4 @@ __all__ = [
     "Watched",
     "watch_configmap",
     "watch_node",
-    "watch_pool_claims",
 ]

@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Protocol
 
 from sharing.errors import KubeError
-from sharing.model import BoundPod, ClaimAllocation
+from sharing.model import BoundPod
 
 
 class GoneError(KubeError):
@@ -120,57 +120,6 @@ class ResourceClaimObject:
 
 
 @dataclass(frozen=True, slots=True)
-class PendingClaim:
-    """A ResourceClaim with no allocation yet, and the DeviceClasses its requests name
-    (`spec.devices.requests[].exactly.deviceClassName`, or those of `firstAvailable`)."""
-
-    namespace: str
-    name: str
-    classes: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class PoolClaim:
-    """One ResourceClaim as a DRA pool sees it: the devices of the pool allocated to it, or the
-    classes it waits for; neither when it is allocated from other pools."""
-
-    namespace: str
-    name: str
-    resource_version: str
-    allocation: ClaimAllocation | None
-    pending: PendingClaim | None
-
-
-@dataclass(frozen=True, slots=True)
-class PoolClaims:
-    """The ResourceClaims of the cluster as a pool sees them, as of `resource_version`: every one when
-    listed; in a watched view (`sharing.kube.watch_pool_claims`) only those with devices of the pool
-    allocated or pending."""
-
-    claims: Mapping[tuple[str, str], PoolClaim]
-    """By (namespace, name)."""
-    resource_version: str = ""
-    revision: int = 0
-    """Moves when what the pool acts on may have changed (`seen`), not on a write that changes only
-    a claim's resource version, so a watcher compares two numbers, not every claim, per event."""
-
-    @property
-    def allocated(self) -> tuple[ClaimAllocation, ...]:
-        """The claims with devices of the pool allocated, by namespace and name."""
-        return tuple(c.allocation for _, c in sorted(self.claims.items()) if c.allocation is not None)
-
-    @property
-    def pending(self) -> tuple[PendingClaim, ...]:
-        """The claims not allocated yet, by namespace and name."""
-        return tuple(c.pending for _, c in sorted(self.claims.items()) if c.pending is not None)
-
-    def seen(self) -> tuple[tuple[ClaimAllocation, ...], tuple[PendingClaim, ...]]:
-        """What the pool acts on (the resource versions left out: a status write that changes
-        neither is no change)."""
-        return self.allocated, self.pending
-
-
-@dataclass(frozen=True, slots=True)
 class Version:
     """A device attribute of type version (semver 2.0.0, as resource.k8s.io/v1 `DeviceAttribute.version`)."""
 
@@ -266,7 +215,7 @@ class WatchEvent:
     """
 
     kind: str
-    object: NodeObject | ConfigMapObject | ResourceSliceObject | PoolClaim | PoolClaims | None
+    object: NodeObject | ConfigMapObject | ResourceSliceObject | None
     resource_version: str = ""
 
 
@@ -308,18 +257,13 @@ class KubeClient(Protocol):
     def evict(self, namespace: str, pod: str) -> bool: ...
 
     def list_node_pods(self, node: str) -> tuple[BoundPod, ...]:
-        """The pods bound to this node that have not ended (spec.nodeName), with what they ask for."""
+        """The pods bound to this node that have not ended (spec.nodeName), with what they ask for and
+        the claims they name."""
         ...
 
-    def list_claims_of_pool(self, driver: str, pool: str) -> PoolClaims:
-        """Every ResourceClaim as this pool sees it (allocated devices of it, or not allocated yet)."""
-        ...
-
-    def watch_claims_of_pool(
-        self, driver: str, pool: str, resource_version: str, timeout_s: int
-    ) -> Iterator[WatchEvent]:
-        """Changes of the ResourceClaims after `resource_version`, each as a `PoolClaim` (a DELETED
-        one as it was last)."""
+    def list_nominated_pods(self, node: str) -> tuple[BoundPod, ...]:
+        """The pods the scheduler is binding to this node and has not bound yet
+        (`status.nominatedNodeName`), with what they ask for and the claims they name."""
         ...
 
     def get_resource_claim(self, namespace: str, name: str) -> ResourceClaimObject:

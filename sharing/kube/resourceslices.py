@@ -184,6 +184,11 @@ class SlicePublisher:
         self.hold_additions = False
         self._wake.set()
 
+    @property
+    def wanted(self) -> tuple[SliceSpec, ...]:
+        """The pool as last wanted (none before the first `want`)."""
+        return self._wanted or ()
+
     def want(self, slices: Sequence[SliceSpec]) -> None:
         """The pool to publish now (replaces any wanted before and not yet published)."""
         self._wanted = tuple(slices)

@@ -1,5 +1,5 @@
-"""Watches that turn the Kubernetes world into reconcile triggers: this Node, the ConfigMaps and,
-for a DRA pool with on-demand devices, the ResourceClaims.
+"""Watches that turn the Kubernetes world into reconcile triggers: this Node and the ConfigMaps (and
+nothing of other nodes: no ResourceClaim is watched, `sharing.kube.podclaims`).
 
 Each watch runs on its own thread, because the official client blocks. It reads the object once
 (a missing ConfigMap reads as "no data"), then watches from the newest state (no resource
@@ -38,14 +38,12 @@ from sharing.kube.api import (
     GoneError,
     KubeClient,
     NodeObject,
-    PoolClaim,
-    PoolClaims,
     UnreachableError,
     WatchEvent,
 )
 from sharing.text import bounded
 
-T = TypeVar("T", NodeObject, ConfigMapObject, PoolClaims)
+T = TypeVar("T", NodeObject, ConfigMapObject)
 log = structlog.get_logger(__name__)
 EMPTY_WATCH_PAUSE_S = 0.2
 BACKOFF_MIN_S = 0.2
@@ -258,62 +256,3 @@ def watch_configmap(kube: KubeClient, namespace: str, name: str, timeout_s: int)
         events,
         lambda cm: cm.data,
     )
-
-
-def watch_pool_claims(kube: KubeClient, driver: str, pool: str, timeout_s: int) -> Watched[PoolClaims]:
-    """The ResourceClaims `driver`'s pool `pool` acts on (`PoolClaims`): listed, then kept by a watch
-    from the list's resource version, each change folded into the view. No field selector reaches
-    into a claim's allocation (resource.k8s.io/v1), so the watch carries every claim of the cluster,
-    each change once (the API server serves it from its watch cache); a change of a claim the pool
-    neither holds nor acts on before or after (allocated on another node's pool) moves only the
-    resource version to resume from: the view is not copied and the event loop not woken for it,
-    which in a large cluster is nearly every event.
-
-    Unlike one object, a collection is not watched "from the newest state" after a 410: the server
-    would send every claim again as ADDED with no sign of the end, and the view would lack claims
-    until then (a prepared instance that no known allocation accounts for withdraws its devices).
-    An expired watch lists again instead, and the fresh list replaces the view at once."""
-    view = PoolClaims({})
-    fresh = False  # the view was just listed: the next watch starts from its version
-
-    def listed() -> PoolClaims:
-        nonlocal view, fresh
-        got = kube.list_claims_of_pool(driver, pool)
-        acted = {key: c for key, c in got.claims.items() if _acted_on(c) is not None}
-        view, fresh = PoolClaims(acted, got.resource_version, view.revision + 1), True
-        return view
-
-    def events(version: str) -> Iterator[WatchEvent]:
-        nonlocal view, fresh
-        if not version and not fresh:  # after a 410: list again
-            yield WatchEvent("ADDED", listed(), view.resource_version)
-        start, fresh = version or view.resource_version, False
-        for event in kube.watch_claims_of_pool(driver, pool, start, timeout_s):
-            claim = event.object
-            if not isinstance(claim, PoolClaim):
-                yield event  # a bookmark
-                continue
-            key = (claim.namespace, claim.name)
-            before = view.claims.get(key)
-            after = _acted_on(claim) if event.kind != "DELETED" else None
-            if before is None and after is None:  # another pool's, before and after
-                yield WatchEvent(event.kind, None, event.resource_version)
-                continue
-            claims = dict(view.claims)
-            if after is None:
-                del claims[key]
-            else:
-                claims[key] = claim
-            moved = _acted_on(before) != after
-            view = PoolClaims(claims, event.resource_version, view.revision + int(moved))
-            yield WatchEvent(event.kind, view, event.resource_version)
-
-    return Watched(f"resourceclaims/{pool}", listed, events, lambda claims: claims.revision)
-
-
-def _acted_on(claim: PoolClaim | None) -> tuple[object, object] | None:
-    """What the pool acts on of a claim: its devices of the pool, or its pending request; None when
-    neither (allocated from other pools) or there is no claim."""
-    if claim is None or (claim.allocation is None and claim.pending is None):
-        return None
-    return claim.allocation, claim.pending

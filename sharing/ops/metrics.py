@@ -154,11 +154,27 @@ class _State(Collector):
             ["selected", "in_effect"],
             [([config.get("selected") or "", ",".join(config.get("inEffect", []))], 1)] if status else [],
         )  # fmt: skip
-        waiting = Tally(f["profile"] for f in status.get("fragmented", []))
+        rooms = [(g, g["room"]) for g in gpus if g.get("room")]
+        labels = ["gpu", "uuid"]
         yield _gauge(
-            "dra_fragmented_claims",
-            "Pending claims whose MIG profile fits a dynamic GPU's free memory and compute but no placement.",
-            ["profile"], ((([p], n) for p, n in sorted(waiting.items()))),
+            "dynamic_gpu_largest_placeable_compute_slices",
+            "Compute slices of the largest MIG profile a dynamic GPU still has a free placement for.",
+            labels, (([str(g["index"]), g["uuid"]], r["largestComputeSlices"]) for g, r in rooms),
+        )  # fmt: skip
+        yield _gauge(
+            "dynamic_gpu_largest_placeable_info",
+            "The largest MIG profile a dynamic GPU still has a free placement for (value 1).",
+            [*labels, "profile"],
+            (([str(g["index"]), g["uuid"], r["largestProfile"]], 1) for g, r in rooms if r["largestProfile"]),
+        )  # fmt: skip
+        yield _gauge(
+            "dynamic_gpu_free_compute_slices", "Compute slices of a dynamic GPU no MIG instance uses.",
+            labels, (([str(g["index"]), g["uuid"]], r["freeComputeSlices"]) for g, r in rooms),
+        )  # fmt: skip
+        yield _gauge(
+            "dynamic_gpu_stranded_compute_slices",
+            "Free compute slices of a dynamic GPU that no placement can use, given where its instances are.",
+            labels, (([str(g["index"]), g["uuid"]], r["strandedComputeSlices"]) for g, r in rooms),
         )  # fmt: skip
         daemons = [(g, g["mps"]) for g in gpus if g.get("mps")]
         labels = ["gpu", "uuid"]

@@ -25,7 +25,7 @@ from sharing.config import Frontend
 from sharing.deviceplugin import Fleet
 from sharing.devices import Inventory, with_health
 from sharing.dra.foreign import Foreign
-from sharing.dra.fragmentation import Fragmented
+from sharing.dra.fragmentation import GpuRoom
 from sharing.gpu.mps import MpsDaemons
 from sharing.kubelet import Holders
 from sharing.model import NodeState
@@ -44,9 +44,8 @@ JSON_TYPE = "application/json"
 class Fragments(Protocol):
     """The DRA front-end as the report reads it."""
 
-    @property
-    def fragmented(self) -> Sequence[Fragmented]:
-        """Pending claims whose MIG profile fits a dynamic GPU's free memory and compute but no placement."""
+    def room(self) -> Sequence[GpuRoom]:
+        """Per dynamic GPU: the largest profile it can still take and its stranded compute."""
         ...
 
     def foreign(self) -> Sequence[Foreign]:
@@ -154,7 +153,7 @@ class Reporter:
             },
             claims=holders.claims,
             frontend=self.hardware.frontend.value,
-            fragmented=self.hardware.dra.fragmented if self.hardware.dra is not None else (),
+            room=self.hardware.dra.room() if self.hardware.dra is not None else (),
             foreign=self.hardware.dra.foreign() if self.hardware.dra is not None else (),
         )
         self.metrics.snapshot(document, ((p.resource, p.registered) for p in self.fleet.status()))

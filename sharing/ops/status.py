@@ -15,7 +15,7 @@ from typing import Any
 
 from sharing.devices import REPLICA_SEPARATOR, Device, Inventory
 from sharing.dra.foreign import Foreign
-from sharing.dra.fragmentation import Fragmented
+from sharing.dra.fragmentation import GpuRoom
 from sharing.model import ClaimHold, Gpu, GpuUuid, Holding, NodeState
 
 
@@ -46,16 +46,16 @@ def status_document(
     mps: Mapping[GpuUuid, Mapping[str, Any]] | None = None,
     claims: Sequence[ClaimHold] = (),
     frontend: str = "deviceplugin",
-    fragmented: Sequence[Fragmented] = (),
+    room: Sequence[GpuRoom] = (),
     foreign: Sequence[Foreign] = (),
 ) -> dict[str, Any]:
     """The status of a node; `holders` None means they could not be read (`holders_error` says why).
 
     `unhealthy` names the GPUs a health event (XID) took down and that have not recovered; `mps`, per
     GPU UUID, its MPS control daemon (`mps_daemon`), for the GPUs shared with MPS; `claims` are the
-    ResourceClaims holding devices (DRA front-end), each shown beside its devices; `fragmented` the
-    pending claims whose MIG profile fits a dynamic GPU's free memory and compute but no placement;
-    `foreign` the MIG instances on dynamic GPUs that the agent did not make (`sharing.dra.foreign`).
+    ResourceClaims holding devices (DRA front-end), each shown beside its devices; `room` what each
+    dynamic GPU can still take (`sharing.dra.fragmentation`); `foreign` the MIG instances on dynamic
+    GPUs that the agent did not make (`sharing.dra.foreign`).
     """
     owners = _owners(holders or ())
     profiles = {ci.uuid: gi.profile for g in node.gpus for gi, ci in g.mig_devices}
@@ -86,6 +86,7 @@ def status_document(
                 **_gpu(g, slices.get(g.uuid, []), config.in_effect.get(g.uuid), g.uuid not in unhealthy),
                 "mps": dict((mps or {})[g.uuid]) if g.uuid in (mps or {}) else None,
                 "dynamic": _dynamic(g.uuid, inventory),
+                "room": next((_room(r) for r in room if r.uuid == g.uuid), None),
                 "foreign": [
                     _foreign(f, g.uuid in inventory.reclaim) for f in foreign if f.gpu.uuid == g.uuid
                 ],
@@ -93,10 +94,6 @@ def status_document(
             for g in node.gpus
         ],
         "unreadable": [{"index": u.index, "uuid": u.uuid, "error": u.error} for u in node.unreadable],
-        "fragmented": [
-            {"claim": f"{f.namespace}/{f.name}", "profile": f.profile, "gpus": list(f.gpus)}
-            for f in fragmented
-        ],
     }
 
 
@@ -127,6 +124,15 @@ def _dynamic(uuid: str, inventory: Inventory) -> str | None:
     if uuid in inventory.dynamic:
         return "onDemand"
     return "whole" if uuid in inventory.whole else None
+
+
+def _room(r: GpuRoom) -> dict[str, Any]:
+    return {
+        "largestProfile": r.largest or None,
+        "largestComputeSlices": r.largest_compute_slices,
+        "freeComputeSlices": r.free_compute_slices,
+        "strandedComputeSlices": r.stranded_compute_slices,
+    }
 
 
 def _foreign(f: Foreign, reclaim: bool) -> dict[str, Any]:

@@ -11,16 +11,16 @@ from typing import Protocol
 
 from sharing.devices import Inventory
 from sharing.dra.foreign import Foreign
-from sharing.dra.fragmentation import Fragmented
+from sharing.dra.fragmentation import GpuRoom
 from sharing.kube.features import ClusterFeatures
-from sharing.model import ClaimHold, NodeState
+from sharing.model import ClaimAllocation, ClaimHold, NodeState
 
 
 class DraFrontend(Protocol):
     """The DRA front-end (`sharing.dra`): the kubelet plugin and the publisher of the node's slices."""
 
-    event: Callable[[str, str, str], Awaitable[None]] | None
-    """Where it records Events on the Node ((type, reason, message)); set by the agent."""
+    node_claims: Callable[[], Awaitable[tuple[ClaimAllocation, ...]]] | None
+    """Where it asks which claims hold devices of the pool (`sharing.kube.podclaims`); set by the agent."""
 
     async def features(self) -> ClusterFeatures:
         """The gates the cluster's API server has off among those the pool's fields need (asked once)."""
@@ -50,9 +50,13 @@ class DraFrontend(Protocol):
         """(its servers run, why it is not ready: not registered, slices not written; or "")."""
         ...
 
-    @property
-    def fragmented(self) -> Sequence[Fragmented]:
-        """Pending claims whose MIG profile fits a dynamic GPU's free memory and compute but no placement."""
+    async def settled(self) -> None:
+        """Return once no scheduling cycle that read the pool before its last withdrawal can still
+        write an allocation of a withdrawn device."""
+        ...
+
+    def room(self) -> Sequence[GpuRoom]:
+        """Per dynamic GPU: the largest profile it can still take and its stranded compute."""
         ...
 
     def foreign(self) -> Sequence[Foreign]:

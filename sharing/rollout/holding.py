@@ -3,9 +3,10 @@ the plugins' own recent Allocates, the ResourceClaims allocated from the node's 
 the DRA plugin has prepared and not yet unprepared.
 
 Two questions, two costs. Deciding what may be destroyed believes PodResources only once it names every
-pod the API server has bound here, and asks the API server for the pool's claims: whatever cannot be
-read makes every device count as held. Showing who holds what (`/status`, `/metrics`) takes the
-kubelet's List as it is and asks the API server nothing, so scrapes cost it no request.
+pod the API server has bound here, and asks the API server for the claims the node's pods name (one
+GET each, never a list of every claim): whatever cannot be read makes every device count as held.
+Showing who holds what (`/status`, `/metrics`) takes the kubelet's List as it is and asks the API
+server nothing, so scrapes cost it no request.
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ belongs to a pod that has gone."""
 
 
 AllocatedClaims = Callable[[], Awaitable[tuple[ClaimAllocation, ...]]]
-"""The ResourceClaims with devices of this node's DRA pool allocated (what `list_claims_of_pool` of
-sharing.kube calls `allocated`)."""
+"""The ResourceClaims with devices of this node's DRA pool allocated, found from the node's pods
+(`sharing.kube.podclaims`)."""
 
 
 class HoldersReader:

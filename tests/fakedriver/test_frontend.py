@@ -21,7 +21,7 @@ from sharing.agent import Agent
 from sharing.deviceplugin import Fleet, FleetSettings
 from sharing.devices import Inventory
 from sharing.dra.foreign import Foreign
-from sharing.dra.fragmentation import Fragmented
+from sharing.dra.fragmentation import GpuRoom
 from sharing.errors import KubeError
 from sharing.gpu import simstate
 from sharing.gpu.nvml import NvmlBackend
@@ -135,13 +135,18 @@ class Slices:
     withdrawn: int = 0
     prepared_claims: tuple[ClaimHold, ...] = ()
     unknown: str = ""
-    event: Callable[[str, str, str], Awaitable[None]] | None = None
-    fragmented: tuple[Fragmented, ...] = ()
+    node_claims: Callable[[], Awaitable[tuple[ClaimAllocation, ...]]] | None = None
     cluster: ClusterFeatures = field(default_factory=lambda: ClusterFeatures(known=True))
     """What the API server keeps (`sharing.kube.features`): everything unless a test says otherwise."""
 
     async def features(self) -> ClusterFeatures:
         return self.cluster
+
+    async def settled(self) -> None:
+        pass
+
+    def room(self) -> tuple[GpuRoom, ...]:
+        return ()
 
     async def start(self) -> None:
         self.running = True

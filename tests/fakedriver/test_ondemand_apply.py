@@ -69,13 +69,13 @@ async def test_an_instance_on_a_dynamic_gpu_is_never_destroyed(
     assert simstate.counters(state) == before
     node = await backend.observe()
     assert [(gi.profile, gi.start) for gi in node.gpus[0].instances] == [("1g.5gb", 6)]
-    # Published: GPU 0 only; not allocated to any claim, the instance withdraws what overlaps it.
+    # Published: GPU 0 only; held by no claim prepared here, the instance withdraws what overlaps it.
     specs = partitionable_slices("n", node, {node.gpus[0].uuid}, CATALOG)
     names = {d.name for s in specs for d in s.devices}
     assert [c.name for s in specs for c in s.shared_counters] == ["gpu-0-counters"]
     assert "gpu-0-mig-1g-5gb-at-5" in names
     assert names.isdisjoint({"gpu-0-mig-1g-5gb-at-6", "gpu-0-mig-3g-20gb-at-4", "gpu-0-mig-7g-40gb-at-0"})
     allocated = partitionable_slices(
-        "n", node, {node.gpus[0].uuid}, CATALOG, allocated=["gpu-0-mig-1g-5gb-at-6"]
+        "n", node, {node.gpus[0].uuid}, CATALOG, prepared=["gpu-0-mig-1g-5gb-at-6"]
     )
     assert "gpu-0-mig-1g-5gb-at-6" in {d.name for s in allocated for d in s.devices}

@@ -8,22 +8,28 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
 from sharing.devices import Inventory
-from sharing.dra import ClaimKey, OnDemand, Preparer
+from sharing.dra import ClaimKey, OnDemand, Preparer, frontend
 from sharing.dra.foreign import foreign_instances
+from sharing.dra.frontend import DraFrontEnd
 from sharing.dra.partitions import partitionable_slices
+from sharing.dra.plugin import DraPaths
 from sharing.gpu import simstate
 from sharing.gpu.devfiles import DriverFiles
 from sharing.gpu.nvml import NvmlBackend
 from sharing.gpu.nvmlapi import Nvml
 from sharing.kube.api import ResourceClaimObject
 from sharing.mig.catalog import default_catalog
-from sharing.model import GpuInstance, NodeState
+from sharing.model import ClaimAllocation, GpuInstance, NodeState
 from sharing.store import ClaimCheckpoint, Journal, OwnedInstance, PreparedClaim, PreparedDevice
 from tests.fakedriver.test_ondemand import Claims, allocated, instances
+from tests.unit.conftest import plugin_dir  # noqa: F401  (the fixture)
+from tests.unit.fakekube import FakeKube
+from tests.unit.test_dra_registration import held, notify
 
 CATALOG = default_catalog()
 
@@ -172,3 +178,54 @@ async def test_nothing_is_reclaimed_while_the_checkpoint_cannot_say_which_instan
     await p.load()
     assert 0 == await p.reclaim_foreign({(await backend.observe()).gpus[0].uuid}, (), CATALOG)
     assert [[(9, 4, 4)], []] == instances(state)
+
+
+async def test_reclaim_withdraws_the_devices_reads_the_nodes_claims_and_destroys_only_what_none_is_allocated(
+    backend: NvmlBackend,
+    state: Path,
+    tmp_path: Path,
+    plugin_dir: Path,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`reclaimForeign: idle` as any change: the devices of the idle foreign instances withdrawn from the
+    pool first, the claims of the node's pods read once the API server holds that (and the scheduler's
+    window is over), and an instance a claim is allocated (its pod bound, not prepared yet) kept."""
+    monkeypatch.setattr(frontend, "SCHEDULER_WINDOW_S", 0.01)
+    await someone_makes(backend, 0, "3g.20gb", 4)
+    await someone_makes(backend, 0, "1g.5gb", 0)
+    kube = FakeKube("node-a", {})
+    seen: list[set[str]] = []
+    claimed = ["gpu-0-mig-3g-20gb-at-4"]
+
+    async def node_claims() -> tuple[ClaimAllocation, ...]:
+        seen.append({d.name for s in kube.slices.values() for d in s.spec.devices})
+        return (ClaimAllocation("ns", "c", "uid-c", tuple(claimed), ("ns/p",)),) if claimed else ()
+
+    front = DraFrontEnd(
+        kube=cast(Any, kube), node_name="node-a", files=DriverFiles(tmp_path / "driver"),
+        cdi_dir=tmp_path / "cdi", catalog=CATALOG,
+        paths=DraPaths(plugin_dir / "plugins", plugin_dir / "plugins_registry"),
+        ondemand=OnDemand(backend, Journal(tmp_path / "journal.jsonl"), lock_wait_s=0.5),
+        node_claims=node_claims,
+    )  # fmt: skip
+    await front.start()
+    try:
+        await notify(front.plugin)
+        gpu0 = (await backend.observe()).gpus[0].uuid
+        inventory = Inventory(dynamic=frozenset({gpu0}), reclaim=frozenset({gpu0}))
+        assert "" == await front.publish(inventory, await backend.observe())
+        assert {"gpu-0-mig-3g-20gb-at-4", "gpu-0-mig-1g-5gb-at-0"} <= held(kube)  # offered as they are
+
+        assert True is await front.follow_node()
+
+        (before_read,) = seen
+        assert not {"gpu-0-mig-3g-20gb-at-4", "gpu-0-mig-1g-5gb-at-0"} & before_read  # withdrawn first
+        assert [[(9, 4, 4)], []] == instances(state)  # the allocated one kept, the other destroyed
+        assert "gpu-0-mig-3g-20gb-at-4" in held(kube)  # offered again, for the claim to adopt
+        claimed.clear()  # its claim was deleted
+        assert True is await front.follow_node()
+        assert [[], []] == instances(state)
+        assert "gpu-0-mig-7g-40gb-at-0" in held(kube)
+        assert not Journal(tmp_path / "journal.jsonl").path.exists()
+    finally:
+        await front.stop()

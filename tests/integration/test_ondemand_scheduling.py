@@ -6,9 +6,10 @@ placement, small claims pack one GPU so the largest profile fits another, and a 
 
 The same control plane as tests/integration/test_dra_scheduling.py (kube-scheduler, the chart's
 DeviceClasses, a Ready Node without a kubelet: pods are bound, never run). After each allocation the
-pool is published again in the order the placement policy gives for what is allocated, as the agent
-does; the scheduler may allocate from the order before (it is still safe, only less good), so the
-tests assert what holds either way.
+pool is published again in the order the placement policy gives for the claims prepared on the node,
+as the agent does (the test stands in for the kubelet: an allocated claim's pod is bound, so it counts
+as prepared); the scheduler may allocate from the order before (it is still safe, only less good), so
+the tests assert what holds either way.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ class OnDemandPool:
         self.publisher = SlicePublisher(self.api, name, DRIVER)
 
     def wanted(self, taken: list[str]) -> tuple[SliceSpec, ...]:
-        return partitionable_slices(self.name, self.node, {"GPU-0", "GPU-1"}, CATALOG, allocated=taken)
+        return partitionable_slices(self.name, self.node, {"GPU-0", "GPU-1"}, CATALOG, prepared=taken)
 
     async def publish(self, taken: list[str]) -> None:
         """Publish the pool for what is allocated now; back once the API server holds it."""

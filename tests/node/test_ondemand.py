@@ -260,9 +260,11 @@ def test_a_kubelet_restarted_with_claims_prepared_loses_and_leaks_no_instance(dr
     assert seen == dra.seen(pod)
 
 
-def test_a_claim_that_only_fragmented_room_would_hold_is_an_event_a_metric_and_in_sharing_status(
+def test_a_claim_only_fragmented_room_would_hold_waits_with_the_schedulers_reason_and_the_room_is_shown(
     dra: DraNode,
 ) -> None:
+    """The agent reads no pending claim (that would be every claim of the cluster, for every node): the
+    scheduler says why one waits, and the agent says per GPU what it can still take."""
     # GPU 0: 1g.5gb on memory slices 0, 2, 4, 6 (placed by CEL), so four slices and three compute
     # slices are free but no four contiguous ones; GPU 1: taken whole.
     for start in (0, 2, 4, 6):
@@ -275,32 +277,46 @@ def test_a_claim_that_only_fragmented_room_would_hold_is_an_event_a_metric_and_i
     _run(dra, dra.pod(_profile_claim(dra, "7g.40gb")))
     assert [("1g.5gb", s) for s in (0, 2, 4, 6)] == _placements(_a100s(dra.node)[0])
 
-    big = _profile_claim(dra, "3g.20gb")
-    dra.pod(big)
-    said = (
-        f"claim default/{big} waits for a 3g.20gb MIG device: GPU 0 has the free memory and compute for "
-        "it but no free placement (the free memory slices are not contiguous around the instances in "
-        "use); it fits once instances there are released"
-    )
-    _until(
-        dra.node,
-        "the MigFragmented Event",
-        lambda: dra.node.events("MigFragmented"),
-        lambda m: said in m,
-        60,
-    )
+    big = dra.pod(_profile_claim(dra, "3g.20gb"))
+
+    def unschedulable(p: dict[str, Any]) -> bool:
+        conditions = p.get("status", {}).get("conditions", [])
+        return any(c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable" for c in conditions)
+
+    got = _until(dra.node, "the pod unschedulable", lambda: dra.node.pod(big), unschedulable, 60)
+    (scheduled,) = [c for c in got["status"]["conditions"] if c["type"] == "PodScheduled"]
+    assert "cannot allocate all claims" in scheduled["message"]
     status = json.loads(
         dra.node.kubectl("-n", NAMESPACE, "exec", "ds/gpu-sharing", "--", "sharing", "status", "--json")
     )
-    assert [{"claim": f"default/{big}", "profile": "3g.20gb", "gpus": [0]}] == status["fragmented"]
+    rooms = {g["index"]: g["room"] for g in status["gpus"] if g.get("room")}
+    assert {
+        0: {
+            "largestProfile": "1g.5gb",
+            "largestComputeSlices": 1,
+            "freeComputeSlices": 3,
+            "strandedComputeSlices": 0,
+        },
+        1: {
+            "largestProfile": None,
+            "largestComputeSlices": 0,
+            "freeComputeSlices": 0,
+            "strandedComputeSlices": 0,
+        },
+    } == {i: rooms[i] for i in (0, 1)}
     script = "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:9402/metrics').read().decode())"
-    line = 'gpu_sharing_dra_fragmented_claims{profile="3g.20gb"} 1.0'
+    uuid0 = _a100s_uuids(status)[0]
+    line = f'gpu_sharing_dynamic_gpu_largest_placeable_compute_slices{{gpu="0",uuid="{uuid0}"}} 1.0'
 
     def metrics() -> list[str]:  # /metrics renders the status at most once a second
         out = dra.node.kubectl("-n", NAMESPACE, "exec", "ds/gpu-sharing", "--", "python3", "-c", script)
         return out.splitlines()
 
     _until(dra.node, "the gauge in /metrics", metrics, lambda m: line in m, 30)
+
+
+def _a100s_uuids(status: dict[str, Any]) -> list[str]:
+    return [g["uuid"] for g in status["gpus"] if "A100" in g["product"]]
 
 
 def test_seven_pods_arriving_at_once_pack_onto_one_gpu(dra: DraNode) -> None:

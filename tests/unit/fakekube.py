@@ -16,10 +16,9 @@ from datetime import datetime
 from sharing.errors import KubeError
 from sharing.kube import ConfigMapObject, NodeObject, NotFoundError, WatchEvent
 from sharing.kube.api import (
+    AllocatedDevice,
     ConflictError,
-    PendingClaim,
-    PoolClaim,
-    PoolClaims,
+    PodReference,
     ResourceClaimObject,
     ResourceSliceObject,
     SliceSpec,
@@ -73,14 +72,18 @@ class FakeKube:
         """The pods bound to the node (none: the tests' pods exist only in the fake kubelet)."""
         self.claims: dict[tuple[str, str], ResourceClaimObject] = {}
         """ResourceClaims by (namespace, name)."""
+        self.claim_reads = 0
+        """GETs of ResourceClaims."""
+        self.nominated: tuple[BoundPod, ...] = ()
+        """The pods the scheduler is binding to the node (status.nominatedNodeName)."""
         self.pool_claims: tuple[ClaimAllocation, ...] = ()
-        """The claims allocated devices of our pool (list_claims_of_pool)."""
+        """Claims allocated devices of the node's pool (driver gpu.nvidia.com), each with its pods bound
+        to the node: `list_node_pods` lists those pods, naming the claim, and `get_resource_claim`
+        reads it, allocated those devices."""
         self.slices: dict[str, ResourceSliceObject] = {}
         """ResourceSlices by name."""
         self.slice_writes: list[tuple[str, str, int]] = []
         """(create | update | delete, slice name, pool generation) in the order they came."""
-        self.pending_claims: tuple[PendingClaim, ...] = ()
-        """The claims not allocated yet (list_claims_of_pool)."""
         self._version = 1
         self._lock = threading.Lock()
         self._queues: dict[tuple[str, ...], queue.Queue[WatchEvent | None]] = {}
@@ -188,27 +191,30 @@ class FakeKube:
 
     def list_node_pods(self, node: str) -> tuple[BoundPod, ...]:
         self.requests += 1
-        return self.bound
+        users = [
+            BoundPod(c.namespace, pod.partition("/")[2], frozenset(), (c.name,))
+            for c in self.pool_claims
+            for pod in c.pods
+        ]
+        return (*self.bound, *users)
 
-    def list_claims_of_pool(self, driver: str, pool: str) -> PoolClaims:
+    def list_nominated_pods(self, node: str) -> tuple[BoundPod, ...]:
         self.requests += 1
-        allocated = {
-            (c.namespace, c.name): PoolClaim(c.namespace, c.name, "1", c, None) for c in self.pool_claims
-        }
-        pending = {
-            (c.namespace, c.name): PoolClaim(c.namespace, c.name, "1", None, c) for c in self.pending_claims
-        }
-        return PoolClaims(allocated | pending, "1")
-
-    def watch_claims_of_pool(
-        self, driver: str, pool: str, resource_version: str, timeout_s: int
-    ) -> Iterator[WatchEvent]:
-        self.requests += 1
-        return self._stream(("claims",))
+        return self.nominated
 
     def get_resource_claim(self, namespace: str, name: str) -> ResourceClaimObject:
         self.requests += 1
+        self.claim_reads += 1
         claim = self.claims.get((namespace, name))
+        if claim is None:
+            claim = next(
+                (
+                    _claim(c, self.node.name)
+                    for c in self.pool_claims
+                    if (c.namespace, c.name) == (namespace, name)
+                ),
+                None,
+            )
         if claim is None:
             raise NotFoundError(f"read resourceclaim {namespace}/{name}: HTTP 404 Not Found")
         return claim
@@ -276,3 +282,10 @@ class FakeKube:
         while (event := q.get()) is not None:
             yield event
         q.put(None)  # every other stream of this object ends too
+
+
+def _claim(c: ClaimAllocation, pool: str) -> ResourceClaimObject:
+    """A claim allocated `c.devices` of the pool, reserved for its pods."""
+    results = tuple(AllocatedDevice(f"r{i}", "gpu.nvidia.com", pool, d) for i, d in enumerate(c.devices))
+    users = tuple(PodReference(p.partition("/")[2], f"uid-{p}") for p in c.pods)
+    return ResourceClaimObject(c.namespace, c.name, c.uid, True, results, (), users)

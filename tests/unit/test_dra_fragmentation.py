@@ -1,91 +1,90 @@
-"""Fragmentation made visible: a pending claim whose MIG profile fits a dynamic GPU's free memory and
-compute but no placement is found, said once as an Event, counted in the metrics and shown by
-`sharing status`."""
+"""The room of a dynamic GPU, from the instances on it: the largest profile it can still take and the
+free compute its instances strand, in `sharing status` and the metrics; no claim of the cluster read."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, cast
 
+import pytest
+
 from sharing.cli.status import describe
 from sharing.devices import Inventory
-from sharing.dra.fragmentation import Fragmented, class_profile, fragmented_claims
+from sharing.dra.fragmentation import GpuRoom, room
 from sharing.dra.frontend import DraFrontEnd
-from sharing.dra.names import ondemand_device_name
 from sharing.gpu.devfiles import DeviceFiles
-from sharing.kube.api import PendingClaim
 from sharing.mig import default_catalog
-from sharing.model import ClaimAllocation, DriverInfo, Gpu, GpuUuid, NodeState
+from sharing.model import ComputeInstance, DriverInfo, Gpu, GpuInstance, GpuUuid, MigUuid, NodeState
 from sharing.ops import ConfigStatus, status_document
 from sharing.ops.metrics import Metrics
 from tests.unit.fakekube import FakeKube
 
 CATALOG = default_catalog()
 PRODUCT = next(p for p in CATALOG.products if p.name == "A100-SXM4-40GB")
-# Four 1g.5gb on memory slices 0, 2, 4, 6: four slices and three compute slices free, none contiguous.
-CHECKERED = tuple(ondemand_device_name(0, "1g.5gb", s) for s in (0, 2, 4, 6))
-WAITING = PendingClaim("default", "big", ("mig-3g.20gb.nvidia.com",))
 
 
-def _a100(index: int) -> Gpu:
+def _a100(index: int, *placed: tuple[str, int]) -> Gpu:
+    instances = tuple(
+        GpuInstance(n, profile, start, PRODUCT.require_profile(profile).size,
+                    (ComputeInstance(0, MigUuid(f"MIG-{index}-{n}")),))
+        for n, (profile, start) in enumerate(placed)
+    )  # fmt: skip
     return Gpu(index, GpuUuid(f"GPU-{index}"), "NVIDIA A100-SXM4-40GB", PRODUCT.memory_mib, True, True, True,
-               (), compute_capability=(8, 0), profiles=PRODUCT)  # fmt: skip
+               instances, compute_capability=(8, 0), profiles=PRODUCT)  # fmt: skip
 
 
-def _node(count: int) -> NodeState:
-    return NodeState(tuple(_a100(i) for i in range(count)), driver=DriverInfo("550.107.02", 12040))
+def _node(*gpus: Gpu) -> NodeState:
+    return NodeState(gpus, driver=DriverInfo("550.107.02", 12040))
 
 
-def test_a_claim_for_a_profile_with_room_but_no_placement_is_fragmented() -> None:
-    found = fragmented_claims(_node(1), {"GPU-0"}, CATALOG, allocated=CHECKERED, pending=[WAITING])
-    assert (Fragmented("default", "big", "3g.20gb", (0,)),) == found
+@pytest.mark.parametrize(
+    ("placed", "largest", "free", "stranded"),
+    [
+        pytest.param((), "7g.40gb", 7, 0, id="empty"),
+        # Four 1g.5gb on memory slices 0, 2, 4, 6: three compute slices free, but 1g.5gb fits only at
+        # slices 1, 3 and 5 ... which is three: nothing stranded, the largest is a 1g.
+        pytest.param(
+            (("1g.5gb", 0), ("1g.5gb", 2), ("1g.5gb", 4), ("1g.5gb", 6)), "1g.5gb", 3, 0, id="checkered"
+        ),
+        # Two 3g.20gb take every memory slice: one compute slice is free and nothing can use it.
+        pytest.param((("3g.20gb", 0), ("3g.20gb", 4)), "", 1, 1, id="3g-3g-strands-one"),
+        pytest.param((("4g.20gb", 0),), "3g.20gb", 3, 0, id="4g-leaves-3g"),
+    ],
+)
+def test_the_room_of_a_gpu_is_its_largest_placeable_profile_and_its_stranded_compute(
+    placed: tuple[tuple[str, int], ...], largest: str, free: int, stranded: int
+) -> None:
+    (got,) = room(_node(_a100(0, *placed)), {"GPU-0"}, CATALOG)
+    size = PRODUCT.require_profile(largest).compute_slices if largest else 0
+    assert GpuRoom(0, "GPU-0", largest, size, free, stranded) == got
 
 
-def test_a_claim_that_fits_another_gpu_or_names_no_profile_is_not() -> None:
-    pending = [WAITING, PendingClaim("default", "any", ("mig.nvidia.com",))]
-    assert () == fragmented_claims(
-        _node(2), {"GPU-0", "GPU-1"}, CATALOG, allocated=CHECKERED, pending=pending
-    )
-    full = tuple(ondemand_device_name(0, "1g.5gb", s) for s in range(7))  # no compute left: full
-    assert () == fragmented_claims(_node(1), {"GPU-0"}, CATALOG, allocated=full, pending=[WAITING])
+def test_only_dynamic_gpus_in_mig_mode_have_a_room() -> None:
+    node = _node(_a100(0), _a100(1))
+    assert [0] == [r.gpu for r in room(node, {"GPU-0"}, CATALOG)]
 
 
-def test_a_per_profile_class_names_its_profile() -> None:
-    assert "1g.5gb" == class_profile("mig-1g.5gb.nvidia.com", PRODUCT)
-    assert "1g.5gb+me" == class_profile("mig-1g.5gb.me.nvidia.com", PRODUCT)
-    assert None is class_profile("gpu.nvidia.com", PRODUCT)
-
-
-async def test_the_front_end_says_it_once_as_an_event_and_status_and_metrics_show_it(tmp_path: Path) -> None:
+async def test_the_front_end_shows_the_room_in_status_and_metrics_and_reads_no_claim(tmp_path: Path) -> None:
     kube = FakeKube("node-a", {})
-    kube.pool_claims = (ClaimAllocation("default", "small", "uid-s", CHECKERED),)
-    kube.pending_claims = (WAITING,)
     front = DraFrontEnd(kube=cast(Any, kube), node_name="node-a", files=cast(DeviceFiles, None),
                         cdi_dir=tmp_path, catalog=CATALOG)  # fmt: skip
-    said: list[tuple[str, str, str]] = []
-
-    async def event(kind: str, reason: str, message: str) -> None:
-        said.append((kind, reason, message))
-
-    front.event = event
-    node = _node(1)
-    assert "" == await front.publish(Inventory(dynamic=frozenset({GpuUuid("GPU-0")})), node)
-    await front.follow_allocations()  # read again: nothing new to say
-    message = (
-        "claim default/big waits for a 3g.20gb MIG device: GPU 0 has the free memory and compute for it "
-        "but no free placement (the free memory slices are not contiguous around the instances in use); "
-        "it fits once instances there are released"
-    )
-    assert [("Warning", "MigFragmented", message)] == said
-
-    document = status_document("node-a", node, Inventory(), [], ConfigStatus(), fragmented=front.fragmented)
-    assert [{"claim": "default/big", "profile": "3g.20gb", "gpus": [0]}] == document["fragmented"]
+    node = _node(_a100(0, ("3g.20gb", 0), ("3g.20gb", 4)))
+    inventory = Inventory(dynamic=frozenset({GpuUuid("GPU-0")}))
+    assert "" == await front.publish(inventory, node)
+    document = status_document("node-a", node, inventory, [], ConfigStatus(), room=front.room())
+    assert {
+        "largestProfile": None,
+        "largestComputeSlices": 0,
+        "freeComputeSlices": 1,
+        "strandedComputeSlices": 1,
+    } == document["gpus"][0]["room"]
     assert (
-        "claim default/big waits for 3g.20gb: fragmented on GPU 0 (the free memory and compute would hold "
-        "it, no placement does)"
+        "  room: largest profile still placeable none; 1 compute slices free, 1 of them stranded (no"
+        " placement can use them)"
     ) in describe(document).splitlines()
     metrics = Metrics("test")
     metrics.snapshot(document, ())
-    assert (
-        'gpu_sharing_dra_fragmented_claims{profile="3g.20gb"} 1.0' in metrics.render().decode().splitlines()
-    )
+    rendered = metrics.render().decode().splitlines()
+    assert 'gpu_sharing_dynamic_gpu_stranded_compute_slices{gpu="0",uuid="GPU-0"} 1.0' in rendered
+    assert 'gpu_sharing_dynamic_gpu_largest_placeable_compute_slices{gpu="0",uuid="GPU-0"} 0.0' in rendered
+    assert 0 == kube.claim_reads

@@ -1,5 +1,6 @@
 """The DRA front-end with `mig: dynamic` GPUs: their partitionable devices go into the pool beside the
-static ones, ordered for what claims are allocated, and re-built when the allocations change."""
+static ones, ordered for the claims prepared here and the instances on the GPUs, and re-built when
+either changes; no ResourceClaim is read for it."""
 
 from __future__ import annotations
 
@@ -20,7 +21,6 @@ from sharing.gpu.devfiles import DeviceFiles
 from sharing.kube.api import SliceSpec, Version
 from sharing.mig import default_catalog
 from sharing.model import (
-    ClaimAllocation,
     ComputeInstance,
     DriverInfo,
     Gpu,
@@ -30,7 +30,7 @@ from sharing.model import (
     NodeState,
 )
 from sharing.ops import ConfigStatus, status_document
-from sharing.store import Journal
+from sharing.store import Journal, PreparedClaim, PreparedDevice
 from tests.unit.fakekube import FakeKube
 
 CATALOG = default_catalog()
@@ -66,48 +66,59 @@ def _wanted(specs: tuple[SliceSpec, ...]) -> list[tuple[str, ...]]:
     return [tuple(d.name for d in s.devices) for s in specs]
 
 
-def _claim(*devices: str) -> ClaimAllocation:
-    return ClaimAllocation("default", "c", "uid-c", devices)
+def _prepare(front: DraFrontEnd, *devices: str) -> None:
+    """The checkpoint holds one claim prepared with these devices of the pool (none: no claim)."""
+    records = front.plugin.preparer.records
+    claim = PreparedClaim(
+        "default",
+        "c",
+        "uid-c",
+        tuple(PreparedDevice(("r",), NODE_NAME, d, f"MIG-{i}", "GPU-0", ()) for i, d in enumerate(devices)),
+    )
+    records.claims = {claim.uid: claim} if devices else {}
 
 
-async def test_dynamic_gpus_are_published_as_partitionable_devices_ordered_for_the_allocations(
+async def test_dynamic_gpus_are_published_as_partitionable_devices_ordered_for_the_claims_prepared_here(
     tmp_path: Path,
 ) -> None:
     kube = FakeKube(NODE_NAME, {})
     first = partitionable_slices(NODE_NAME, NODE, DYNAMIC.dynamic, CATALOG)
     taken = first[1].devices[0].name  # the scheduler's first fit on GPU 0
-    kube.pool_claims = (_claim(taken),)
     front = _front_end(kube, tmp_path)
+    _prepare(front, taken)
 
     assert "" == await front.publish(DYNAMIC, NODE)
 
-    expected = partitionable_slices(NODE_NAME, NODE, DYNAMIC.dynamic, CATALOG, allocated=(taken,))
-    assert (taken,) == front.allocated
+    expected = partitionable_slices(NODE_NAME, NODE, DYNAMIC.dynamic, CATALOG, prepared=(taken,))
     assert _wanted(expected) == _held(kube)
-    assert _wanted(expected) != _wanted(first)  # the order follows what is allocated
+    assert _wanted(expected) != _wanted(first)  # the order follows what is prepared
+    assert 0 == kube.claim_reads
 
 
-async def test_a_changed_allocation_re_publishes_the_order(tmp_path: Path) -> None:
+async def test_a_prepare_or_an_unprepare_re_publishes_the_order(tmp_path: Path) -> None:
     kube = FakeKube(NODE_NAME, {})
     front = _front_end(kube, tmp_path)
     assert "" == await front.publish(DYNAMIC, NODE)
     before = _held(kube)
     taken = next(n for names in before for n in names if n.startswith("gpu-0-"))
-    kube.pool_claims = (_claim(taken),)
+    _prepare(front, taken)
 
-    expected = _wanted(partitionable_slices(NODE_NAME, NODE, DYNAMIC.dynamic, CATALOG, allocated=(taken,)))
-    assert True is await front.follow_allocations()
+    expected = _wanted(partitionable_slices(NODE_NAME, NODE, DYNAMIC.dynamic, CATALOG, prepared=(taken,)))
+    assert True is await front.follow_node()
     assert expected == _held(kube)
-    assert False is await front.follow_allocations()  # nothing changed: nothing written
+    assert False is await front.follow_node()  # nothing changed: nothing written
     assert before != expected
+    _prepare(front)  # unprepared
+    assert True is await front.follow_node()
+    assert before == _held(kube)
+    assert 0 == kube.claim_reads
 
 
-async def test_a_node_without_dynamic_gpus_reads_no_claims(tmp_path: Path) -> None:
+async def test_a_node_without_dynamic_gpus_follows_nothing(tmp_path: Path) -> None:
     kube = FakeKube(NODE_NAME, {})
-    kube.pool_claims = (_claim("gpu-0"),)
     front = _front_end(kube, tmp_path)
     assert "" == await front.publish(Inventory(), NodeState(()))
-    assert () == front.allocated
+    assert False is await front.follow_node()
     assert [] == [s for s in kube.slices.values() if s.spec.driver == DRIVER and s.spec.devices]
 
 
@@ -121,7 +132,7 @@ class _Gpus:
         return self.node
 
 
-async def test_an_instance_made_or_destroyed_without_an_allocation_change_re_publishes(
+async def test_an_instance_made_or_destroyed_by_someone_else_re_publishes(
     tmp_path: Path,
 ) -> None:
     kube = FakeKube(NODE_NAME, {})
@@ -135,19 +146,19 @@ async def test_an_instance_made_or_destroyed_without_an_allocation_change_re_pub
         ondemand=OnDemand(cast(GpuBackend, gpus), Journal(tmp_path / "journal")),
     )
     assert "" == await front.publish(DYNAMIC, NODE)
-    assert False is await front.follow_allocations()
+    assert False is await front.follow_node()
 
-    # An instance the allocations do not account for (a claim deallocated, not yet unprepared).
+    # An instance no claim prepared here accounts for (made by someone else).
     ci = ComputeInstance(0, MigUuid("MIG-x"), mig_index=0)
     gpus.node = replace(
         NODE, gpus=(replace(NODE.gpus[0], instances=(GpuInstance(1, "1g.5gb", 0, 1, (ci,)),)), NODE.gpus[1])
     )
-    assert True is await front.follow_allocations()
+    assert True is await front.follow_node()
     assert _wanted(partitionable_slices(NODE_NAME, gpus.node, DYNAMIC.dynamic, CATALOG)) == _held(kube)
     assert "gpu-0-mig-1g-5gb-at-0" not in {n for names in _held(kube) for n in names}
 
-    gpus.node = NODE  # unprepare destroyed it
-    assert True is await front.follow_allocations()
+    gpus.node = NODE  # destroyed
+    assert True is await front.follow_node()
     assert "gpu-0-mig-1g-5gb-at-0" in {n for names in _held(kube) for n in names}
 
 

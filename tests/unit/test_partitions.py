@@ -16,7 +16,7 @@ import pytest
 from sharing.dra.counters import counters
 from sharing.dra.names import DRIVER, ondemand_device_name, parse_ondemand_name
 from sharing.dra.partitions import MAX_COUNTER_SETS, partitionable_slices, pool, withdrawn_static
-from sharing.dra.placements import held_by, named, request_fit
+from sharing.dra.placements import held_by, named
 from sharing.dra.slices import MAX_DEVICES_WITH_TAINTS
 from sharing.kube.api import CounterSet, SliceDevice, SliceSpec
 from sharing.mig import Placement, Product, Profile, default_catalog
@@ -240,7 +240,7 @@ def test_a_foreign_instance_is_offered_first_as_itself_and_nothing_that_overlaps
     foreign = whole(2, "3g.20gb", 0, 4, 3)
     allocated = ["gpu-0-mig-1g-5gb-at-6", "gpu-0-mig-2g-10gb-at-4", "gpu-7-mig-1g-5gb-at-0", "other"]
     node = node_of(gpu(0, product, (made, foreign)))
-    specs = partitionable_slices("n", node, {"GPU-0"}, CATALOG, allocated=allocated, whole_gpu=True,
+    specs = partitionable_slices("n", node, {"GPU-0"}, CATALOG, prepared=allocated, whole_gpu=True,
                                  held={("GPU-0", "1g.5gb", 6)})  # fmt: skip
     names = [d.name for s in specs for d in s.devices]
     assert {"gpu-0-mig-1g-5gb-at-6", "gpu-0-mig-2g-10gb-at-4"} <= set(names)  # the scheduler counts these
@@ -331,7 +331,7 @@ def test_static_devices_of_a_dynamic_gpu_leave_the_static_slices() -> None:
 def publish(product: Product, n: int, allocated: Sequence[str], order: str = "ranked") -> list[SliceSpec]:
     gpus = tuple(gpu(i, product) for i in range(n))
     specs = list(
-        partitionable_slices("n", node_of(*gpus), {g.uuid for g in gpus}, CATALOG, allocated=allocated)
+        partitionable_slices("n", node_of(*gpus), {g.uuid for g in gpus}, CATALOG, prepared=allocated)
     )
     if order == "plain":
         for k, s in enumerate(specs):
@@ -456,12 +456,17 @@ def test_an_allocated_on_demand_device_holds_its_instance_or_the_whole_gpu_until
     assert held_by("gpu-5-mig-1g-5gb-at-0", node) == frozenset()
 
 
-def test_a_request_that_fits_free_memory_and_compute_but_no_placement_is_fragmentation() -> None:
-    holes = [f"gpu-0-mig-1g-5gb-at-{s}" for s in (1, 3, 5)]
-    full = [f"gpu-1-mig-3g-20gb-at-{s}" for s in (0, 4)]
-    node = node_of(gpu(0, A100), gpu(1, A100))
-    both = {"GPU-0", "GPU-1"}
-    assert request_fit(node, both, "3g.20gb", CATALOG, allocated=holes + full) == (Fit.FRAGMENTED, (0,))
-    assert request_fit(node, both, "1g.10gb", CATALOG, allocated=holes + full) == (Fit.FITS, (0,))
-    assert request_fit(node, both, "7g.40gb", CATALOG, allocated=holes + full) == (Fit.FULL, (0, 1))
-    assert request_fit(node, both, "3g.20gb", CATALOG, allocated=holes) == (Fit.FITS, (1,))
+def test_every_instance_withdraws_what_it_overlaps_but_its_own_device() -> None:
+    """A claim prepared here and released before its unprepare keeps its instance: its own device stays
+    (it may still be allocated, and the scheduler counts it only while listed), what overlaps it goes,
+    so no claim is allocated a placement that cannot be made until the instance is gone."""
+    product = CATALOG.product("A100-SXM4-40GB")
+    made = whole(1, "2g.10gb", 4, 2, 2)
+    node = node_of(gpu(0, product, (made,)))
+    specs = partitionable_slices("n", node, {"GPU-0"}, CATALOG, prepared=["gpu-0-mig-2g-10gb-at-4"],
+                                 whole_gpu=True, held={("GPU-0", "2g.10gb", 4)})  # fmt: skip
+    names = {d.name for s in specs for d in s.devices}
+    assert "gpu-0-mig-2g-10gb-at-4" in names
+    assert [] == sorted(n for n in names if overlapping(n, 4, 2) and n != "gpu-0-mig-2g-10gb-at-4")
+    assert "gpu-0" not in names
+    assert {"gpu-0-mig-1g-5gb-at-0", "gpu-0-mig-3g-20gb-at-0", "gpu-0-mig-1g-5gb-at-6"} <= names

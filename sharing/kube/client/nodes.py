@@ -125,6 +125,18 @@ class NodeCalls(Transport):
         )
         return tuple(_bound_pod(item) for item in answer.get("items") or ())
 
+    def list_nominated_pods(self, node: str) -> tuple[BoundPod, ...]:
+        """The pods the scheduler is binding to this node and has not bound yet: it names the node in
+        `status.nominatedNodeName` before its PreBind plugins run (where DRA writes the claims'
+        allocations) and binds after them (k8s.io/kubernetes pkg/scheduler/schedule_one.go
+        `bindingCycle`, gate NominatedNodeNameForExpectation, on by default from 1.35)."""
+        selector = f"status.nominatedNodeName={node},status.phase!=Succeeded,status.phase!=Failed"
+        answer = self._json(
+            f"list pods nominated to node {node}", "GET", "/api/v1/pods", query=[("fieldSelector", selector)]
+        )
+        pods = (_bound_pod(item) for item in answer.get("items") or ())
+        return tuple(p for p in pods if not p.bound)  # a bound one is in `list_node_pods`
+
 
 def _node(obj: Mapping[str, Any]) -> NodeObject:
     meta = obj.get("metadata", {})
@@ -140,7 +152,10 @@ def _node(obj: Mapping[str, Any]) -> NodeObject:
 
 
 def _bound_pod(obj: Mapping[str, Any]) -> BoundPod:
-    meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
+    """A pod as the agent reads it: what it asks for and the ResourceClaims it names (field names:
+    https://github.com/kubernetes/api/blob/v0.37.2/core/v1/types.go `PodResourceClaim`,
+    `PodResourceClaimStatus`, `PodExtendedResourceClaimStatus`)."""
+    meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
     containers = [*(spec.get("initContainers") or ()), *(spec.get("containers") or ())]
     resources = {
         name
@@ -148,7 +163,18 @@ def _bound_pod(obj: Mapping[str, Any]) -> BoundPod:
         for kind in ("requests", "limits")
         for name in ((c.get("resources") or {}).get(kind) or {})
     }
-    return BoundPod(meta.get("namespace", ""), meta.get("name", ""), frozenset(resources))
+    made = {s.get("name"): s.get("resourceClaimName") for s in status.get("resourceClaimStatuses") or ()}
+    claims = [c.get("resourceClaimName") or made.get(c.get("name")) for c in spec.get("resourceClaims") or ()]
+    extended = (status.get("extendedResourceClaimStatus") or {}).get("resourceClaimName")
+    names = tuple(sorted({n for n in (*claims, extended) if isinstance(n, str) and n}))
+    return BoundPod(
+        meta.get("namespace", ""),
+        meta.get("name", ""),
+        frozenset(resources),
+        names,
+        bound=bool(spec.get("nodeName")),
+        extended_claim=bool(extended),
+    )
 
 
 def _configmap(obj: Mapping[str, Any]) -> ConfigMapObject:
