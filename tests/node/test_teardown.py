@@ -61,11 +61,15 @@ def test_down_leaves_nothing_on_the_host(cluster_binaries: lab.Binaries) -> None
         pytest.skip("the real node needs root")
     before = host_view()
     node = lab.RealNode(NAME, "teardown-node", index=INDEX).up()
+    held: list[int] = []
     try:
         joined = node.join("teardown-node-2", "A100-SXM4-80GB:1")
-        spaces = [
-            namespaces(next(r for r in n.records if r.name == "namespace-holder").pid) for n in (node, joined)
-        ]
+        holders = [next(r for r in n.records if r.name == "namespace-holder").pid for n in (node, joined)]
+        spaces = [namespaces(pid) for pid in holders]
+        # Held open so that the kernel cannot give their numbers to new namespaces once the nodes are
+        # down: it reuses a freed one at once, and other workers make namespaces all the time (pods,
+        # nodes), so a process of theirs looked like one left in ours (1 of 3 runs under load).
+        held = [os.open(f"/proc/{pid}/ns/{kind}", os.O_RDONLY) for pid in holders for kind in ("net", "mnt")]
         assert namespaces(os.getpid()) not in spaces
         assert spaces[0] != spaces[1]
         running = host_view()
@@ -77,9 +81,13 @@ def test_down_leaves_nothing_on_the_host(cluster_binaries: lab.Binaries) -> None
         records = node.records + joined.records
     finally:
         stopped = lab.RealNode.load(NAME).down()
-    assert sorted(r.name for r in records) == sorted(stopped)
-    assert not any(r.alive() for r in records)
-    assert [] == [pid for ns in spaces for pid in processes_in(ns)]
+    try:
+        assert sorted(r.name for r in records) == sorted(stopped)
+        assert not any(r.alive() for r in records)
+        assert [] == [pid for ns in spaces for pid in processes_in(ns)]
+    finally:
+        for fd in held:
+            os.close(fd)
     after = host_view()
     for what in before:
         assert before[what] == after[what], what
