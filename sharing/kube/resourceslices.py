@@ -30,7 +30,15 @@ from dataclasses import dataclass, replace
 import structlog
 
 from sharing.errors import KubeError
-from sharing.kube.api import CounterSet, GoneError, KubeClient, ResourceSliceObject, SliceDevice, SliceSpec
+from sharing.kube.api import (
+    CounterSet,
+    GoneError,
+    KubeClient,
+    NodeObject,
+    ResourceSliceObject,
+    SliceDevice,
+    SliceSpec,
+)
 from sharing.text import bounded
 
 log = structlog.get_logger(__name__)
@@ -86,8 +94,17 @@ def plan_pool(
         and all(owner_uid in s.owners for s in existing)
     ):
         return None
-    generation = max([floor, *generations]) + 1
+    top = max([floor, *generations])
     ordered = sorted(existing, key=lambda s: s.name)
+    # One slice whose content changed, and nothing else (no slice added, removed or owned anew): it is
+    # updated alone, at the generation the pool has, as the upstream publisher does ("Kept generation
+    # because at most one update API call is necessary", k8s.io/dynamic-resource-allocation v0.37.2
+    # resourceslice/resourceslicecontroller.go): one write, and no consumer can see two slices of the
+    # pool out of step. A prepare on a dynamic GPU changes that GPU's slice only.
+    single = _single_update(wanted, ordered, top, owner_uid, stored)
+    if single is not None:
+        return single
+    generation = top + 1
     specs = [replace(w, generation=generation, slice_count=len(wanted)) for w in wanted]
     # A slice keeps what it held (the same devices or counter sets, in another order or form): the
     # scheduler tries slices in name order (first fit), so what was first stays first.
@@ -108,6 +125,35 @@ def plan_pool(
         creates=tuple(rest[len(free) :]),
         deletes=tuple(free[len(rest) :]),
     )
+
+
+def _single_update(
+    wanted: Sequence[SliceSpec],
+    ordered: Sequence[ResourceSliceObject],
+    generation: int,
+    owner_uid: str,
+    stored: dict[Content, Content],
+) -> PoolPlan | None:
+    """The plan that updates one slice at the pool's generation, where that is all that changed."""
+    if len(wanted) != len(ordered) or not ordered:
+        return None
+    if any(
+        s.spec.generation != generation or s.spec.slice_count != len(wanted) or owner_uid not in s.owners
+        for s in ordered
+    ):
+        return None
+    left = list(ordered)
+    changed: list[SliceSpec] = []
+    for spec in wanted:
+        same = next((s for s in left if content(s.spec) == stored.get(content(spec), content(spec))), None)
+        if same is None:
+            changed.append(spec)
+        else:
+            left.remove(same)
+    if len(changed) != 1 or len(left) != 1:
+        return None
+    spec = replace(changed[0], generation=generation, slice_count=len(wanted))
+    return PoolPlan(generation, updates=((left[0], spec),))
 
 
 def _held(wanted: Sequence[SliceSpec], existing: Sequence[ResourceSliceObject]) -> tuple[SliceSpec, ...]:
@@ -168,6 +214,12 @@ class SlicePublisher:
         self.counters_dropped = False
         """The API server dropped counters once: devices that consume counters are not published."""
         self._wanted: tuple[SliceSpec, ...] | None = None
+        self._synced: tuple[tuple[SliceSpec, ...], bool] | None = None
+        """The wanted pool the last sync made the API server hold, and whether additions were held
+        then (a `want` then `sync` is not synced again by the loop; a `release` since is news)."""
+        self._changed_by_others = False
+        self._owner: NodeObject | None = None
+        """The Node as last read for a write (its UID: what the slices must be owned by)."""
         self._stored: dict[Content, Content] = {}
         self._wake = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -203,16 +255,18 @@ class SlicePublisher:
         try:
             while True:
                 timeout = self.resync_s if failures == 0 else min(BACKOFF_MAX_S, 0.5 * 2**failures)
+                woken = False
                 try:
                     async with asyncio.timeout(timeout):
-                        await self._wake.wait()
+                        woken = await self._wake.wait()
                 except TimeoutError:
                     pass
                 self._wake.clear()
                 if self._wanted is None:
                     continue
                 try:
-                    await asyncio.to_thread(self.sync)
+                    # Woken by `want` alone: what the caller's own `sync` has written is not read again.
+                    await asyncio.to_thread(self.sync, again=not woken or failures > 0)
                     failures = 0
                 except KubeError as err:
                     failures += 1
@@ -225,11 +279,18 @@ class SlicePublisher:
         finally:
             self._stopped.set()
 
-    def sync(self) -> PoolPlan | None:
-        """Make the API server hold the wanted pool (blocking); the plan it took, None when in sync."""
+    def sync(self, *, again: bool = True) -> PoolPlan | None:
+        """Make the API server hold the wanted pool (blocking); the plan it took, None when in sync.
+        Without `again`, a pool already synced as wanted, that nobody else changed since, is not
+        read again."""
         if self._wanted is None:
             return None
         with self._lock:
+            done = self._synced
+            current = done is not None and done[0] is self._wanted and done[1] == self.hold_additions
+            if not again and current and not self._changed_by_others:
+                return None
+            wanted, held, self._changed_by_others = self._wanted, self.hold_additions, False
             seen = self.counters_dropped
             plan = self._sync(self._safe(self._wanted))
             if self.counters_dropped and not seen:
@@ -241,6 +302,7 @@ class SlicePublisher:
                     "on-demand MIG devices are not offered; turn the gate on and restart the agent",
                 )
                 plan = self._sync(self._safe(self._wanted))
+            self._synced = (wanted, held)
             return plan
 
     def _safe(self, wanted: tuple[SliceSpec, ...]) -> tuple[SliceSpec, ...]:
@@ -261,7 +323,18 @@ class SlicePublisher:
         existing = self.kube.list_resource_slices(self.driver, self.node)
         if self.hold_additions:
             wanted = _held(wanted, existing)
-        owner = self.kube.get_node(self.node)  # afresh: a Node made again has a new UID
+        if (
+            self._owner is not None
+            and plan_pool(
+                wanted, existing, floor=self.generation, owner_uid=self._owner.uid, stored=self._stored
+            )
+            is None
+        ):
+            self.published = tuple(existing)
+            return None
+        owner = self._owner = self.kube.get_node(
+            self.node
+        )  # afresh for writes: a Node made again has a new UID
         plan = plan_pool(wanted, existing, floor=self.generation, owner_uid=owner.uid, stored=self._stored)
         if plan is None:
             self.published = tuple(existing)
@@ -327,6 +400,7 @@ class SlicePublisher:
                     failures = 0
                     version = event.resource_version or version
                     if event.kind != "BOOKMARK" and event.resource_version not in self._written:
+                        self._changed_by_others = True
                         self._trigger()
                     if self._stopped.is_set():
                         return
