@@ -1,36 +1,45 @@
 """The fleet on DRA: N nodes of the fleet (`bench.fleet`) with every A100 under `mig: dynamic` on the
-DRA front-end, one kube-apiserver, and a storm of ResourceClaims on pools of nodes outside the fleet.
+DRA front-end, one kube-apiserver, a storm of ResourceClaims on pools of nodes outside the fleet, and
+a claim prepared on every node of the fleet.
 
-While a node has a dynamic GPU its agent watches every ResourceClaim of the cluster (no field
-selector reaches into a claim's allocation), so each change of any claim reaches every agent. The
-bench stands in for the kube-scheduler: it creates each claim (pending: ADDED), then writes its
-`status.allocation` through the status subresource with a device of the pool of a node that is not
-in the fleet (MODIFIED), as the scheduler's allocation would; then it reserves the claim for a pod
-(MODIFIED) and deletes it (DELETED). Claims are spread evenly over the storm's two halves:
+No agent lists or watches ResourceClaims (they read a claim by name when the kubelet prepares it, and
+the claims their node's pods name before a change destroys devices of their pool), so another node's
+claims cost them nothing and the API server nothing per agent. The bench stands in for the
+kube-scheduler: it creates each claim (pending), writes its `status.allocation` through the status
+subresource with a device of the pool of a node that is not in the fleet, as the scheduler's
+allocation would, then reserves the claim for a pod and deletes it: four changes per claim. Every
+agent is registered first by the kubelet's own DRA code (hack/go/k8s/dra-kubelet: the plugin
+watcher's registration). Then, per node, the bench stands in for the kubelet's DRA client: a claim
+allocated an on-demand 1g.5gb of that node's pool is prepared (NodePrepareResources on the plugin's
+socket, as the kubelet calls it) and unprepared.
 
-- fleet_dra_claim_event_us_p95: in the second half, every event is of a claim allocated on another
-  node's pool (reserved, then deleted): each agent's CPU (all its threads) in that half, less its
-  idle CPU over as long (measured before the storm), over the claim events it received, p95 over
-  agents, in microseconds. The events are counted on the bench's
-  own watch of every claim, which the API server sends the same changes as every agent's.
-- fleet_dra_pending_claim_event_us_p50: the same for the first half, where each claim is pending
-  and then allocated: events the pool acts on (a pending claim of a MIG class is checked against
-  the dynamic GPUs' free placements, `sharing.dra.fragmentation`).
-- fleet_dra_apiserver_us_per_claim_event: the kube-apiserver's CPU over the whole storm (its idle
-  CPU taken off likewise) per claim event it delivered (events x watchers: the agents and the
-  bench), its handling of the writes included.
+- fleet_dra_apiserver_us_per_claim: the kube-apiserver's CPU over the storm (its idle CPU taken off)
+  per claim change. With nobody watching the claims it does not grow with the number of agents:
+  compare the runs of 10 and 30 agents (`--fleet N`).
+- fleet_dra_agent_cpu_per_foreign_claim_us: each agent's CPU over the storm less its idle CPU over as
+  long (measured before the storm), per claim change, p95 over agents: about nothing.
+- fleet_dra_requests_per_prepare: the API requests an agent sends from the start of a prepare until
+  it has re-published its pool after it (the audit log, by the agent's ServiceAccount and node):
+  mean over the nodes; `..._claim_reads_per_prepare` of those, the GETs of ResourceClaims (the rest
+  are the pool's ResourceSlice writes: its order follows what is prepared).
+- fleet_dra_agent_claim_lists: LISTs and WATCHes of ResourceClaims by any agent over the whole run
+  (the chart's RBAC forbids them; a refused one counts too).
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import shutil
 import subprocess
 import time
+import uuid
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import grpc
 import lab
 
 from bench.clients import NAMESPACE as NAMESPACE_AGENT
@@ -39,6 +48,8 @@ from bench.cluster import AGENT_USER, NODE_CLAIM, audited_control_plane, deploy
 from bench.fleet import Fleet, Node, _state_dir
 from bench.procs import REPO, cpu_seconds
 from bench.report import Budget, Results, percentile, say
+from sharing.kubelet.api import dra_v1_pb2 as dra
+from sharing.kubelet.api import dra_v1_pb2_grpc as dra_grpc
 
 KEY = "fleet-dra"
 DYNAMIC = "version: v1\nmigStrategy: mixed\ngpus:\n  - devices: all\n    mig: dynamic\n"
@@ -48,9 +59,12 @@ CLAIMS = "/apis/resource.k8s.io/v1/resourceclaims"
 CHART = REPO / "deploy/helm/gpu-sharing"
 OTHER_POOLS = 1000
 """Claims are allocated round-robin on the pools of this many nodes outside the fleet."""
-WATCHING_TIMEOUT_S = 600.0
+POOL_TIMEOUT_S = 600.0
 IDLE_S = 15.0
 """The window before the storm that each process's idle CPU is measured in (at most half the storm)."""
+CHANGES_PER_CLAIM = 4
+"""Created, allocated, reserved, deleted."""
+PREPARED_DEVICE = "gpu-0-mig-1g-5gb-at-0"
 
 
 def bench_fleet_dra(n: int, budget: Budget, results: Results) -> None:
@@ -71,11 +85,10 @@ def bench_fleet_dra(n: int, budget: Budget, results: Results) -> None:
         say(f"fleetdra: {n} nodes, every A100 under mig: dynamic on the DRA front-end")
         fleet.add_nodes(root, n, bins, config=KEY)
         fleet.start_agents(_dra_flags)
-        _wait_watching(fleet, audit_log)
-        claims = Watch(api, CLAIMS, _claim_view).start()
-        stack.callback(claims.stop)
-        time.sleep(2)  # the bench's own watch is open before the storm
-        _storm(fleet, claims, budget.fleet_dra_claims, budget.fleet_dra_storm_s, results)
+        _register(fleet, cp, bins)
+        _storm(fleet, budget.fleet_dra_claims, budget.fleet_dra_storm_s, results)
+        _prepares(fleet, audit_log, results)
+        results.add("fleet_dra_agent_claim_lists", _claim_lists(audit_log))
         say("fleetdra: stopping")
 
 
@@ -102,37 +115,42 @@ def _dra_flags(node: Node) -> list[str]:
     ]  # fmt: skip
 
 
-def _claim_view(obj: dict[str, Any]) -> dict[str, Any]:
-    return {}
+def _dra_kubelet(cp: lab.ControlPlane, bins: lab.Binaries, node: Node, *args: str) -> dict[str, Any]:
+    """One run of the kubelet's DRA side against the node's agent (a fresh kubelet each time)."""
+    done = subprocess.run(
+        [str(bins.dra_kubelet), "--registry-dir", str(node.driver.parent / "plugins_registry"),
+         "--kubeconfig", str(cp.kubeconfig), "--node", node.name, "--driver", DRIVER, *args],
+        capture_output=True, text=True, check=False, timeout=120,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"dra-kubelet for {node.name}: {done.stderr.strip()[-2000:]}")
+    return dict(json.loads(done.stdout))
 
 
-def _wait_watching(fleet: Fleet, audit_log: Path) -> None:
-    """Until every agent has opened its watch of the ResourceClaims (the audit log says so)."""
-    say(f"fleetdra: until all {len(fleet.nodes)} agents watch the ResourceClaims")
-    wanted = {node.name for node in fleet.nodes}
-    deadline = time.monotonic() + WATCHING_TIMEOUT_S
-    while (missing := wanted - _claim_watchers(audit_log)) and time.monotonic() < deadline:
-        for node in fleet.nodes:
+def _register(fleet: Fleet, cp: lab.ControlPlane, bins: lab.Binaries) -> None:
+    """Every agent registered with a kubelet (its DRA part) and its pool on the API server."""
+    say(f"fleetdra: registering {len(fleet.nodes)} DRA plugins, until every pool is published")
+    deadline = time.monotonic() + POOL_TIMEOUT_S
+    for node in fleet.nodes:
+        while not list((node.driver.parent / "plugins_registry").glob("*.sock")):
             if node.agent is not None and node.agent.poll() is not None:
                 raise RuntimeError(f"the agent of {node.name} exited; see {node.driver.with_suffix('.log')}")
-        time.sleep(1)
-    if missing:
-        raise TimeoutError(f"{len(missing)} agents do not watch the ResourceClaims: {sorted(missing)[:3]}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the agent of {node.name} serves no DRA registration socket")
+            time.sleep(0.2)  # polling a directory the agent makes, with a deadline
+        _dra_kubelet(cp, bins, node)
+    for node in fleet.nodes:
+        while PREPARED_DEVICE not in _pool(fleet.api, node.name):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the pool of {node.name} was not published")
+            time.sleep(0.2)  # polling the API server, with a deadline
 
 
-def _claim_watchers(audit_log: Path) -> set[str]:
-    """The nodes whose agent opened a watch of the ResourceClaims."""
-    found: set[str] = set()
-    with audit_log.open() as log:
-        for line in log:
-            if '"resourceclaims"' not in line or '"watch"' not in line:
-                continue
-            with contextlib.suppress(ValueError):
-                event = json.loads(line)
-                user = event.get("user", {})
-                if user.get("username") == AGENT_USER and event.get("verb") == "watch":
-                    found.add((user.get("extra", {}).get(NODE_CLAIM) or [""])[0])
-    return found
+def _pool(api: Api, node: str) -> set[str]:
+    """The device names of the node's pool, as the API server holds them."""
+    query = f"fieldSelector=spec.nodeName={node},spec.driver={DRIVER}"
+    listed = api.request("GET", f"/apis/resource.k8s.io/v1/resourceslices?{query}")
+    return {d["name"] for s in listed.get("items", []) for d in s["spec"].get("devices") or []}
 
 
 def _claim(name: str) -> dict[str, Any]:
@@ -178,7 +196,7 @@ def _idle_rates(pids: list[int], seconds: float) -> list[float]:
     return [(cpu_seconds(p) - b) / seconds for p, b in zip(pids, before, strict=True)]
 
 
-def _storm(fleet: Fleet, claims: Watch, count: int, seconds: float, results: Results) -> None:
+def _storm(fleet: Fleet, count: int, seconds: float, results: Results) -> None:
     api, n = fleet.api, len(fleet.nodes)
     agents = fleet.groups()["agents"]
     server = fleet.groups()["kube-apiserver"][0]
@@ -187,7 +205,7 @@ def _storm(fleet: Fleet, claims: Watch, count: int, seconds: float, results: Res
 
     def allocate(i: int) -> None:
         claim = api.create(
-            f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims", _claim(names[i])
+            CLAIMS.replace("/resourceclaims", f"/namespaces/{NAMESPACE}/resourceclaims"), _claim(names[i])
         )
         claim["status"] = {"allocation": _allocation(i)}
         allocated[i] = api.request("PUT", _path(names[i], status=True), claim, merge=False)
@@ -200,31 +218,116 @@ def _storm(fleet: Fleet, claims: Watch, count: int, seconds: float, results: Res
         api.request("DELETE", _path(names[i]))
 
     idle = _idle_rates([*agents, server], min(seconds / 2, IDLE_S))
-    server_before, storm_start = cpu_seconds(server), time.monotonic()
-    marks, per_event = [], []
+    server_before, agents_before, start = (
+        cpu_seconds(server),
+        [cpu_seconds(p) for p in agents],
+        time.monotonic(),
+    )
     for what, step in (("pending, then allocated elsewhere", allocate), ("reserved, then deleted", release)):
-        say(f"fleetdra: {count} claims {what} over {seconds / 2:.0f} s, {n} agents watching")
-        before = [cpu_seconds(p) for p in agents]
-        mark, start = claims.mark(), time.monotonic()
+        say(f"fleetdra: {count} claims {what} over {seconds / 2:.0f} s, {n} agents serving")
         _paced(count, seconds / 2, step)
-        time.sleep(2)  # the last events reach every agent
-        events, took = claims.mark() - mark, time.monotonic() - start
-        used = [cpu_seconds(p) - b - rate * took for p, b, rate in zip(agents, before, idle, strict=False)]
-        per_event.append([1e6 * max(0.0, u) / max(events, 1) for u in used])
-        marks.append(events)
-    server_used = max(0.0, cpu_seconds(server) - server_before - idle[-1] * (time.monotonic() - storm_start))
-    pending, foreign = per_event
-    delivered = sum(marks) * (n + 1)
-    results.add("fleet_dra_claim_event_us_p95", percentile(foreign, 95))
-    results.add("fleet_dra_pending_claim_event_us_p50", percentile(pending, 50))
-    results.add("fleet_dra_apiserver_us_per_claim_event", 1e6 * server_used / max(delivered, 1))
+    took = time.monotonic() - start
+    changes = count * CHANGES_PER_CLAIM
+    server_used = max(0.0, cpu_seconds(server) - server_before - idle[-1] * took)
+    used = [
+        max(0.0, cpu_seconds(p) - b - rate * took)
+        for p, b, rate in zip(agents, agents_before, idle, strict=False)
+    ]
+    per_change = [1e6 * u / changes for u in used]
+    results.add("fleet_dra_apiserver_us_per_claim", 1e6 * server_used / changes)
+    results.add("fleet_dra_agent_cpu_per_foreign_claim_us", percentile(per_change, 95))
     results.note(
-        "fleetdra: agent CPU per claim event p50/p95, claims on another node's pool / pending then allocated",
-        f"{percentile(foreign, 50):.0f}/{percentile(foreign, 95):.0f} us / "
-        f"{percentile(pending, 50):.0f}/{percentile(pending, 95):.0f} us ({marks[1]} / {marks[0]} events)",
+        f"fleetdra: {n} agents, {changes} claim changes on other nodes' pools over {took:.0f} s",
+        f"kube-apiserver {server_used:.2f} CPU-s ({1e6 * server_used / changes:.0f} us per change); "
+        f"agent CPU beyond idle per change p50/p95 {percentile(per_change, 50):.1f}/"
+        f"{percentile(per_change, 95):.1f} us",
     )
+
+
+def _prepares(fleet: Fleet, audit_log: Path, results: Results) -> None:
+    """Per node, a claim allocated an on-demand 1g.5gb of its pool prepared through the plugin's socket;
+    the agent's requests from the prepare's start until its pool was re-published, by the audit log."""
+    say(f"fleetdra: a claim prepared on each of the {len(fleet.nodes)} nodes")
+    requests, reads = [], []
+    kinds: Counter[tuple[str, str]] = Counter()
+    for node in fleet.nodes:
+        name = f"prep-{node.name}"
+        claim = fleet.api.create(
+            f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims", _claim(name)
+        )
+        selector = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node.name]}]}
+        result = {"request": "gpu", "driver": DRIVER, "pool": node.name, "device": PREPARED_DEVICE}
+        pod = {"resource": "pods", "name": f"pod-{node.name}", "uid": str(uuid.uuid4())}
+        claim["status"] = {
+            "allocation": {
+                "devices": {"results": [result]},
+                "nodeSelector": {"nodeSelectorTerms": [selector]},
+            },
+            "reservedFor": [pod],
+        }
+        claim = fleet.api.request("PUT", _path(name, status=True), claim, merge=False)
+        key = dra.Claim(namespace=NAMESPACE, name=name, uid=claim["metadata"]["uid"])
+        before = set(_pool(fleet.api, node.name))
+        started = time.time()
+        answer = _plugin(node).NodePrepareResources(dra.NodePrepareResourcesRequest(claims=[key]), timeout=60)
+        errors = [r.error for r in answer.claims.values() if r.error]
+        if errors:
+            raise RuntimeError(f"prepare on {node.name}: {errors}")
+        deadline = time.monotonic() + 60
+        while _pool(fleet.api, node.name) == before and time.monotonic() < deadline:
+            time.sleep(0.1)  # until the agent re-published its pool for the instance
+        time.sleep(1)  # what the audit log records within its flush
+        counted = _requests(audit_log, node.name, started, time.time())
+        requests.append(len(counted))
+        kinds.update(counted)
+        reads.append(sum(1 for verb, resource in counted if resource == "resourceclaims" and verb == "get"))
+        _plugin(node).NodeUnprepareResources(dra.NodeUnprepareResourcesRequest(claims=[key]), timeout=60)
+        fleet.api.request("DELETE", _path(name))
+    mean = sum(requests) / max(len(requests), 1)
+    results.add("fleet_dra_requests_per_prepare", mean)
+    results.add("fleet_dra_claim_reads_per_prepare", sum(reads) / max(len(reads), 1))
     results.note(
-        "fleetdra: kube-apiserver CPU over the storm; per change, per event delivered to a watcher",
-        f"{server_used:.1f} s; {1e6 * server_used / max(sum(marks), 1):.0f} us, "
-        f"{1e6 * server_used / max(delivered, 1):.0f} us ({n} agents + the bench watching)",
+        "fleetdra: an agent's API requests per claim prepared on its node (the kubelet's own apart)",
+        f"mean {mean:.1f} (min {min(requests)}, max {max(requests)}): "
+        + ", ".join(f"{verb} {what} {n / len(requests):.1f}" for (verb, what), n in sorted(kinds.items())),
     )
+
+
+def _plugin(node: Node) -> dra_grpc.DRAPluginStub:
+    """The node's DRA plugin as the kubelet's DRA client dials it (its socket under the plugins dir)."""
+    (socket,) = (node.driver.parent / "plugins" / DRIVER).glob("*.sock")
+    return dra_grpc.DRAPluginStub(grpc.insecure_channel(f"unix://{socket}"))
+
+
+def _requests(audit_log: Path, node: str, start: float, end: float) -> list[tuple[str, str]]:
+    """(verb, resource) of each request the agent of `node` sent in [start, end), by audit ID."""
+    seen: dict[str, tuple[str, str]] = {}
+    for event in _agent_events(audit_log):
+        if (event["user"].get("extra", {}).get(NODE_CLAIM) or [""])[0] != node:
+            continue
+        received = datetime.datetime.fromisoformat(event["requestReceivedTimestamp"]).timestamp()
+        if start <= received < end:
+            seen[event["auditID"]] = (event.get("verb", ""), event.get("objectRef", {}).get("resource", ""))
+    return list(seen.values())
+
+
+def _claim_lists(audit_log: Path) -> int:
+    """LISTs and WATCHes of ResourceClaims any agent sent (allowed or not), by audit ID."""
+    return len({
+        e["auditID"]
+        for e in _agent_events(audit_log)
+        if e.get("objectRef", {}).get("resource") == "resourceclaims" and e.get("verb") in ("list", "watch")
+    })  # fmt: skip
+
+
+def _agent_events(audit_log: Path) -> list[dict[str, Any]]:
+    events = []
+    with audit_log.open() as log:
+        for line in log:
+            if AGENT_USER not in line:
+                continue
+            with contextlib.suppress(ValueError):
+                event = json.loads(line)
+                if event.get("user", {}).get("username") == AGENT_USER:
+                    events.append(event)
+    return events

@@ -80,11 +80,21 @@ TARGETS: dict[str, Target] = {
     "fleet_nvml_calls_per_converge": Target("", "-"),
     "fleet_api_requests_per_converge": Target("", "-"),
     "fleet_idle_api_rpm": Target("", "0", lambda v: v == 0),
-    "fleet_dra_claim_event_us_p95": Target(
-        "us", "<= 50 us (agent CPU per event of a claim on another node's pool)", lambda v: v <= 50
+    "fleet_dra_apiserver_us_per_claim": Target(
+        "us", "- (kube-apiserver CPU per claim change: flat in the number of agents)"
     ),
-    "fleet_dra_pending_claim_event_us_p50": Target("us", "- (a pending claim, then allocated)"),
-    "fleet_dra_apiserver_us_per_claim_event": Target("us", "- (kube-apiserver CPU per event delivered)"),
+    "fleet_dra_agent_cpu_per_foreign_claim_us": Target(
+        "us", "~0 (agent CPU beyond idle per change of another node's claim, p95)", lambda v: v <= 10
+    ),
+    "fleet_dra_requests_per_prepare": Target(
+        "", "- (the agent's API requests per claim prepared on its node)"
+    ),
+    "fleet_dra_claim_reads_per_prepare": Target(
+        "", "<= 1 (GETs of ResourceClaims per prepare)", lambda v: v <= 1
+    ),
+    "fleet_dra_agent_claim_lists": Target(
+        "", "0 (LISTs and WATCHes of ResourceClaims by agents)", lambda v: v == 0
+    ),
     "healthz_flood_s_max": Target("s", "< 1 s", lambda v: v < 1),
     "resourceslice_update_s_p50": Target("s", "-"),
     "resourceslice_update_s_p95": Target("s", "< 1 s", lambda v: v < 1),
