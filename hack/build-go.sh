@@ -10,6 +10,9 @@
 #   hack/go/etcd        etcd
 #   hack/go/containerd  containerd, containerd-shim-runc-v2, ctr (containerd 2.x: CDI on by default)
 #   hack/go/helm        helm (v3)
+#   hack/go/kubectl     kubectl at the default Kubernetes release (k8s.io/kubectl; the machine's own
+#                       kubectl may be minors away from the lab's API server, outside kubectl's
+#                       skew policy, and an older one's exec races under load)
 #   hack/go/k8s-<minor> another Kubernetes release's five daemons only (kube-apiserver, kubelet,
 #                       kube-scheduler, kube-controller-manager, kube-proxy), for
 #                       SHARING_K8S_VERSION=<minor> (e.g. 1.34); everything else as for the default
@@ -66,7 +69,9 @@ kube_version=$(mod_version "$gomods/$k8s_mod/go.mod" k8s.io/kubernetes)
 etcd_version=$(mod_version "$gomods/etcd/go.mod" go.etcd.io/etcd/server/v3)
 containerd_version=$(mod_version "$gomods/containerd/go.mod" github.com/containerd/containerd/v2)
 helm_version=$(mod_version "$gomods/helm/go.mod" helm.sh/helm/v3)
-for v in k8s_version etcd_version containerd_version helm_version; do
+kubectl_lib=$(mod_version "$gomods/kubectl/go.mod" k8s.io/kubectl)
+kubectl_version="v1.${kubectl_lib#v0.}" # k8s.io/kubectl v0.37.2 is kubectl v1.37.2
+for v in k8s_version etcd_version containerd_version helm_version kubectl_lib; do
 	[ -n "${!v}" ] || die "cannot find the version behind \$$v in hack/go/*/go.mod"
 done
 
@@ -80,7 +85,9 @@ hash_files() { # files (relative to hack/go)... -> short content hash
 }
 go_files() { (cd "$gomods" && find "$1" -type f -name '*.go' | LC_ALL=C sort); }
 mods="k8s/go.mod k8s/go.sum etcd/go.mod etcd/go.sum containerd/go.mod containerd/go.sum helm/go.mod helm/go.sum"
+mods="$mods kubectl/go.mod kubectl/go.sum"
 sources="$(go_files k8s/kubelet-harness) $(go_files k8s/stubplugin) $(go_files k8s/dra-kubelet) $(go_files k8s/pause)"
+sources="$sources $(go_files kubectl)"
 [ "$k8s_mod" = k8s ] || mods="$mods $k8s_mod/go.mod $k8s_mod/go.sum"
 # shellcheck disable=SC2086
 inputs_hash=$(hash_files $mods $sources)
@@ -90,7 +97,7 @@ cache=${SHARING_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-sharing}
 prefix="$cache/bin/k8s-${kube_version}_etcd-${etcd_version}_containerd-${containerd_version}_${inputs_hash}"
 bin="${prefix}_go-${go_hash}"
 objs="$cache/objs"
-names="kube-apiserver etcd kubelet-harness stub-device-plugin dra-kubelet kubelet kube-scheduler kube-controller-manager kube-proxy pause containerd containerd-shim-runc-v2 ctr helm"
+names="kube-apiserver etcd kubelet-harness stub-device-plugin dra-kubelet kubelet kube-scheduler kube-controller-manager kube-proxy pause containerd containerd-shim-runc-v2 ctr helm kubectl"
 
 have_all() { # <dir>
 	local n
@@ -178,6 +185,7 @@ pause_hash=$(hash_files $(go_files k8s/pause))_$go_hash
 etcd_hash=$(hash_files etcd/go.mod etcd/go.sum)_$go_hash
 containerd_hash=$(hash_files containerd/go.mod containerd/go.sum)_$go_hash
 helm_hash=$(hash_files helm/go.mod helm/go.sum)_$go_hash
+kubectl_hash=$(hash_files kubectl/go.mod kubectl/go.sum $(go_files kubectl))_$go_hash
 k8s_ld=$(ldflags_k8s "$k8s_version")
 kube_ld=$(ldflags_k8s "$kube_version")
 k8s=k8s.io/kubernetes/cmd
@@ -206,6 +214,8 @@ for name in containerd containerd-shim-runc-v2 ctr; do
 done
 build helm "$helm_version" "${helm_version}_$helm_hash" "$gomods/helm" helm.sh/helm/v3/cmd/helm \
 	"-s -w -X helm.sh/helm/v3/internal/version.version=$helm_version" "~3 min from an empty Go cache"
+build kubectl "$kubectl_version" "${kubectl_version}_$kubectl_hash" "$gomods/kubectl" . "$(ldflags_k8s "$kubectl_version")" \
+	"~30 s after the Kubernetes binaries, ~3 min from an empty Go cache"
 
 have_all "$bin" || die "internal error: binaries missing in $bin"
 printf '%s\n' "$bin"

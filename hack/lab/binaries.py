@@ -41,6 +41,7 @@ class Binaries:
     ctr: Path
     helm: Path
     pause: Path  # the pause image's only file
+    kubectl: Path  # at the default release (hack/go/kubectl): in kubectl's skew with the lab's cluster
 
     @property
     def directory(self) -> Path:

@@ -33,7 +33,7 @@ from lab.binaries import Binaries, binaries
 from lab.certs import CA, pem_cert, pem_key, write_pair, write_private
 from lab.deadlines import scaled
 from lab.errors import ClusterError
-from lab.paths import KUBECTL
+from lab.paths import kubectl_path
 from lab.process import PidRecord, Process, free_port, wait_until
 
 APISERVER_STOP_S = 2.0
@@ -307,7 +307,7 @@ class ControlPlane:
     ) -> subprocess.CompletedProcess[str]:
         """Run ``kubectl --kubeconfig <admin or given> args...``; text output captured."""
         return subprocess.run(
-            [KUBECTL, f"--kubeconfig={kubeconfig or self.kubeconfig}", *args],
+            [kubectl_path(), f"--kubeconfig={kubeconfig or self.kubeconfig}", *args],
             capture_output=True,
             text=True,
             input=input,

@@ -35,7 +35,7 @@ from lab.controlplane import ControlPlane, NodeNetwork
 from lab.deadlines import scaled
 from lab.errors import ClusterError
 from lab.netns import Namespaces
-from lab.paths import KUBECTL, cache_dir
+from lab.paths import cache_dir, kubectl_path
 from lab.process import PidRecord, Process, stop_all, tail
 
 READY_TIMEOUT = 120.0
@@ -281,7 +281,7 @@ class RealNode:
     ) -> subprocess.CompletedProcess[str]:
         """``kubectl`` as admin, from the host."""
         return subprocess.run(
-            [KUBECTL, f"--kubeconfig={self.kubeconfig}", *args],
+            [kubectl_path(), f"--kubeconfig={self.kubeconfig}", *args],
             capture_output=True, text=True, input=input, check=check, timeout=timeout,
         )  # fmt: skip
 

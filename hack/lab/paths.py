@@ -11,7 +11,16 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "hack" / "build-go.sh"
-KUBECTL = os.environ.get("SHARING_KUBECTL", "/usr/bin/kubectl")
+
+
+def kubectl_path() -> str:
+    """The kubectl the lab runs: built at the lab's Kubernetes release (hack/go/kubectl), or
+    ``SHARING_KUBECTL``. Not the machine's own: kubectl is supported one minor either way of its API
+    server, and an older one's exec over WebSocket loses a fast command's output under load (client-go
+    tools/remotecommand/websocket.go started reading before the streams were made; v0.37.2 waits)."""
+    from lab.binaries import binaries  # noqa: PLC0415  (binaries imports this module)
+
+    return str(binaries().kubectl)
 
 
 def cache_dir() -> Path:

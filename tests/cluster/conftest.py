@@ -24,7 +24,7 @@ from lab import images, kubeconfig
 from lab.api import Api
 from lab.cluster import CONFIG_LABEL, NODES, STATE_LABEL
 from lab.helm import NAMESPACE, Helm
-from lab.paths import KUBECTL
+from lab.paths import kubectl_path
 
 from tests.polling import poll
 
@@ -213,7 +213,7 @@ def token_kubeconfig(cluster: Cluster, token: str, name: str) -> Path:
 def kubectl_as(config: Path, *args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
     """``kubectl`` with another kubeconfig than the admin's; not checked (refusals are expected)."""
     return subprocess.run(
-        [KUBECTL, f"--kubeconfig={config}", *args],
+        [kubectl_path(), f"--kubeconfig={config}", *args],
         check=False,
         capture_output=True,
         text=True,
