@@ -10,6 +10,8 @@
 #   hack/go/etcd        etcd
 #   hack/go/containerd  containerd, containerd-shim-runc-v2, ctr (containerd 2.x: CDI on by default)
 #   hack/go/helm        helm (v3)
+#   hack/go/prometheus  promtool (Prometheus's rule checker, rule unit tests and TSDB queries), for
+#                       the chart's PrometheusRule and Grafana dashboard
 #   hack/go/k8s-<minor> another Kubernetes release's five daemons only (kube-apiserver, kubelet,
 #                       kube-scheduler, kube-controller-manager, kube-proxy), for
 #                       SHARING_K8S_VERSION=<minor> (e.g. 1.34); everything else as for the default
@@ -66,7 +68,8 @@ kube_version=$(mod_version "$gomods/$k8s_mod/go.mod" k8s.io/kubernetes)
 etcd_version=$(mod_version "$gomods/etcd/go.mod" go.etcd.io/etcd/server/v3)
 containerd_version=$(mod_version "$gomods/containerd/go.mod" github.com/containerd/containerd/v2)
 helm_version=$(mod_version "$gomods/helm/go.mod" helm.sh/helm/v3)
-for v in k8s_version etcd_version containerd_version helm_version; do
+prometheus_version=$(mod_version "$gomods/prometheus/go.mod" github.com/prometheus/prometheus)
+for v in k8s_version etcd_version containerd_version helm_version prometheus_version; do
 	[ -n "${!v}" ] || die "cannot find the version behind \$$v in hack/go/*/go.mod"
 done
 
@@ -79,7 +82,7 @@ hash_files() { # files (relative to hack/go)... -> short content hash
 	(cd "$gomods" && sha256sum "$@") | sha256sum | cut -c1-12
 }
 go_files() { (cd "$gomods" && find "$1" -type f -name '*.go' | LC_ALL=C sort); }
-mods="k8s/go.mod k8s/go.sum etcd/go.mod etcd/go.sum containerd/go.mod containerd/go.sum helm/go.mod helm/go.sum"
+mods="k8s/go.mod k8s/go.sum etcd/go.mod etcd/go.sum containerd/go.mod containerd/go.sum helm/go.mod helm/go.sum prometheus/go.mod prometheus/go.sum"
 sources="$(go_files k8s/kubelet-harness) $(go_files k8s/stubplugin) $(go_files k8s/dra-kubelet) $(go_files k8s/pause)"
 [ "$k8s_mod" = k8s ] || mods="$mods $k8s_mod/go.mod $k8s_mod/go.sum"
 # shellcheck disable=SC2086
@@ -90,7 +93,7 @@ cache=${SHARING_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-sharing}
 prefix="$cache/bin/k8s-${kube_version}_etcd-${etcd_version}_containerd-${containerd_version}_${inputs_hash}"
 bin="${prefix}_go-${go_hash}"
 objs="$cache/objs"
-names="kube-apiserver etcd kubelet-harness stub-device-plugin dra-kubelet kubelet kube-scheduler kube-controller-manager kube-proxy pause containerd containerd-shim-runc-v2 ctr helm"
+names="kube-apiserver etcd kubelet-harness stub-device-plugin dra-kubelet kubelet kube-scheduler kube-controller-manager kube-proxy pause containerd containerd-shim-runc-v2 ctr helm promtool"
 
 have_all() { # <dir>
 	local n
@@ -112,7 +115,8 @@ if [ -z "$go_version" ]; then
 	log "'go' not found in PATH and no binaries built from these inputs are cached in $cache/bin;"
 	log "install Go >= 1.26, or point SHARING_KUBE_APISERVER, SHARING_ETCD, SHARING_KUBELET_HARNESS,"
 	log "SHARING_KUBELET, SHARING_KUBE_SCHEDULER, SHARING_KUBE_CONTROLLER_MANAGER, SHARING_KUBE_PROXY,"
-	log "SHARING_CONTAINERD, SHARING_CONTAINERD_SHIM, SHARING_CTR, SHARING_HELM, SHARING_PAUSE and"
+	log "SHARING_CONTAINERD, SHARING_CONTAINERD_SHIM, SHARING_CTR, SHARING_HELM, SHARING_PROMTOOL,"
+	log "SHARING_PAUSE and"
 	log "SHARING_STUB_DEVICE_PLUGIN, SHARING_DRA_KUBELET at prebuilt binaries"
 	exit 3
 fi
@@ -178,6 +182,7 @@ pause_hash=$(hash_files $(go_files k8s/pause))_$go_hash
 etcd_hash=$(hash_files etcd/go.mod etcd/go.sum)_$go_hash
 containerd_hash=$(hash_files containerd/go.mod containerd/go.sum)_$go_hash
 helm_hash=$(hash_files helm/go.mod helm/go.sum)_$go_hash
+prometheus_hash=$(hash_files prometheus/go.mod prometheus/go.sum)_$go_hash
 k8s_ld=$(ldflags_k8s "$k8s_version")
 kube_ld=$(ldflags_k8s "$kube_version")
 k8s=k8s.io/kubernetes/cmd
@@ -206,6 +211,10 @@ for name in containerd containerd-shim-runc-v2 ctr; do
 done
 build helm "$helm_version" "${helm_version}_$helm_hash" "$gomods/helm" helm.sh/helm/v3/cmd/helm \
 	"-s -w -X helm.sh/helm/v3/internal/version.version=$helm_version" "~3 min from an empty Go cache"
+# Prometheus tags v3.X.Y as module version v0.3XX.Y; promtool --version prints the module's.
+build promtool "$prometheus_version" "${prometheus_version}_$prometheus_hash" "$gomods/prometheus" \
+	github.com/prometheus/prometheus/cmd/promtool \
+	"-s -w -X github.com/prometheus/common/version.Version=${prometheus_version#v}" "~6 min from an empty Go cache"
 
 have_all "$bin" || die "internal error: binaries missing in $bin"
 printf '%s\n' "$bin"

@@ -82,8 +82,8 @@ if $quick; then
   step "pytest (unit, fakedriver)" pytest tests/unit tests/fakedriver "${parallel[@]}" --durations=10 "${args[@]}"
 else
   # Every Go binary of hack/lab (control plane, kubelet harness, the real node's kubelet,
-  # controllers, containerd, helm): built once per machine (about 11 minutes cold on 2 cores), then
-  # reused from the cache outside the repository.
+  # controllers, containerd, helm, promtool): built once per machine (about 18 minutes cold on 2
+  # cores, promtool 7 of them), then reused from the cache outside the repository.
   bin=""
   step "Go-built binaries" eval 'bin=$(hack/build-go.sh)'
   # tests/skew's other release: the five Kubernetes daemons of 1.34 (about 9 more minutes cold).
