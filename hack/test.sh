@@ -96,6 +96,9 @@ else
     step "helm lint (the lab's fake driver, CDI)" "$bin/helm" lint --strict "$chart" \
       --set driverRoot=/run/nvidia/driver --set driverRootReadOnly=false \
       --set "deviceListStrategy={envvar,cdi-cri}" --set config.create=true
+    step "helm lint (monitoring: ServiceMonitor, PrometheusRule, dashboard)" "$bin/helm" lint --strict "$chart" \
+      --set metrics.serviceMonitor.enabled=true --set metrics.prometheusRule.enabled=true \
+      --set metrics.dashboard.enabled=true
     step "deploy/ is the chart's default render" env SHARING_HELM="$bin/helm" python hack/gen-deploy.py --check
   fi
   # The tests run in a random order (pytest-randomly; the header prints the seed: replay an order
