@@ -229,7 +229,7 @@ def dashboard_queries() -> list[tuple[str, str]]:
     for variable in dashboard["templating"]["list"]:
         if variable["type"] != "query":
             continue
-        match = re.fullmatch(r"label_values\((.+), *(\w+)\)", variable["query"]["query"])
+        match = re.fullmatch(r"label_values\((.+), *(\w+)\)", variable["query"])
         assert match, f"variable {variable['name']}: {variable['query']}"
         selector, label = match.groups()
         # `unless on (label) vector(1)` drops the series whose label is empty.
