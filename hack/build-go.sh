@@ -13,6 +13,8 @@
 #   hack/go/kubectl     kubectl at the default Kubernetes release (k8s.io/kubectl; the machine's own
 #                       kubectl may be minors away from the lab's API server, outside kubectl's
 #                       skew policy, and an older one's exec races under load)
+#   hack/go/prometheus  promtool (Prometheus's rule checker, rule unit tests and TSDB queries), for
+#                       the chart's PrometheusRule and Grafana dashboard
 #   hack/go/k8s-<minor> another Kubernetes release's five daemons only (kube-apiserver, kubelet,
 #                       kube-scheduler, kube-controller-manager, kube-proxy), for
 #                       SHARING_K8S_VERSION=<minor> (e.g. 1.34); everything else as for the default
@@ -71,7 +73,8 @@ containerd_version=$(mod_version "$gomods/containerd/go.mod" github.com/containe
 helm_version=$(mod_version "$gomods/helm/go.mod" helm.sh/helm/v3)
 kubectl_lib=$(mod_version "$gomods/kubectl/go.mod" k8s.io/kubectl)
 kubectl_version="v1.${kubectl_lib#v0.}" # k8s.io/kubectl v0.37.2 is kubectl v1.37.2
-for v in k8s_version etcd_version containerd_version helm_version kubectl_lib; do
+prometheus_version=$(mod_version "$gomods/prometheus/go.mod" github.com/prometheus/prometheus)
+for v in k8s_version etcd_version containerd_version helm_version kubectl_lib prometheus_version; do
 	[ -n "${!v}" ] || die "cannot find the version behind \$$v in hack/go/*/go.mod"
 done
 
@@ -85,7 +88,7 @@ hash_files() { # files (relative to hack/go)... -> short content hash
 }
 go_files() { (cd "$gomods" && find "$1" -type f -name '*.go' | LC_ALL=C sort); }
 mods="k8s/go.mod k8s/go.sum etcd/go.mod etcd/go.sum containerd/go.mod containerd/go.sum helm/go.mod helm/go.sum"
-mods="$mods kubectl/go.mod kubectl/go.sum"
+mods="$mods kubectl/go.mod kubectl/go.sum prometheus/go.mod prometheus/go.sum"
 sources="$(go_files k8s/kubelet-harness) $(go_files k8s/stubplugin) $(go_files k8s/dra-kubelet) $(go_files k8s/pause)"
 sources="$sources $(go_files kubectl)"
 [ "$k8s_mod" = k8s ] || mods="$mods $k8s_mod/go.mod $k8s_mod/go.sum"
@@ -97,7 +100,7 @@ cache=${SHARING_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-sharing}
 prefix="$cache/bin/k8s-${kube_version}_etcd-${etcd_version}_containerd-${containerd_version}_${inputs_hash}"
 bin="${prefix}_go-${go_hash}"
 objs="$cache/objs"
-names="kube-apiserver etcd kubelet-harness stub-device-plugin dra-kubelet kubelet kube-scheduler kube-controller-manager kube-proxy pause containerd containerd-shim-runc-v2 ctr helm kubectl"
+names="kube-apiserver etcd kubelet-harness stub-device-plugin dra-kubelet kubelet kube-scheduler kube-controller-manager kube-proxy pause containerd containerd-shim-runc-v2 ctr helm kubectl promtool"
 
 have_all() { # <dir>
 	local n
@@ -119,7 +122,8 @@ if [ -z "$go_version" ]; then
 	log "'go' not found in PATH and no binaries built from these inputs are cached in $cache/bin;"
 	log "install Go >= 1.26, or point SHARING_KUBE_APISERVER, SHARING_ETCD, SHARING_KUBELET_HARNESS,"
 	log "SHARING_KUBELET, SHARING_KUBE_SCHEDULER, SHARING_KUBE_CONTROLLER_MANAGER, SHARING_KUBE_PROXY,"
-	log "SHARING_CONTAINERD, SHARING_CONTAINERD_SHIM, SHARING_CTR, SHARING_HELM, SHARING_PAUSE and"
+	log "SHARING_CONTAINERD, SHARING_CONTAINERD_SHIM, SHARING_CTR, SHARING_HELM, SHARING_PROMTOOL,"
+	log "SHARING_PAUSE and"
 	log "SHARING_STUB_DEVICE_PLUGIN, SHARING_DRA_KUBELET at prebuilt binaries"
 	exit 3
 fi
@@ -186,6 +190,7 @@ etcd_hash=$(hash_files etcd/go.mod etcd/go.sum)_$go_hash
 containerd_hash=$(hash_files containerd/go.mod containerd/go.sum)_$go_hash
 helm_hash=$(hash_files helm/go.mod helm/go.sum)_$go_hash
 kubectl_hash=$(hash_files kubectl/go.mod kubectl/go.sum $(go_files kubectl))_$go_hash
+prometheus_hash=$(hash_files prometheus/go.mod prometheus/go.sum)_$go_hash
 k8s_ld=$(ldflags_k8s "$k8s_version")
 kube_ld=$(ldflags_k8s "$kube_version")
 k8s=k8s.io/kubernetes/cmd
@@ -216,6 +221,10 @@ build helm "$helm_version" "${helm_version}_$helm_hash" "$gomods/helm" helm.sh/h
 	"-s -w -X helm.sh/helm/v3/internal/version.version=$helm_version" "~3 min from an empty Go cache"
 build kubectl "$kubectl_version" "${kubectl_version}_$kubectl_hash" "$gomods/kubectl" . "$(ldflags_k8s "$kubectl_version")" \
 	"~30 s after the Kubernetes binaries, ~3 min from an empty Go cache"
+# Prometheus tags v3.X.Y as module version v0.3XX.Y; promtool --version prints the module's.
+build promtool "$prometheus_version" "${prometheus_version}_$prometheus_hash" "$gomods/prometheus" \
+	github.com/prometheus/prometheus/cmd/promtool \
+	"-s -w -X github.com/prometheus/common/version.Version=${prometheus_version#v}" "~6 min from an empty Go cache"
 
 have_all "$bin" || die "internal error: binaries missing in $bin"
 printf '%s\n' "$bin"

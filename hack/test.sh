@@ -108,8 +108,8 @@ if $quick; then
   step "pytest (unit, fakedriver)" pytest tests/unit tests/fakedriver "${parallel[@]}" --durations=10 "${args[@]}"
 else
   # Every Go binary of hack/lab (control plane, kubelet harness, the real node's kubelet,
-  # controllers, containerd, helm): built once per machine (about 11 minutes cold on 2 cores), then
-  # reused from the cache outside the repository.
+  # controllers, containerd, helm, promtool): built once per machine (about 18 minutes cold on 2
+  # cores, promtool 7 of them), then reused from the cache outside the repository.
   bin=""
   step "Go-built binaries" eval 'bin=$(hack/build-go.sh)'
   # tests/skew's other release: the five Kubernetes daemons of 1.34 (about 9 more minutes cold).
@@ -121,6 +121,9 @@ else
     step "helm lint (the lab's fake driver, CDI)" "$bin/helm" lint --strict "$chart" \
       --set driverRoot=/run/nvidia/driver --set driverRootReadOnly=false \
       --set "deviceListStrategy={envvar,cdi-cri}" --set config.create=true
+    step "helm lint (monitoring: ServiceMonitor, PrometheusRule, dashboard)" "$bin/helm" lint --strict "$chart" \
+      --set metrics.serviceMonitor.enabled=true --set metrics.prometheusRule.enabled=true \
+      --set metrics.dashboard.enabled=true
     step "deploy/ is the chart's default render" env SHARING_HELM="$bin/helm" python hack/gen-deploy.py --check
   fi
   # The tests run in a random order (pytest-randomly; the header prints the seed: replay an order

@@ -40,6 +40,7 @@ class Binaries:
     containerd_shim_runc_v2: Path
     ctr: Path
     helm: Path
+    promtool: Path  # Prometheus's rule checker and rule unit tests, for the chart's monitoring objects
     pause: Path  # the pause image's only file
     kubectl: Path  # at the default release (hack/go/kubectl): in kubectl's skew with the lab's cluster
 
@@ -112,7 +113,7 @@ def binaries(version: str | None = None) -> Binaries:
 
     ``version`` (``1.34``) picks the Kubernetes release of the five Kubernetes daemons; None: the one
     of ``SHARING_K8S_VERSION``, else the default. The build happens once per machine and release (the
-    first takes ~25 minutes on 2 cores, another release ~10 more). Raises ``BinariesUnavailable`` when
+    first takes ~30 minutes on 2 cores, another release ~10 more). Raises ``BinariesUnavailable`` when
     Go is missing and nothing is cached, ``ClusterError`` when a build fails.
     """
     release = kubernetes_version(version)

@@ -30,3 +30,15 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 {{- define "gpu-sharing.keeperDir" -}}
 {{ printf "%s/mps-keeper" (trimSuffix "/" .Values.stateDir) }}
 {{- end -}}
+
+{{/* The metrics Service's labels that the ServiceMonitor selects it by (no other Service has both). */}}
+{{- define "gpu-sharing.metricsLabels" -}}
+{{ include "gpu-sharing.selectorLabels" . }}
+app.kubernetes.io/component: metrics
+{{- end -}}
+
+{{/* The `job` label of the agents' series: the Prometheus Operator names it after the Service the
+ServiceMonitor found (its spec.jobLabel, unset here). */}}
+{{- define "gpu-sharing.metricsJob" -}}
+{{ include "gpu-sharing.fullname" . }}-metrics
+{{- end -}}
