@@ -31,6 +31,8 @@
 #
 # Prints progress on stderr (a heartbeat every 30 s during long builds) and the bin directory (one
 # line) on stdout:   BIN=$(hack/build-go.sh)
+# `--test-tools` builds what only the tests run too: promtool (hack/go/prometheus, ~6 min cold), so
+# the demo's first run does not wait for it. The test command asks for it.
 # Exit code 3: Go is missing and nothing matching is cached.
 #
 # Builds use the committed go.sum (-mod=readonly); GOTOOLCHAIN=local so Go never tries to download
@@ -100,7 +102,15 @@ cache=${SHARING_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-sharing}
 prefix="$cache/bin/k8s-${kube_version}_etcd-${etcd_version}_containerd-${containerd_version}_${inputs_hash}"
 bin="${prefix}_go-${go_hash}"
 objs="$cache/objs"
-names="kube-apiserver etcd kubelet-harness stub-device-plugin dra-kubelet kubelet kube-scheduler kube-controller-manager kube-proxy pause containerd containerd-shim-runc-v2 ctr helm kubectl promtool"
+names="kube-apiserver etcd kubelet-harness stub-device-plugin dra-kubelet kubelet kube-scheduler kube-controller-manager kube-proxy pause containerd containerd-shim-runc-v2 ctr helm kubectl"
+test_tools=false
+for arg in "$@"; do
+	case $arg in
+		--test-tools) test_tools=true ;;
+		*) die "unknown argument '$arg' (only --test-tools)" ;;
+	esac
+done
+$test_tools && names="$names promtool"
 
 have_all() { # <dir>
 	local n
@@ -222,7 +232,7 @@ build helm "$helm_version" "${helm_version}_$helm_hash" "$gomods/helm" helm.sh/h
 build kubectl "$kubectl_version" "${kubectl_version}_$kubectl_hash" "$gomods/kubectl" . "$(ldflags_k8s "$kubectl_version")" \
 	"~30 s after the Kubernetes binaries, ~3 min from an empty Go cache"
 # Prometheus tags v3.X.Y as module version v0.3XX.Y; promtool --version prints the module's.
-build promtool "$prometheus_version" "${prometheus_version}_$prometheus_hash" "$gomods/prometheus" \
+$test_tools && build promtool "$prometheus_version" "${prometheus_version}_$prometheus_hash" "$gomods/prometheus" \
 	github.com/prometheus/prometheus/cmd/promtool \
 	"-s -w -X github.com/prometheus/common/version.Version=${prometheus_version#v}" "~6 min from an empty Go cache"
 

@@ -86,7 +86,7 @@ step() {
 
 if [ "$repeat" -gt 0 ]; then
   # The hunt: the binaries the tiers run, then hack/flakes.py, with the load (if any) for all of it.
-  step "Go-built binaries" hack/build-go.sh >/dev/null
+  step "Go-built binaries" hack/build-go.sh --test-tools >/dev/null
   step "Go-built binaries (Kubernetes 1.34)" env SHARING_K8S_VERSION=1.34 hack/build-go.sh >/dev/null
   out="$cache/flakes/$(date +%Y%m%d-%H%M%S)"
   echo "==> the hunt's logs: $out" >&2
@@ -108,10 +108,10 @@ if $quick; then
   step "pytest (unit, fakedriver)" pytest tests/unit tests/fakedriver "${parallel[@]}" --durations=10 "${args[@]}"
 else
   # Every Go binary of hack/lab (control plane, kubelet harness, the real node's kubelet,
-  # controllers, containerd, helm, promtool): built once per machine (about 18 minutes cold on 2
-  # cores, promtool 7 of them), then reused from the cache outside the repository.
+  # controllers, containerd, helm, kubectl) and the tests' promtool: built once per machine (about
+  # 18 minutes cold on 2 cores, promtool 7 of them), then reused from the cache outside the repository.
   bin=""
-  step "Go-built binaries" eval 'bin=$(hack/build-go.sh)'
+  step "Go-built binaries" eval 'bin=$(hack/build-go.sh --test-tools)'
   # tests/skew's other release: the five Kubernetes daemons of 1.34 (about 9 more minutes cold).
   step "Go-built binaries (Kubernetes 1.34)" env SHARING_K8S_VERSION=1.34 hack/build-go.sh
   if [ -n "$bin" ]; then

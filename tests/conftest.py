@@ -91,7 +91,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     uncaptured = capture.global_and_fixture_disabled() if capture else contextlib.nullcontext()
     try:
         with uncaptured:
-            bins = lab.binaries()
+            # promtool (tests/integration/test_monitoring.py) is built for the tests only.
+            monitoring = any(item.nodeid.startswith("tests/integration/test_monitoring.py") for item in items)
+            bins = lab.binaries(test_tools=monitoring)
             if node and os.geteuid() == 0:
                 images.all_images(bins)
             if any(worker_group(item.nodeid) == "skew" for item in items):

@@ -40,7 +40,7 @@ class Binaries:
     containerd_shim_runc_v2: Path
     ctr: Path
     helm: Path
-    promtool: Path  # Prometheus's rule checker and rule unit tests, for the chart's monitoring objects
+    promtool: Path  # Prometheus's rule checker and rule unit tests: built with ``test_tools`` only
     pause: Path  # the pause image's only file
     kubectl: Path  # at the default release (hack/go/kubectl): in kubectl's skew with the lab's cluster
 
@@ -105,10 +105,10 @@ def default_kubernetes_version() -> str:
     return _required(REPO / "hack" / "go" / "k8s" / "go.mod")
 
 
-_cache: dict[str, Binaries] = {}
+_cache: dict[tuple[str, bool], Binaries] = {}
 
 
-def binaries(version: str | None = None) -> Binaries:
+def binaries(version: str | None = None, *, test_tools: bool = False) -> Binaries:
     """Paths of every binary: the ``SHARING_*`` overrides win, ``hack/build-go.sh`` provides the rest.
 
     ``version`` (``1.34``) picks the Kubernetes release of the five Kubernetes daemons; None: the one
@@ -117,8 +117,9 @@ def binaries(version: str | None = None) -> Binaries:
     Go is missing and nothing is cached, ``ClusterError`` when a build fails.
     """
     release = kubernetes_version(version)
-    if release in _cache:  # one build per process and release
-        return _cache[release]
+    key = (release, test_tools)
+    if key in _cache:  # one build per process, release and set
+        return _cache[key]
     paths: dict[str, Path] = {}
     names = [f.name for f in fields(Binaries)]
     for name in names:
@@ -130,22 +131,21 @@ def binaries(version: str | None = None) -> Binaries:
             paths[name] = path
     missing = [n for n in names if n not in paths]
     if missing:
-        bin_dir = _build(_minor(release))
+        bin_dir = _build(_minor(release), test_tools)
         if bin_dir is None:
             wanted = ", ".join(env_var(n) for n in missing)
             raise BinariesUnavailable(f"Go is not installed and nothing is cached; set {wanted}")
         for name in missing:
             paths[name] = bin_dir / name.replace("_", "-")
-    _cache[release] = Binaries(**paths)
-    return _cache[release]
+    _cache[key] = Binaries(**paths)
+    return _cache[key]
 
 
-def _build(minor: str) -> Path | None:
+def _build(minor: str, test_tools: bool) -> Path | None:
     # stderr (progress lines) goes straight to the caller's terminal or pytest's capture.
     env = os.environ | {K8S_VERSION_ENV: minor}
-    proc = subprocess.run(
-        [str(BUILD_SCRIPT)], stdout=subprocess.PIPE, text=True, check=False, cwd=REPO, env=env
-    )
+    args = [str(BUILD_SCRIPT), *(["--test-tools"] if test_tools else [])]
+    proc = subprocess.run(args, stdout=subprocess.PIPE, text=True, check=False, cwd=REPO, env=env)
     if proc.returncode == NO_GO_EXIT:
         return None
     if proc.returncode != 0:

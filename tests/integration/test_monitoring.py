@@ -81,7 +81,9 @@ def one(rendered: Mapping[tuple[str, str], dict[str, Any]], kind: str) -> dict[s
 
 
 def promtool(bins: lab.Binaries, *args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(bins.promtool), *map(str, args)], capture_output=True, text=True, check=False)
+    """promtool, built with the tests' tools (the demo's build leaves it out)."""
+    tool = lab.binaries(test_tools=True).promtool
+    return subprocess.run([str(tool), *map(str, args)], capture_output=True, text=True, check=False)
 
 
 def rules_file(rendered: Mapping[tuple[str, str], dict[str, Any]], directory: Path) -> Path:
