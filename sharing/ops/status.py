@@ -16,6 +16,7 @@ from typing import Any
 from sharing.devices import REPLICA_SEPARATOR, Device, Inventory
 from sharing.dra.foreign import Foreign
 from sharing.dra.fragmentation import GpuRoom
+from sharing.mig import device_profile
 from sharing.model import ClaimHold, Gpu, GpuUuid, Holding, NodeState
 
 
@@ -58,7 +59,7 @@ def status_document(
     GPUs that the agent did not make (`sharing.dra.foreign`).
     """
     owners = _owners(holders or ())
-    profiles = {ci.uuid: gi.profile for g in node.gpus for gi, ci in g.mig_devices}
+    profiles = {ci.uuid: device_profile(gi, ci) for g in node.gpus for gi, ci in g.mig_devices}
     slices: dict[str, list[dict[str, Any]]] = {}
     for resource, devices in inventory.resources:
         for device in devices:
