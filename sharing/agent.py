@@ -23,6 +23,7 @@ import structlog
 
 from sharing import __version__
 from sharing.config import (
+    ConfigSet,
     Failed,
     Frontend,
     MigStrategy,
@@ -43,6 +44,7 @@ from sharing.gpu.mpscontrol import CONTROL
 from sharing.kube import ConfigSources, KubeClient, NodePublisher, watch_node
 from sharing.kube.features import PARTITIONABLE
 from sharing.kube.podclaims import claims_of_node_pods
+from sharing.kube.sources import per_config
 from sharing.labels import ConfigState
 from sharing.mig import Catalog
 from sharing.model import ClaimAllocation, NodeState
@@ -145,6 +147,8 @@ class Agent:
         self._grace_over = False
         self._selected: tuple[str | None, str] = (None, "")
         self._standby = False
+        self._configs = ConfigSet()
+        """The ConfigMaps' configs as last read (their warnings are in `sharing status`)."""
 
     def trigger(self) -> None:
         """Ask for a reconcile soon (coalesces with any other pending trigger)."""
@@ -278,8 +282,15 @@ class Agent:
 
     def _config_status(self) -> ConfigStatus:
         state = self.node_out.state.value if self.node_out.state else None
+        name, configs = self._selected[0], self._configs
         return ConfigStatus(
-            self._selected[0], self._selected[1], state, self._in_effect(), self.node_out.last_change
+            name,
+            self._selected[1],
+            state,
+            self._in_effect(),
+            self.node_out.last_change,
+            warnings=configs.warnings_for(name) if name is not None else (),
+            warned={c: len(found) for c, found in per_config(configs.warnings).items()},
         )
 
     def _alive(self) -> bool:
@@ -395,6 +406,9 @@ class Agent:
             default=self.settings.default_config,
         )
         await self.node_out.invalid_configs(configs, selection, quiet=self.sources.invalid_presets)
+        self._configs = configs
+        chosen = selection.config.name if isinstance(selection, Selected) else None
+        await self.node_out.config_warnings(chosen, configs.warnings_for(chosen) if chosen else ())
         if isinstance(selection, Failed):
             self._selected = (selection.name, "")
             verdict = Verdict(ConfigState.FAILED, "ConfigRejected", selection.reason, selection.reason)

@@ -128,6 +128,14 @@ def describe(status: dict[str, Any]) -> str:
         f"state {config.get('state') or '(unknown)'}; "
         f"in effect: {', '.join(config.get('inEffect') or []) or '(none)'}",
     ]
+    warnings = config.get("warnings") or []
+    if warnings:
+        lines.append(f"warnings of config {config.get('selected')}:")
+        lines += [f"  {w['path']}: {w['message']}" if w["path"] else f"  {w['message']}" for w in warnings]
+    others = {c: n for c, n in (config.get("warningsPerConfig") or {}).items() if c != config.get("selected")}
+    if others:
+        counted = ", ".join(f"{c} {n}" for c, n in others.items())
+        lines.append(f"warnings of the other configs (in the agent's log, `config_warnings`): {counted}")
     change = status.get("lastChange") or {}
     if change:
         lines.append(

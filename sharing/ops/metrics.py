@@ -154,6 +154,10 @@ class _State(Collector):
             ["selected", "in_effect"],
             [([config.get("selected") or "", ",".join(config.get("inEffect", []))], 1)] if status else [],
         )  # fmt: skip
+        yield _gauge(
+            "config_warnings", "Warnings of each config of the ConfigMaps (the agent's log lists them).",
+            ["config"], (([c], n) for c, n in config.get("warningsPerConfig", {}).items()),
+        )  # fmt: skip
         rooms = [(g, g["room"]) for g in gpus if g.get("room")]
         labels = ["gpu", "uuid"]
         yield _gauge(

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from sharing.config import Problem
 from sharing.devices import REPLICA_SEPARATOR, Device, Inventory
 from sharing.dra.foreign import Foreign
 from sharing.dra.fragmentation import GpuRoom
@@ -33,6 +34,10 @@ class ConfigStatus:
     """Per GPU UUID, the name of the config last applied to it."""
     last_change: Mapping[str, str] = field(default_factory=dict)
     """time, reason, message of the last Event-worthy outcome."""
+    warnings: tuple[Problem, ...] = ()
+    """Every warning of the selected config (and of the ConfigMap as a whole)."""
+    warned: Mapping[str, int] = field(default_factory=dict)
+    """How many warnings each config of the ConfigMaps has (the agent's log lists them all)."""
 
 
 def status_document(
@@ -79,6 +84,8 @@ def status_document(
             "source": config.source,
             "state": config.state,
             "inEffect": sorted({n for n in config.in_effect.values() if n}),
+            "warnings": [p.as_dict() for p in config.warnings],
+            "warningsPerConfig": dict(sorted(config.warned.items())),
         },
         "lastChange": dict(config.last_change),
         "holders": {"known": holders is not None, "error": holders_error},
