@@ -51,7 +51,7 @@ from sharing.model import ClaimAllocation, NodeState
 from sharing.ops import ConfigStatus, HttpServer, Metrics, Reporter
 from sharing.rollout import Drainer, PodResources, Retry, Rollout, Verdict, follow_health, held_back
 from sharing.rollout.frontend import DraFrontend
-from sharing.rollout.mps import watch_mps
+from sharing.rollout.mps import watch_claim_mps, watch_mps
 from sharing.rollout.switch import Frontends
 from sharing.settings import Settings
 from sharing.store import Journal
@@ -81,6 +81,7 @@ class Agent:
         pod_resources: PodResources | None = None,
         dra: DraFrontend | None = None,
         metrics: Metrics | None = None,
+        claim_mps: MpsDaemons | None = None,
     ) -> None:
         self.settings = settings
         self.kube = kube
@@ -116,7 +117,10 @@ class Agent:
             self.metrics,
             self._config_status,
             holders_localhost_only=settings.holders_localhost_only,
+            claim_mps=claim_mps,
         )
+        self.claim_mps = claim_mps
+        """The MPS daemons of on-demand MIG devices claims share: watched beside the GPUs' own."""
         self.node = watch_node(kube, settings.node_name, settings.watch_timeout_seconds)
         self.node_out = NodePublisher(kube, self.node, catalog)
         if dra is not None:
@@ -206,6 +210,20 @@ class Agent:
             ),
             asyncio.create_task(self.node_out.events.run(), name="events"),
         ]
+        if self.claim_mps is not None:
+            dra = self.dra
+            self._tasks.append(
+                asyncio.create_task(
+                    watch_claim_mps(
+                        self.claim_mps,
+                        every_s=self.settings.mps_check_seconds,
+                        observe=self.backend.observe,
+                        claims=lambda: dra.recorded() if dra is not None else (),
+                        event=self.node_out.event,
+                    ),
+                    name="claim-mps-watch",
+                )
+            )
         try:
             await stop.wait()
         finally:
