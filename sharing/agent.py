@@ -23,6 +23,7 @@ import structlog
 
 from sharing import __version__
 from sharing.config import (
+    ConfigSet,
     Failed,
     Frontend,
     MigStrategy,
@@ -43,13 +44,14 @@ from sharing.gpu.mpscontrol import CONTROL
 from sharing.kube import ConfigSources, KubeClient, NodePublisher, watch_node
 from sharing.kube.features import PARTITIONABLE
 from sharing.kube.podclaims import claims_of_node_pods
+from sharing.kube.sources import per_config
 from sharing.labels import ConfigState
 from sharing.mig import Catalog
 from sharing.model import ClaimAllocation, NodeState
 from sharing.ops import ConfigStatus, HttpServer, Metrics, Reporter
 from sharing.rollout import Drainer, PodResources, Retry, Rollout, Verdict, follow_health, held_back
 from sharing.rollout.frontend import DraFrontend
-from sharing.rollout.mps import watch_mps
+from sharing.rollout.mps import watch_claim_mps, watch_mps
 from sharing.rollout.switch import Frontends
 from sharing.settings import Settings
 from sharing.store import Journal
@@ -79,6 +81,7 @@ class Agent:
         pod_resources: PodResources | None = None,
         dra: DraFrontend | None = None,
         metrics: Metrics | None = None,
+        claim_mps: MpsDaemons | None = None,
     ) -> None:
         self.settings = settings
         self.kube = kube
@@ -114,7 +117,10 @@ class Agent:
             self.metrics,
             self._config_status,
             holders_localhost_only=settings.holders_localhost_only,
+            claim_mps=claim_mps,
         )
+        self.claim_mps = claim_mps
+        """The MPS daemons of on-demand MIG devices claims share: watched beside the GPUs' own."""
         self.node = watch_node(kube, settings.node_name, settings.watch_timeout_seconds)
         self.node_out = NodePublisher(kube, self.node, catalog)
         if dra is not None:
@@ -145,6 +151,8 @@ class Agent:
         self._grace_over = False
         self._selected: tuple[str | None, str] = (None, "")
         self._standby = False
+        self._configs = ConfigSet()
+        """The ConfigMaps' configs as last read (their warnings are in `sharing status`)."""
 
     def trigger(self) -> None:
         """Ask for a reconcile soon (coalesces with any other pending trigger)."""
@@ -202,6 +210,20 @@ class Agent:
             ),
             asyncio.create_task(self.node_out.events.run(), name="events"),
         ]
+        if self.claim_mps is not None:
+            dra = self.dra
+            self._tasks.append(
+                asyncio.create_task(
+                    watch_claim_mps(
+                        self.claim_mps,
+                        every_s=self.settings.mps_check_seconds,
+                        observe=self.backend.observe,
+                        claims=lambda: dra.recorded() if dra is not None else (),
+                        event=self.node_out.event,
+                    ),
+                    name="claim-mps-watch",
+                )
+            )
         try:
             await stop.wait()
         finally:
@@ -278,8 +300,15 @@ class Agent:
 
     def _config_status(self) -> ConfigStatus:
         state = self.node_out.state.value if self.node_out.state else None
+        name, configs = self._selected[0], self._configs
         return ConfigStatus(
-            self._selected[0], self._selected[1], state, self._in_effect(), self.node_out.last_change
+            name,
+            self._selected[1],
+            state,
+            self._in_effect(),
+            self.node_out.last_change,
+            warnings=configs.warnings_for(name) if name is not None else (),
+            warned={c: len(found) for c, found in per_config(configs.warnings).items()},
         )
 
     def _alive(self) -> bool:
@@ -395,6 +424,9 @@ class Agent:
             default=self.settings.default_config,
         )
         await self.node_out.invalid_configs(configs, selection, quiet=self.sources.invalid_presets)
+        self._configs = configs
+        chosen = selection.config.name if isinstance(selection, Selected) else None
+        await self.node_out.config_warnings(chosen, configs.warnings_for(chosen) if chosen else ())
         if isinstance(selection, Failed):
             self._selected = (selection.name, "")
             verdict = Verdict(ConfigState.FAILED, "ConfigRejected", selection.reason, selection.reason)

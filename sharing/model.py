@@ -37,6 +37,9 @@ class ComputeInstance:
     """The compute slices it spans (nvmlComputeInstanceGetInfo `placement.size`); None: not read."""
     processes: int = 0
     """How many compute processes NVML lists on it (0 while busy: they could not be read)."""
+    multiprocessors: int | None = None
+    """The streaming multiprocessors of its compute-instance profile (nvmlGpuInstanceGetComputeInstance
+    ProfileInfo `multiprocessorCount`); None: not read."""
 
     def busy_beyond(self, idle_servers: int) -> bool:
         """Busy with more than `idle_servers` processes (idle MPS servers of the agent's own daemon)."""

@@ -65,7 +65,7 @@ async def _serve(config: settings.Settings) -> None:
             ignored_xids=frozenset(config.ignored_xids),
         )
     )
-    dra = None
+    dra = claim_mps = None
     if config.dra_available:
         from sharing.dra import DraPaths, OnDemand
         from sharing.dra.frontend import DraFrontEnd
@@ -103,6 +103,7 @@ async def _serve(config: settings.Settings) -> None:
         pod_resources=PodResourcesClient(config.pod_resources_socket),
         dra=dra,
         metrics=metrics,
+        claim_mps=claim_mps,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

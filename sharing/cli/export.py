@@ -2,7 +2,9 @@
 
 As a table, as JSON, or as a mig-parted config (`--format mig-parted`) that `sharing apply` and
 mig-parted both take back to the same layout: one entry per group of GPUs with the same PCI id and
-MIG layout, each with its exact `device-filter`, GPU indices and profile counts.
+MIG layout, each with its exact `device-filter`, GPU indices and profile counts. Each MIG device goes
+by its own profile (`sharing.mig.device_profile`): a compute instance smaller than its GPU instance
+is `1c.3g.20gb`, which mig-parted makes and `sharing apply` refuses (it makes whole GPU instances).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import yaml
 
 from sharing.cli.common import Subparsers, print_json
 from sharing.cli.gpuargs import add_backend_arguments, open_from_args
+from sharing.mig import device_profile
 from sharing.model import Gpu, NodeState
 
 
@@ -56,8 +59,11 @@ def migparted_yaml(state: NodeState, name: str = "current") -> str:
     """The node's current layout as a mig-parted config named `name`."""
     groups: dict[tuple[int | None, bool, tuple[tuple[str, int], ...]], list[int]] = {}
     for gpu in state.gpus:
+        # Per MIG device, as mig-parted counts them: three 1-slice compute instances of one 3g.20gb GPU
+        # instance are `1c.3g.20gb: 3` (mig-parted puts them in one GPU instance; `sharing apply` makes
+        # no such layout and says so).
         counts = (
-            Counter(gi.profile for gi in gpu.instances if gi.compute_instances)
+            Counter(device_profile(gi, ci) for gi in gpu.instances for ci in gi.compute_instances)
             if gpu.mig_enabled
             else Counter()
         )
@@ -106,7 +112,7 @@ def _instances(gpu: Gpu) -> list[dict[str, object]]:
         for ci in gi.compute_instances:
             rows.append(
                 {
-                    "profile": gi.profile,
+                    "profile": device_profile(gi, ci),
                     "start": gi.start,
                     "size": gi.size,
                     "uuid": ci.uuid,
@@ -136,7 +142,8 @@ def describe(state: NodeState) -> str:
         for gi in gpu.instances:
             slices = f"slices {gi.start}-{gi.start + gi.size - 1}"
             for ci in gi.compute_instances:
-                lines.append(f"  {gi.profile:<12} {slices:<12} {ci.uuid}{'  busy' if ci.busy else ''}")
+                profile = device_profile(gi, ci)
+                lines.append(f"  {profile:<12} {slices:<12} {ci.uuid}{'  busy' if ci.busy else ''}")
             if not gi.compute_instances:
                 lines.append(f"  {gi.profile:<12} {slices:<12} (no compute instance)")
     return "\n".join(lines)

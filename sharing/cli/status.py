@@ -118,6 +118,28 @@ def _foreign(f: dict[str, Any]) -> str:
     )
 
 
+def _daemon(what: str, daemon: dict[str, Any]) -> str:
+    """An MPS control daemon: a GPU's, or that of an on-demand MIG device a claim shares."""
+    enforced = daemon.get("enforced")
+    answer = (
+        "healthy" if daemon["healthy"] else
+        "not answering" if enforced is None else
+        f"answers {enforced['activeThreadPercentage']}% / {enforced['pinnedMemoryMiB']} MiB"
+    )  # fmt: skip
+    return (
+        f"  {what} {answer}: {daemon['activeThreadPercentage']}% of the threads and"
+        f" {daemon['pinnedMemoryMiB']} MiB per client, pipes {daemon['pipeDirectory']},"
+        f" restarts {daemon['restarts']}" + (f"; {daemon['error']}" if daemon.get("error") else "")
+    )
+
+
+def _made(where: dict[str, Any] | None) -> str:
+    """Where an instance made for a claim on a dynamic GPU sits, as the DRA pool names it."""
+    if not where:
+        return ""
+    return f" ({where['device']}{'' if where['made'] else ', adopted'})"
+
+
 def describe(status: dict[str, Any]) -> str:
     """A table per GPU for people, under a header with the config and the last change."""
     config = status.get("config", {})
@@ -128,6 +150,14 @@ def describe(status: dict[str, Any]) -> str:
         f"state {config.get('state') or '(unknown)'}; "
         f"in effect: {', '.join(config.get('inEffect') or []) or '(none)'}",
     ]
+    warnings = config.get("warnings") or []
+    if warnings:
+        lines.append(f"warnings of config {config.get('selected')}:")
+        lines += [f"  {w['path']}: {w['message']}" if w["path"] else f"  {w['message']}" for w in warnings]
+    others = {c: n for c, n in (config.get("warningsPerConfig") or {}).items() if c != config.get("selected")}
+    if others:
+        counted = ", ".join(f"{c} {n}" for c, n in others.items())
+        lines.append(f"warnings of the other configs (in the agent's log, `config_warnings`): {counted}")
     change = status.get("lastChange") or {}
     if change:
         lines.append(
@@ -156,24 +186,14 @@ def describe(status: dict[str, Any]) -> str:
                 f"  room: largest profile still placeable {largest}; {room['freeComputeSlices']} compute"
                 f" slices free, {room['strandedComputeSlices']} of them stranded (no placement can use them)"
             )
-        daemon = gpu.get("mps")
-        if daemon:
-            enforced = daemon.get("enforced")
-            answer = (
-                "healthy" if daemon["healthy"] else
-                "not answering" if enforced is None else
-                f"answers {enforced['activeThreadPercentage']}% / {enforced['pinnedMemoryMiB']} MiB"
-            )  # fmt: skip
-            lines.append(
-                f"  MPS daemon {answer}: {daemon['activeThreadPercentage']}% of the threads and"
-                f" {daemon['pinnedMemoryMiB']} MiB per client, pipes {daemon['pipeDirectory']},"
-                f" restarts {daemon['restarts']}" + (f"; {daemon['error']}" if daemon.get("error") else "")
-            )
+        if gpu.get("mps"):
+            lines.append(_daemon("MPS daemon", gpu["mps"]))
         lines += [_foreign(f) for f in gpu.get("foreign") or ()]
+        lines += [_daemon(f"MPS daemon of {s['id']}", s["mps"]) for s in gpu["slices"] if s.get("mps")]
         rows = [("RESOURCE", "DEVICE", "PROFILE", "HEALTH", "HELD BY")] + [
             (
                 s["resource"],
-                s["id"],
+                s["id"] + _made(s.get("onDemand")),
                 s.get("profile") or "-",
                 s["health"],
                 _held_by(s),
@@ -181,7 +201,7 @@ def describe(status: dict[str, Any]) -> str:
             for s in gpu["slices"]
         ]
         if len(rows) == 1:
-            if dynamic != "onDemand":  # its devices are the DRA pool's placements, not slices
+            if dynamic != "onDemand":  # its devices are the DRA pool's placements, made per claim
                 lines.append("  (nothing advertised)")
             continue
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]

@@ -108,6 +108,10 @@ class ConfigSet:
         """The errors of one config (and those of the ConfigMap as a whole)."""
         return tuple(p for p in self.errors if p.config in (name, CONFIGMAP))
 
+    def warnings_for(self, name: str) -> tuple[Problem, ...]:
+        """The warnings of one config (and those of the ConfigMap as a whole)."""
+        return tuple(p for p in self.warnings if p.config in (name, CONFIGMAP))
+
     def require(self) -> tuple[SharingConfig, ...]:
         """All configs, or InvalidConfigError listing every error."""
         if self.errors:

@@ -1,7 +1,9 @@
 """What the node advertises: observed GPUs + the sharing config + health -> devices per resource.
 
 This is the contract users see on the Node (DESIGN.md "Resources and device IDs"): full GPUs under
-`nvidia.com/gpu`, MIG devices under `nvidia.com/mig-<profile>` (mixed) or `nvidia.com/gpu` (single),
+`nvidia.com/gpu`, MIG devices under `nvidia.com/mig-<profile>` (mixed; a compute instance smaller than
+its GPU instance under its own profile, `mig-1c.3g.20gb`: `sharing.mig.device_profile`) or
+`nvidia.com/gpu` (single),
 replica `n` of a device as `<uuid>::<n>`, renamed `<name>.shared` with renameByDefault. Health is an
 overlay kept apart from the devices, so a health event flips devices without rebuilding anything.
 Pure: no I/O, no clock; warnings come back as data.
@@ -18,7 +20,7 @@ from typing import NewType
 from sharing.config import MigMode, MigStrategy, Rule, Sharing, SharingConfig, identity, is_dynamic
 from sharing.devices.xids import APPLICATION_XIDS
 from sharing.errors import PluginError
-from sharing.mig import Catalog, default_catalog
+from sharing.mig import Catalog, default_catalog, device_profile
 from sharing.model import Gpu, GpuUuid, HealthEvent, MigUuid, NodeState
 
 ResourceName = NewType("ResourceName", str)
@@ -286,8 +288,11 @@ def _devices_of(
     if not single_ok:
         return
     for position, (gi, ci) in enumerate(gpu.mig_devices):
-        resource = GPU_RESOURCE if strategy is MigStrategy.SINGLE else mig_resource(gi.profile)
-        replicas = rule.replicas.for_kind(gi.profile) if rule else 1
+        # A compute instance smaller than its GPU instance is a device of its own profile (`1c.3g.20gb`),
+        # never one of the GPU instance's: a pod asking for a 3g.20gb gets all three compute slices.
+        profile = device_profile(gi, ci)
+        resource = GPU_RESOURCE if strategy is MigStrategy.SINGLE else mig_resource(profile)
+        replicas = rule.replicas.for_kind(profile) if rule else 1
         index = f"{gpu.index}:{position if ci.mig_index is None else ci.mig_index}"
         yield from _replicate(resource, gpu, ci.uuid, replicas, rename, index=index)
 
@@ -332,7 +337,9 @@ def _replicate(
 
 def _single_is_uniform(node: NodeState, warnings: list[str]) -> bool:
     """migStrategy single needs one MIG profile across the node; say why when it is not."""
-    profiles = Counter(gi.profile for gpu in node.gpus if gpu.mig_enabled for gi, _ in gpu.mig_devices)
+    profiles = Counter(
+        device_profile(gi, ci) for gpu in node.gpus if gpu.mig_enabled for gi, ci in gpu.mig_devices
+    )
     if len(profiles) > 1:
         found = ", ".join(f"{p} x{n}" for p, n in sorted(profiles.items()))
         warnings.append(

@@ -57,6 +57,7 @@ from sharing.kube.resourceslices import SlicePublisher
 from sharing.kubelet.restarts import SocketId, socket_identity
 from sharing.mig import Catalog
 from sharing.model import ClaimAllocation, ClaimHold, NodeState
+from sharing.store import PreparedClaim
 from sharing.text import bounded
 
 log = structlog.get_logger(__name__)
@@ -279,6 +280,11 @@ class DraFrontEnd:
         if prepared.unknown:
             return ()
         return foreign_instances(self.node, self.inventory.dynamic, prepared.claims, self.catalog)
+
+    def recorded(self) -> tuple[PreparedClaim, ...]:
+        """The claims prepared on this node as the plugin's checkpoint records them, one being prepared
+        too (for `sharing status`: the instances made for them are the dynamic GPUs' slices)."""
+        return self.plugin.prepared().claims
 
     def _registration(self, registered: bool) -> None:
         """The kubelet's word on a registration: devices are added to the pool once it uses the plugin."""

@@ -44,7 +44,7 @@ from sharing.dra.records import ClaimRecords, PreparedClaims
 from sharing.errors import KubeError
 from sharing.gpu.devfiles import DeviceFiles
 from sharing.kube.api import NotFoundError, ResourceClaimObject
-from sharing.mig import Catalog
+from sharing.mig import Catalog, device_profile
 from sharing.model import NodeState
 from sharing.store import ClaimCheckpoint, PreparedClaim, PreparedDevice, PreparedPod
 from sharing.text import bounded
@@ -314,7 +314,7 @@ def _profile(device: PreparedDevice, node: NodeState) -> str:
         return "gpu"
     gpu = node.gpu(device.gpu_uuid)
     mine = gpu.mig_devices if gpu is not None else ()
-    return next((gi.profile for gi, ci in mine if ci.uuid == device.uuid), "unknown")
+    return next((device_profile(gi, ci) for gi, ci in mine if ci.uuid == device.uuid), "unknown")
 
 
 def _check_uid(key: ClaimKey) -> None:

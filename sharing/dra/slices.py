@@ -16,6 +16,13 @@ asks for more, and every other capacity costs an allocation nothing unless it as
 without a request policy would be consumed whole: resource.k8s.io/v1 types.go, `DeviceCapacity`).
 With failRequestsGreaterThanOne an allocation can take one share at most.
 
+A compute instance smaller than its GPU instance is a MIG device of its own profile, `profile` written
+as go-nvlib writes it (`1c.3g.20gb`: `sharing.mig.device_profile`), with its GPU instance's memory and
+engines (its compute instances share them) and its own multiprocessors: a claim for a `3g.20gb` never
+gets one compute slice of it. NVIDIA's driver publishes no such device (it keeps only profiles whose
+compute slices are the GPU instance's, cmd/gpu-kubelet-plugin/nvlib.go `getGpuInfo`, and fails to
+enumerate a GPU with another: `getMigDevices`).
+
 Unhealthy devices carry NVIDIA's health taints (cmd/gpu-kubelet-plugin/device_health.go,
 `healthEventToTaint`): `gpu.nvidia.com/xid=<xid>` or `gpu.nvidia.com/gpu-lost`, effect NoSchedule, so
 new claims avoid them and running pods keep running; recovery drops the taint.
@@ -37,7 +44,7 @@ from sharing.kube.api import (
     SliceSpec,
     Version,
 )
-from sharing.mig import Catalog, Product, Profile, default_catalog
+from sharing.mig import Catalog, Product, Profile, default_catalog, device_profile
 from sharing.model import DriverInfo, Gpu, NodeState
 
 MAX_DEVICES = 128
@@ -141,17 +148,22 @@ def _device(
         )
         if found is None:
             return None
-        gi, _ = found
+        gi, ci = found
         mig_index = int(d.index.partition(":")[2] or 0)
+        profile = device_profile(gi, ci)
         attributes |= {
             "type": "mig",
             "uuid": d.mig_uuid,
             "parentUUID": gpu.uuid,
-            "profile": gi.profile,
+            "profile": profile,
             "index": mig_index,
             "parentIndex": gpu.index,
         }
         capacity = _mig_capacity(_profile(gpu, gi.profile, catalog))
+        if profile != gi.profile:  # a part of its GPU instance: its memory and engines, its own SMs
+            capacity.pop("multiprocessors", None)
+            if ci.multiprocessors is not None:
+                capacity["multiprocessors"] = _count(ci.multiprocessors)
         key = (gpu.index, mig_index)
     caps = {name: Capacity(value) for name, value in capacity.items()}
     shared = physical.replicas > 1

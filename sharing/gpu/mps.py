@@ -32,7 +32,8 @@ start `nvidia-cuda-mps-control -d` with `CUDA_VISIBLE_DEVICES=<MIG UUID>`; the M
 Device Enumeration", takes MIG UUIDs there), in exclusive-process mode set on the MIG device handle
 ("If MIG is enabled on a GPU, device must be MIG device handle": nvml.h nvmlDeviceSetComputeMode).
 Those daemons live as long as their claim is prepared; the reconcile (`enforce`) looks at whole GPUs
-only and leaves them alone.
+only and leaves them alone: one that stops answering is started again by `restart`
+(`sharing.rollout.mps.watch_claim_mps`).
 
 In the agent's pod the daemons are started by the MPS keeper, a container of their own
 (`sharing.gpu.mpskeeper`), so that a restart of the agent's container leaves them serving; without
@@ -280,6 +281,32 @@ class MpsDaemons:
             if result.outcome is Outcome.FAILED:
                 raise BackendError(result.reason)
 
+    async def restart(self, device: str, node: NodeState) -> MpsResult:
+        """Start again the daemon `serve` started for a MIG device and that no longer answers with its
+        limits: APPLIED (a restart, counted), BLOCKED while processes other than its idle servers run on
+        the device (as a GPU's daemon waits for them: `enforce`), FAILED with why, UNCHANGED when it
+        answers, is no longer wanted (its claim was unprepared) or its device is gone from `node`."""
+        async with self._lock:
+            want = self._wanted.get(GpuUuid(device))
+            if want is None:
+                return MpsResult(Outcome.UNCHANGED)
+            current = await self._read(device)
+            if current is not None and current.matches(want):
+                self._enforced[GpuUuid(device)] = current
+                return MpsResult(Outcome.UNCHANGED)
+            found = next((ci for g in node.gpus for _, ci in g.mig_devices if ci.uuid == device), None)
+            if found is None:
+                return MpsResult(Outcome.UNCHANGED)
+            if found.busy_beyond((await self._servers(device)).idle):
+                return MpsResult(
+                    Outcome.BLOCKED,
+                    f"processes run on MIG device {device}: its MPS daemon is started again once they end",
+                )
+            result = await self._start(GpuUuid(device), want, running=current is not None)
+            if result.outcome is Outcome.APPLIED:
+                self._restarts[GpuUuid(device)] = self._restarts.get(GpuUuid(device), 0) + 1
+            return result
+
     async def in_use(self, gpu: Gpu) -> bool:
         """Whether processes run on the GPU other than its daemon's servers without clients."""
         async with self._lock:
@@ -317,6 +344,7 @@ class MpsDaemons:
                 await self._compute_mode(GpuUuid(device), False)
             await asyncio.to_thread(shutil.rmtree, self.root / device, True)
             self._forget(GpuUuid(device))
+            self._restarts.pop(GpuUuid(device), None)  # its claim is gone: so are its figures
         log.info("mps_daemon_stopped", gpu=device)
 
     # ---- one daemon --------------------------------------------------------------------------

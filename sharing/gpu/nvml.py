@@ -323,18 +323,21 @@ class NvmlBackend:
                     if created:  # leave no GPU instance without its compute instance behind
                         self._timed("destroy_gpu_instance", n.nvmlGpuInstanceDestroy, gi)
                     raise
-                return self._made(handle, gi, ci, chosen.name)
+                return self._made(handle, gi, ci, chosen.name, ci_info.multiprocessorCount)
             except n.NVMLError as err:
                 raise backend_error(n, err, doing, where) from err
 
         return await self._call(work)
 
-    def _made(self, handle: Handle, gi: Handle, ci: Handle, profile: str) -> GpuInstance:
+    def _made(
+        self, handle: Handle, gi: Handle, ci: Handle, profile: str, multiprocessors: int
+    ) -> GpuInstance:
         """The instance just made, from its own handles and its one MIG device (not the GPU's others)."""
         n = self._nvml
         info = n.nvmlGpuInstanceGetInfo(gi)
         ci_info = n.nvmlComputeInstanceGetInfo(ci)
-        made = compute_instance(info.id, ci_info, self._read.mig_device(handle, info.id, ci_info.id))
+        found = self._read.mig_device(handle, info.id, ci_info.id)
+        made = compute_instance(info.id, ci_info, found, multiprocessors)
         return GpuInstance(
             id=info.id,
             profile=profile,

@@ -85,6 +85,7 @@ class c_nvmlComputeInstanceProfileInfo_v2_t(ctypes.Structure):
     id: int
     sliceCount: int
     instanceCount: int
+    multiprocessorCount: int
 
 
 class c_nvmlComputeInstanceInfo_t(ctypes.Structure):
@@ -97,6 +98,7 @@ class c_nvmlComputeInstanceInfo_t(ctypes.Structure):
     )
     device: int
     id: int
+    profileId: int
 
 
 class c_nvmlEventData_t(ctypes.Structure):

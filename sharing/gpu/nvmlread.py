@@ -59,8 +59,8 @@ class NoMigDeviceError(BackendError):
     """A compute instance with no MIG device: its GPU is reported unreadable (nothing of it is used)."""
 
 
-CiProfiles = tuple[tuple[int, int], ...]
-"""(profile id, instance count) of each compute-instance profile a GPU instance offers."""
+CiProfiles = tuple[tuple[int, int, int], ...]
+"""(profile id, instance count, multiprocessors) of each compute-instance profile a GPU instance offers."""
 
 
 @dataclass
@@ -154,14 +154,14 @@ class NvmlReader:
                 if code(err) in (n.NVML_ERROR_NOT_SUPPORTED, n.NVML_ERROR_INVALID_ARGUMENT):
                     continue
                 raise
-            found.append((info.id, info.instanceCount))
+            found.append((info.id, info.instanceCount, info.multiprocessorCount))
         return tuple(found)
 
     def compute_instances(self, gi: Handle, profiles: CiProfiles | None = None) -> list[Handle]:
         """The GPU instance's compute instances, of `profiles` (default: every profile it offers)."""
         n = self._nvml
         found: list[Handle] = []
-        for profile_id, max_count in self.ci_profiles(gi) if profiles is None else profiles:
+        for profile_id, max_count, _ in self.ci_profiles(gi) if profiles is None else profiles:
             array = (n.c_nvmlComputeInstance_t * max(max_count, 8))()
             count = ctypes.c_uint(0)
             n.nvmlGpuInstanceGetComputeInstances(gi, profile_id, array, ctypes.byref(count))
@@ -171,13 +171,18 @@ class NvmlReader:
     def compute_instances_of(self, uuid: str, gi: Handle, gi_profile: int | None = None) -> list[Handle]:
         """The compute instances of a GPU instance of GPU `uuid` (of profile `gi_profile`, read when
         not given); the compute-instance profiles are asked once per GPU-instance profile (`Known`)."""
+        return self.compute_instances(gi, self.ci_profiles_of(uuid, gi, gi_profile))
+
+    def ci_profiles_of(self, uuid: str, gi: Handle, gi_profile: int | None = None) -> CiProfiles:
+        """The compute-instance profiles a GPU instance of GPU `uuid` offers, asked once per
+        GPU-instance profile (`Known`)."""
         if gi_profile is None:
             gi_profile = self._nvml.nvmlGpuInstanceGetInfo(gi).profileId
         known = self.known(uuid)
         profiles = known.ci_profiles.get(gi_profile)
         if profiles is None:
             profiles = known.ci_profiles[gi_profile] = self.ci_profiles(gi)
-        return self.compute_instances(gi, profiles)
+        return profiles
 
     def mig_handles(self, handle: Handle) -> Iterator[tuple[int, Handle]]:
         """(MIG device index, handle) of each MIG device of the GPU; indices may have holes."""
@@ -230,14 +235,12 @@ class NvmlReader:
         n = self._nvml
         info = n.nvmlGpuInstanceGetInfo(gi)
         cis = []
-        found_cis = (
-            self.compute_instances(gi)
-            if uuid is None
-            else self.compute_instances_of(uuid, gi, info.profileId)
-        )
-        for ci in found_cis:
+        profiles = self.ci_profiles(gi) if uuid is None else self.ci_profiles_of(uuid, gi, info.profileId)
+        multiprocessors = {profile: count for profile, _, count in profiles}
+        for ci in self.compute_instances(gi, profiles):
             ci_info = n.nvmlComputeInstanceGetInfo(ci)
-            cis.append(compute_instance(info.id, ci_info, migs.get((info.id, ci_info.id))))
+            found = migs.get((info.id, ci_info.id))
+            cis.append(compute_instance(info.id, ci_info, found, multiprocessors.get(ci_info.profileId)))
         return GpuInstance(
             id=info.id,
             profile=profile,
@@ -409,12 +412,15 @@ def _capability(value: tuple[int, int]) -> tuple[int, int] | None:
 
 
 def compute_instance(
-    gi_id: int, ci_info: Any, found: tuple[MigUuid, int | None, int | None] | None
+    gi_id: int,
+    ci_info: Any,
+    found: tuple[MigUuid, int | None, int | None] | None,
+    multiprocessors: int | None = None,
 ) -> ComputeInstance:
     """A compute instance (`nvmlComputeInstanceGetInfo`) with its MIG device (`found`: UUID, processes,
-    index); NoMigDeviceError when it has none. ci_info.device is the PARENT GPU (nvml.h
-    nvmlComputeInstanceInfo_st: "Parent device"), never the MIG device: its UUID would hand the whole
-    GPU out, so there is no stand-in. Fail closed."""
+    index) and its profile's multiprocessors; NoMigDeviceError when it has none. ci_info.device is the
+    PARENT GPU (nvml.h nvmlComputeInstanceInfo_st: "Parent device"), never the MIG device: its UUID
+    would hand the whole GPU out, so there is no stand-in. Fail closed."""
     ci_id, slices = ci_info.id, ci_info.placement.size
     if found is None:
         raise NoMigDeviceError(
@@ -423,4 +429,5 @@ def compute_instance(
         )
     uuid, processes, index = found
     return ComputeInstance(id=ci_id, uuid=uuid, busy=processes != 0, mig_index=index,
-                           processes=processes or 0, slices=slices)  # fmt: skip
+                           processes=processes or 0, slices=slices,
+                           multiprocessors=multiprocessors)  # fmt: skip

@@ -10,13 +10,13 @@ is patched, in one request.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Protocol
 
 import structlog
 
-from sharing.config import ConfigSet, Failed, Selected, Selection, SharingConfig
+from sharing.config import ConfigSet, Failed, Problem, Selected, Selection, SharingConfig
 from sharing.devices import Inventory
 from sharing.errors import SharingError
 from sharing.kube.api import KubeClient, NodeObject
@@ -25,13 +25,15 @@ from sharing.kube.watch import Watched
 from sharing.labels import STATE_LABEL, ConfigState, label_patch, layout, node_labels, refused
 from sharing.mig import Catalog
 from sharing.model import NodeState
-from sharing.text import bounded
+from sharing.text import bounded, summary
 
 log = structlog.get_logger(__name__)
 
 CONFIG_ANNOTATION = "nvidia.com/gpu-sharing.config"
 LAYOUT_ANNOTATION = "nvidia.com/gpu-sharing.layout"
 LAYOUT_LIMIT = 8000
+EVENT_LIMIT = 1000
+"""What an Event message of this agent holds at most (as the rollout's verdicts)."""
 OUTCOMES = {
     "ConfigApplied": "applied",
     "ConfigApplyFailed": "failed",
@@ -76,6 +78,7 @@ class NodePublisher:
         self._disagreement: tuple[str, str] | None = None
         self._refused: dict[str, str] = {}
         self._invalid: tuple[str, ...] = ()
+        self._warned: tuple[str | None, tuple[Problem, ...]] = (None, ())
 
     async def publish(
         self,
@@ -171,6 +174,21 @@ class NodePublisher:
             message = "ConfigMap keys with errors, not selected by this node: " + "; ".join(shown)
             log.warning("config_invalid", message=bounded(message))
             await self.event("Warning", "ConfigInvalid", bounded(message, 1000))
+
+    async def config_warnings(self, name: str | None, warnings: Sequence[Problem]) -> None:
+        """The warnings of the config the node selects (`name`; those of the ConfigMap as a whole
+        included) as one Event, said once per change: as many as fit in an Event's ~1,000 characters,
+        then how many more; `sharing status` and the agent's log (`config_warnings`) have them all."""
+        if (name, tuple(warnings)) == self._warned:
+            return
+        self._warned = (name, tuple(warnings))
+        if not warnings or name is None:
+            return
+        shown = [f"{p.path}: {p.message}" if p.path else p.message for p in warnings]
+        head = f"config {name!r} has {len(warnings)} warning{'s' if len(warnings) > 1 else ''}: "
+        tail = " (every one in `sharing status` and the agent's log)"
+        body = summary(shown, EVENT_LIMIT - len(head) - len(tail), unit="more")
+        await self.event("Warning", "ConfigWarnings", head + body + tail)
 
     async def event(self, kind: str, reason: str, message: str) -> None:
         """Record an Event about the Node, now or once the API server answers (`sharing.kube.events`)."""

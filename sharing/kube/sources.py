@@ -15,7 +15,7 @@ from pathlib import Path
 
 import structlog
 
-from sharing.config import CONFIGMAP, ConfigSet, MigStrategy, SharingConfig, parse_configmap
+from sharing.config import CONFIGMAP, ConfigSet, MigStrategy, Problem, SharingConfig, parse_configmap
 from sharing.kube.api import ConfigMapObject, KubeClient
 from sharing.kube.watch import Watched, watch_configmap
 from sharing.mig import Catalog
@@ -42,6 +42,14 @@ def merge(user: ConfigSet, presets: ConfigSet) -> ConfigSet:
         warnings=user.warnings + tuple(p for p in presets.warnings if p.config not in owned),
         invalid=user.invalid + kept_invalid,
     )
+
+
+def per_config(problems: Sequence[Problem]) -> dict[str, list[Problem]]:
+    """{config name: its problems}, in the order they were found."""
+    found: dict[str, list[Problem]] = {}
+    for p in problems:
+        found.setdefault(p.config, []).append(p)
+    return found
 
 
 class ConfigSources:
@@ -106,9 +114,11 @@ class ConfigSources:
             sets = [configs for _, configs in self._parsed]
             self._merged = merge(sets[0], sets[1]) if len(sets) > 1 else sets[0]
             self.invalid_presets = frozenset(self._merged.invalid) - frozenset(sets[0].invalid)
-            if self._merged.warnings:  # said once per change of the ConfigMaps (or of the GPUs)
-                shown = [bounded(str(w), 200) for w in self._merged.warnings[:5]]
-                log.warning("config_warnings", count=len(self._merged.warnings), first=shown)
+            # Said once per change of the ConfigMaps (or of the GPUs): every warning, one line per config
+            # (the presets warn on every node about rules for GPUs it lacks; a user's own stand apart).
+            for name, found in per_config(self._merged.warnings).items():
+                shown = [bounded(f"{w.path}: {w.message}" if w.path else w.message, 300) for w in found]
+                log.warning("config_warnings", config=name, count=len(found), warnings=shown)
         return self._merged
 
     async def remember(self, name: str | None) -> None:

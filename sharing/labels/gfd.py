@@ -13,8 +13,8 @@ import re
 from collections import Counter
 
 from sharing.devices import GPU_RESOURCE, Device, Inventory
-from sharing.mig import Catalog, Profile, geometry
-from sharing.model import DriverInfo, Gpu, GpuInstance, NodeState
+from sharing.mig import Catalog, Profile, device_profile, geometry
+from sharing.model import ComputeInstance, DriverInfo, Gpu, GpuInstance, NodeState
 
 PREFIX = "nvidia.com/"
 ENGINES = ("copy", "decoder", "encoder", "jpeg", "ofa")
@@ -156,23 +156,34 @@ def _profile(gpu: Gpu, gi: GpuInstance, catalog: Catalog) -> Profile | None:
     return None if table is None else table.profile(gi.profile)
 
 
+MigDevice = tuple[Gpu, GpuInstance, ComputeInstance]
+"""A MIG device: its GPU, GPU instance and compute instance."""
+
+
 def _mig_labels(
-    key: str, where: tuple[Gpu, GpuInstance], devices: list[tuple[str, Device]], base: str, catalog: Catalog
+    key: str, where: MigDevice, devices: list[tuple[str, Device]], base: str, catalog: Catalog
 ) -> dict[str, str]:  # fmt: skip
-    """The labels of one MIG profile under `key` (`gpu`, `mig-1g.5gb`); `where`: a GPU and instance of it."""
-    gpu, gi = where
+    """The labels of one MIG profile under `key` (`gpu`, `mig-1g.5gb`); `where`: a MIG device of it.
+
+    A compute instance smaller than its GPU instance (`1c.3g.20gb`) has GFD's values for it, read from
+    the MIG device's attributes (internal/resource/nvml-mig-device.go `GetAttributes`): the GPU
+    instance's memory and engines (its compute instances share them), its own compute slices
+    (`slices.ci`) and multiprocessors, the GPU instance's compute slices (`slices.gi`).
+    """
+    gpu, gi, ci = where
     physical = {d.uuid for _, d in devices}
     replicas = max(Counter(d.uuid for _, d in devices).values(), default=1)
     renamed = any(name != base for name, d in devices if d.replica is not None)
     shared = replicas > 1
-    name = gi.profile.replace("+", ".")
+    own = device_profile(gi, ci)
+    slices = str(gi.profile.split("g.")[0].split(".")[-1])
     labels = {
-        "product": product_value(gpu.product, "MIG", name, shared=shared and not renamed),
+        "product": product_value(gpu.product, "MIG", own.replace("+", "."), shared=shared and not renamed),
         "count": str(len(physical)),
         "replicas": str(replicas),
         "sharing-strategy": "time-slicing" if shared else "none",
-        "slices.gi": str(gi.profile.split("g.")[0].split(".")[-1]),
-        "slices.ci": str(gi.profile.split("g.")[0].split(".")[-1]),
+        "slices.gi": slices,
+        "slices.ci": slices,
     }
     profile = _profile(gpu, gi, catalog)
     if profile is not None:
@@ -184,25 +195,32 @@ def _mig_labels(
             e = profile.engines
             counts = (e.copy, e.decoder, e.encoder, e.jpeg, e.ofa)
             labels |= {f"engines.{n}": str(c) for n, c in zip(ENGINES, counts, strict=True)}
+    if own != gi.profile:  # a part of its GPU instance: its own compute slices and multiprocessors
+        labels["slices.ci"] = str(ci.slices)
+        labels.pop("multiprocessors", None)
+        if ci.multiprocessors is not None:
+            labels["multiprocessors"] = str(ci.multiprocessors)
     return {f"{PREFIX}{key}.{k}": v for k, v in labels.items()}
 
 
-def _mig_devices(node: NodeState) -> dict[str, tuple[Gpu, GpuInstance]]:
-    return {ci.uuid: (gpu, gi) for gpu in node.gpus if gpu.mig_enabled for gi, ci in gpu.mig_devices}
+def _mig_devices(node: NodeState) -> dict[str, MigDevice]:
+    return {ci.uuid: (gpu, gi, ci) for gpu in node.gpus if gpu.mig_enabled for gi, ci in gpu.mig_devices}
 
 
 def mixed_labels(node: NodeState, inventory: Inventory, catalog: Catalog) -> dict[str, str]:
-    """`mig-<profile>.*` for every MIG profile present (`+` written `.`, as GFD does)."""
+    """`mig-<profile>.*` for every MIG profile present (`+` written `.`, as GFD does), a compute
+    instance smaller than its GPU instance under its own (`mig-1c.3g.20gb.*`)."""
     migs = _mig_devices(node)
     by_profile: dict[str, list[tuple[str, Device]]] = {}
     for name, device in _advertised(inventory):
         if device.mig_uuid in migs:
-            by_profile.setdefault(migs[device.mig_uuid][1].profile, []).append((name, device))
+            _, gi, ci = migs[device.mig_uuid]
+            by_profile.setdefault(device_profile(gi, ci), []).append((name, device))
     labels: dict[str, str] = {}
     for profile, devices in sorted(by_profile.items()):
-        gpu, gi = migs[devices[0][1].mig_uuid or ""]
+        where = migs[devices[0][1].mig_uuid or ""]
         base = PREFIX + "mig-" + profile.replace("+", ".")
-        labels |= _mig_labels(base.removeprefix(PREFIX), (gpu, gi), devices, base, catalog)
+        labels |= _mig_labels(base.removeprefix(PREFIX), where, devices, base, catalog)
     return labels
 
 
@@ -211,7 +229,7 @@ def single_labels(node: NodeState, inventory: Inventory, catalog: Catalog) -> di
     enabled = [g for g in node.gpus if g.mig_enabled]
     if not enabled:
         return {}
-    profiles = {gi.profile for g in enabled for gi, _ in g.mig_devices}
+    profiles = {device_profile(gi, ci) for g in enabled for gi, ci in g.mig_devices}
     valid = len(enabled) == len(node.gpus) and all(g.mig_devices for g in enabled) and len(profiles) == 1
     if not valid:
         invalid = {"product": product_value(enabled[0].product, "MIG", "INVALID"), "count": "0",
@@ -221,8 +239,7 @@ def single_labels(node: NodeState, inventory: Inventory, catalog: Catalog) -> di
     devices = [(name, d) for name, d in _advertised(inventory) if d.mig_uuid in migs]
     if not devices:
         return {}
-    gpu, gi = migs[devices[0][1].mig_uuid or ""]
-    return _mig_labels("gpu", (gpu, gi), devices, GPU_RESOURCE, catalog)
+    return _mig_labels("gpu", migs[devices[0][1].mig_uuid or ""], devices, GPU_RESOURCE, catalog)
 
 
 def _bool(value: bool) -> str:

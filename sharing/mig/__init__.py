@@ -23,7 +23,7 @@ from sharing.mig.catalog import (
     split_pci,
 )
 from sharing.mig.change import GpuChange, Outcome, Step, StepKind, Target, plan_change, verify
-from sharing.mig.observed import catalog_name, geometry
+from sharing.mig.observed import catalog_name, device_profile, geometry
 from sharing.mig.plan import Existing, Infeasible, Placement, Plan, plan_gpu
 
 __all__ = [
@@ -46,6 +46,7 @@ __all__ = [
     "Target",
     "catalog_name",
     "default_catalog",
+    "device_profile",
     "differences",
     "geometry",
     "parse_pci_id",

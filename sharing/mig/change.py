@@ -14,9 +14,9 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from sharing.mig.catalog import Catalog
-from sharing.mig.observed import geometry
+from sharing.mig.observed import device_profile, geometry
 from sharing.mig.plan import Existing, Infeasibility, Infeasible, Placement, plan_gpu
-from sharing.model import Gpu
+from sharing.model import Gpu, GpuInstance
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +185,7 @@ def plan_change(
             gi.profile,
             gi.start,
             busy=gi.busy or any(ci.uuid in busy_uuids for ci in gi.compute_instances),
+            whole=not split(gi),
         )
         for gi in instances
     ]
@@ -224,7 +225,17 @@ def verify(change: GpuChange, after: Gpu | None) -> str | None:
     empty = [f"{gi.profile}@{gi.start}" for gi in after.instances if not gi.compute_instances]
     if empty:
         return f"GPU instances without a compute instance: {', '.join(empty)}"
+    parts = [f"{gi.profile}@{gi.start}" for gi in after.instances if split(gi)]
+    if parts:
+        return f"GPU instances split into smaller compute instances: {', '.join(parts)}"
     return None
+
+
+def split(gi: GpuInstance) -> bool:
+    """Whether a GPU instance holds compute instances smaller than it (`1c.3g.20gb`), or several: then
+    it is not one MIG device of its profile."""
+    cis = gi.compute_instances
+    return len(cis) > 1 or any(device_profile(gi, ci) != gi.profile for ci in cis)
 
 
 def _reset_reason(gpu: Gpu) -> str:

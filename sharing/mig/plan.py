@@ -37,6 +37,10 @@ class Existing:
     profile: str
     start: int
     busy: bool = False
+    whole: bool = True
+    """One MIG device of its profile (one compute instance spanning it, or none yet); False: split
+    into smaller compute instances (`1c.3g.20gb`), which is no device of the profile, so it is never
+    kept for one (destroyed when free, in the way when busy)."""
 
     def __str__(self) -> str:
         return f"{self.profile}@{self.start}" + (":busy" if self.busy else "")
@@ -84,6 +88,13 @@ def plan_gpu(product: Product, existing: Iterable[Existing], want: Mapping[str, 
     if problem is not None:
         return problem
     busy = [e for e in existing if e.busy]
+    split = [e for e in busy if not e.whole]
+    if split:
+        return Infeasible(
+            Infeasibility.BUSY_NOT_WANTED,
+            f"{split[0]} on {product.name} is in use and split into compute instances smaller than it, "
+            f"so it is no {split[0].profile} device; free it first",
+        )
     busy_counts = Counter(e.profile for e in busy)
     for name, count in busy_counts.items():
         if count > wanted[name]:
@@ -99,7 +110,7 @@ def plan_gpu(product: Product, existing: Iterable[Existing], want: Mapping[str, 
         if fixed_mask & span:
             return Infeasible(Infeasibility.NO_PLACEMENT, f"busy instances overlap at {e} on {product.name}")
         fixed_mask |= span
-    free = {(e.profile, e.start) for e in existing if not e.busy}
+    free = {(e.profile, e.start) for e in existing if not e.busy and e.whole}
     to_place = _search_order(product, wanted - busy_counts)
     chosen = _best_layout(product, to_place, fixed_mask, free)
     if chosen is None:

@@ -116,7 +116,9 @@ class _State(Collector):
     def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
         status = self.status
         gpus = status.get("gpus", [])
-        slices = [s for g in gpus for s in g["slices"]]
+        # The instances made for claims on dynamic GPUs are slices of `sharing status`, not devices
+        # advertised to the kubelet: they count in the DRA gauges, not here.
+        slices = [s for g in gpus for s in g["slices"] if not s.get("onDemand")]
         advertised, allocated = (
             Tally(s["resource"] for s in slices),
             Tally(s["resource"] for s in slices if s["pod"]),
@@ -154,6 +156,10 @@ class _State(Collector):
             ["selected", "in_effect"],
             [([config.get("selected") or "", ",".join(config.get("inEffect", []))], 1)] if status else [],
         )  # fmt: skip
+        yield _gauge(
+            "config_warnings", "Warnings of each config of the ConfigMaps (the agent's log lists them).",
+            ["config"], (([c], n) for c, n in config.get("warningsPerConfig", {}).items()),
+        )  # fmt: skip
         rooms = [(g, g["room"]) for g in gpus if g.get("room")]
         labels = ["gpu", "uuid"]
         yield _gauge(
@@ -176,27 +182,31 @@ class _State(Collector):
             "Free compute slices of a dynamic GPU that no placement can use, given where its instances are.",
             labels, (([str(g["index"]), g["uuid"]], r["strandedComputeSlices"]) for g, r in rooms),
         )  # fmt: skip
-        daemons = [(g, g["mps"]) for g in gpus if g.get("mps")]
+        # One series per daemon: a GPU's (uuid: the GPU's), or an on-demand MIG device's a claim
+        # shares with MPS (uuid: the MIG device's, gpu: its GPU's index).
+        daemons = [(str(g["index"]), g["uuid"], g["mps"]) for g in gpus if g.get("mps")] + [
+            (str(g["index"]), s["id"], s["mps"]) for g in gpus for s in g["slices"] if s.get("mps")
+        ]
         labels = ["gpu", "uuid"]
         yield _gauge(
-            "mps_daemon_healthy", "1 when the GPU's MPS control daemon answers with the wanted limits.",
-            labels, (([str(g["index"]), g["uuid"]], int(d["healthy"])) for g, d in daemons),
+            "mps_daemon_healthy", "1 when the MPS control daemon answers with the wanted limits.",
+            labels, (([i, u], int(d["healthy"])) for i, u, d in daemons),
         )  # fmt: skip
         yield _gauge(
             "mps_active_thread_percentage", "Each MPS client's default active thread percentage.",
-            labels, (([str(g["index"]), g["uuid"]], d["activeThreadPercentage"]) for g, d in daemons),
+            labels, (([i, u], d["activeThreadPercentage"]) for i, u, d in daemons),
         )  # fmt: skip
         yield _gauge(
             "mps_pinned_memory_limit_bytes",
             "Each MPS client's default pinned device memory.",
-            labels, (([str(g["index"]), g["uuid"]], d["pinnedMemoryMiB"] * 2**20) for g, d in daemons),
+            labels, (([i, u], d["pinnedMemoryMiB"] * 2**20) for i, u, d in daemons),
         )  # fmt: skip
         restarts = CounterMetricFamily(
             PREFIX + "mps_daemon_restarts", "MPS control daemons started again after they stopped answering.",
             labels=labels,
         )  # fmt: skip
-        for g, d in daemons:
-            restarts.add_metric([str(g["index"]), g["uuid"]], d["restarts"])
+        for i, u, d in daemons:
+            restarts.add_metric([i, u], d["restarts"])
         yield restarts
         yield _gauge(
             "plugin_registered", "1 when the resource's device plugin is registered with the kubelet.",

@@ -32,6 +32,7 @@ from sharing.model import NodeState
 from sharing.ops.http import Answer, Handler, Request
 from sharing.ops.metrics import PREFIX, Metrics
 from sharing.ops.status import ConfigStatus, mps_daemon, status_document
+from sharing.store import PreparedClaim
 
 HOLDERS_TTL_S = 1.0
 RENDER_TTL_S = 1.0
@@ -50,6 +51,10 @@ class Fragments(Protocol):
 
     def foreign(self) -> Sequence[Foreign]:
         """The MIG instances on the dynamic GPUs that the agent did not make."""
+        ...
+
+    def recorded(self) -> Sequence[PreparedClaim]:
+        """The claims prepared on this node as the plugin's checkpoint records them."""
         ...
 
 
@@ -97,9 +102,12 @@ class Reporter:
         config: Callable[[], ConfigStatus] = ConfigStatus,
         *,
         holders_localhost_only: bool = False,
+        claim_mps: MpsDaemons | None = None,
     ) -> None:
         self.node_name = node_name
         self.hardware = hardware
+        self.claim_mps = claim_mps
+        """The MPS control daemons of on-demand MIG devices claims share (`sharing.dra.ondemand`)."""
         self.fleet = fleet
         self.metrics = metrics
         self.config = config
@@ -131,6 +139,8 @@ class Reporter:
         holders = await self.hardware.holders(deciding=False)
         health = self.fleet.health
         daemons = self.hardware.mps.status() if self.hardware.mps is not None else ()
+        if self.claim_mps is not None:  # keyed by MIG UUID: each is shown beside its claim's slice
+            daemons += self.claim_mps.status()
         document = status_document(
             self.node_name,
             self.hardware.node,
@@ -155,6 +165,7 @@ class Reporter:
             frontend=self.hardware.frontend.value,
             room=self.hardware.dra.room() if self.hardware.dra is not None else (),
             foreign=self.hardware.dra.foreign() if self.hardware.dra is not None else (),
+            recorded=self.hardware.dra.recorded() if self.hardware.dra is not None else (),
         )
         self.metrics.snapshot(document, ((p.resource, p.registered) for p in self.fleet.status()))
         self._cached = (loop.time(), document)

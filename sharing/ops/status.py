@@ -13,10 +13,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from sharing.config import Problem
 from sharing.devices import REPLICA_SEPARATOR, Device, Inventory
+from sharing.devices.inventory import mig_resource
 from sharing.dra.foreign import Foreign
 from sharing.dra.fragmentation import GpuRoom
+from sharing.mig import device_profile
 from sharing.model import ClaimHold, Gpu, GpuUuid, Holding, NodeState
+from sharing.store import OwnedInstance, PreparedClaim, PreparedDevice
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +36,10 @@ class ConfigStatus:
     """Per GPU UUID, the name of the config last applied to it."""
     last_change: Mapping[str, str] = field(default_factory=dict)
     """time, reason, message of the last Event-worthy outcome."""
+    warnings: tuple[Problem, ...] = ()
+    """Every warning of the selected config (and of the ConfigMap as a whole)."""
+    warned: Mapping[str, int] = field(default_factory=dict)
+    """How many warnings each config of the ConfigMaps has (the agent's log lists them all)."""
 
 
 def status_document(
@@ -48,17 +56,22 @@ def status_document(
     frontend: str = "deviceplugin",
     room: Sequence[GpuRoom] = (),
     foreign: Sequence[Foreign] = (),
+    recorded: Sequence[PreparedClaim] = (),
 ) -> dict[str, Any]:
     """The status of a node; `holders` None means they could not be read (`holders_error` says why).
 
     `unhealthy` names the GPUs a health event (XID) took down and that have not recovered; `mps`, per
-    GPU UUID, its MPS control daemon (`mps_daemon`), for the GPUs shared with MPS; `claims` are the
-    ResourceClaims holding devices (DRA front-end), each shown beside its devices; `room` what each
-    dynamic GPU can still take (`sharing.dra.fragmentation`); `foreign` the MIG instances on dynamic
-    GPUs that the agent did not make (`sharing.dra.foreign`).
+    GPU UUID, its MPS control daemon (`mps_daemon`), for the GPUs shared with MPS, and per MIG UUID
+    that of an on-demand MIG device a claim shares with MPS; `claims` are the ResourceClaims holding
+    devices (DRA front-end), each shown beside its devices; `room` what each dynamic GPU can still take
+    (`sharing.dra.fragmentation`); `foreign` the MIG instances on dynamic GPUs that the agent did not
+    make (`sharing.dra.foreign`); `recorded` the claims the DRA plugin's checkpoint records as
+    prepared: the instances made (or adopted) for them on the dynamic GPUs are those GPUs' slices, each
+    with its claim and the claim's pods (`onDemand` says where; one still being made, with no MIG UUID
+    yet, shows at the next look).
     """
     owners = _owners(holders or ())
-    profiles = {ci.uuid: gi.profile for g in node.gpus for gi, ci in g.mig_devices}
+    profiles = {ci.uuid: device_profile(gi, ci) for g in node.gpus for gi, ci in g.mig_devices}
     slices: dict[str, list[dict[str, Any]]] = {}
     for resource, devices in inventory.resources:
         for device in devices:
@@ -70,6 +83,13 @@ def status_document(
                 if device.uuid in c.uuids
             ]
             slices.setdefault(device.gpu_uuid, []).append(entry)
+    for c in sorted(recorded, key=lambda c: (c.namespace, c.name)):
+        for d in c.devices:
+            if d.instance is not None and d.uuid and d.instance.gpu_uuid in inventory.dynamic:
+                daemon = (mps or {}).get(GpuUuid(d.uuid))
+                healthy = d.instance.gpu_uuid not in unhealthy
+                made = _made(c, d, d.instance, healthy=healthy, mps=daemon)
+                slices.setdefault(d.instance.gpu_uuid, []).append(made)
     return {
         "node": node_name,
         "frontend": frontend,
@@ -78,6 +98,8 @@ def status_document(
             "source": config.source,
             "state": config.state,
             "inEffect": sorted({n for n in config.in_effect.values() if n}),
+            "warnings": [p.as_dict() for p in config.warnings],
+            "warningsPerConfig": dict(sorted(config.warned.items())),
         },
         "lastChange": dict(config.last_change),
         "holders": {"known": holders is not None, "error": holders_error},
@@ -149,6 +171,39 @@ def _foreign(f: Foreign, reclaim: bool) -> dict[str, Any]:
     }
 
 
+def _made(
+    claim: PreparedClaim,
+    device: PreparedDevice,
+    instance: OwnedInstance,
+    *,
+    healthy: bool,
+    mps: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    """A MIG instance made (or adopted) for a claim on a dynamic GPU, as a slice of that GPU."""
+    return {
+        "resource": mig_resource(instance.profile),
+        "id": device.uuid,
+        "device": device.uuid,
+        "replica": None,
+        "health": "Healthy" if healthy else "Unhealthy",
+        "pod": None,
+        "profile": instance.profile,
+        "claims": [
+            {
+                "namespace": claim.namespace,
+                "name": claim.name,
+                "pods": [f"{claim.namespace}/{p.name}" for p in claim.pods],
+            }
+        ],
+        "onDemand": {
+            "device": device.device,
+            "start": instance.start,
+            "made": not instance.foreign,
+        },
+        "mps": dict(mps) if mps is not None else None,
+    }
+
+
 def _owners(holders: Sequence[Holding]) -> dict[str, dict[str, str]]:
     return {
         device: {"namespace": h.namespace, "pod": h.pod, "container": h.container}
@@ -183,4 +238,6 @@ def _slice(resource: str, device: Device, owner: dict[str, str] | None) -> dict[
         "replica": device.replica,
         "health": device.health.value,
         "pod": owner,
+        "onDemand": None,
+        "mps": None,
     }

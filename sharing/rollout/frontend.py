@@ -14,6 +14,7 @@ from sharing.dra.foreign import Foreign
 from sharing.dra.fragmentation import GpuRoom
 from sharing.kube.features import ClusterFeatures
 from sharing.model import ClaimAllocation, ClaimHold, NodeState
+from sharing.store import PreparedClaim
 
 
 class DraFrontend(Protocol):
@@ -61,6 +62,11 @@ class DraFrontend(Protocol):
 
     def foreign(self) -> Sequence[Foreign]:
         """The MIG instances on the dynamic GPUs that the agent did not make."""
+        ...
+
+    def recorded(self) -> Sequence[PreparedClaim]:
+        """The claims prepared on this node as the plugin's checkpoint records them (for `sharing
+        status`)."""
         ...
 
     async def prepared(self) -> tuple[tuple[ClaimHold, ...], str]:

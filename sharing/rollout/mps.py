@@ -18,7 +18,8 @@ as idle (`idle_servers_apart`), and before its MIG mode changes that daemon is s
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping
+import functools
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 
 import structlog
@@ -30,6 +31,7 @@ from sharing.gpu.mps import MpsDaemons
 from sharing.mig import Catalog, GpuChange, Outcome
 from sharing.model import GpuUuid, NodeState
 from sharing.rollout.apply import ApplyReport, NodePlan
+from sharing.store import PreparedClaim
 from sharing.text import bounded
 
 log = structlog.get_logger(__name__)
@@ -124,24 +126,67 @@ async def watch_mps(
         if changed:
             await republish()
             trigger()
-        down = await _said(mps, down, node, event)
+
+        def where(uuid: str) -> str:
+            gpu = node().gpu(uuid)
+            return f"GPU {gpu.index} ({gpu.product})" if gpu else f"GPU {uuid}"
+
+        down = await _said(mps, down, event, where, "its replicas are unhealthy until it is started again")
 
 
-async def _said(mps: MpsDaemons, down: set[str], node: Callable[[], NodeState], event: Event) -> set[str]:
-    """An Event when a GPU's daemon stops answering, and one when it answers again; the GPUs down."""
+async def watch_claim_mps(
+    mps: MpsDaemons,
+    *,
+    every_s: float,
+    observe: Callable[[], Awaitable[NodeState]],
+    claims: Callable[[], Sequence[PreparedClaim]],
+    event: Event,
+) -> None:
+    """Ask the MPS daemons of the on-demand MIG devices claims share (`sharing.dra.ondemand`) whether
+    they answer, as `watch_mps` asks the GPUs': one that stopped is said (`MpsDaemonDown`) and started
+    again at once (`MpsDaemons.restart`, counted in its restarts), or once the processes still on its
+    device have ended; `claims` (the DRA checkpoint's) name each device's claim."""
+    down: set[str] = set()
+    while True:
+        await asyncio.sleep(every_s)
+        try:
+            await mps.check()
+            owners = {d.uuid: f"{c.namespace}/{c.name}" for c in claims() for d in c.devices}
+            where = functools.partial(_claims_device, owners)
+            gone = "the claim's pods reach no MPS server until it is started again"
+            down = await _said(mps, down, event, where, gone)
+            stopped = [s.gpu for s in mps.status() if not s.healthy]
+            if stopped:  # what runs on their devices, read only then
+                node = await observe()
+                for device in stopped:
+                    result = await mps.restart(device, node)
+                    if result.outcome is not Outcome.UNCHANGED:
+                        log.info("claim_mps_daemon_restart", mig=device, outcome=result.outcome.value,
+                                 reason=result.reason)  # fmt: skip
+        except SharingError as err:
+            log.warning("mps_check_failed", error=bounded(str(err)))
+
+
+def _claims_device(owners: Mapping[str, str], uuid: str) -> str:
+    """`MIG device <uuid> (claim <namespace>/<name>)`."""
+    return f"MIG device {uuid}" + (f" (claim {owners[uuid]})" if uuid in owners else "")
+
+
+async def _said(
+    mps: MpsDaemons, down: set[str], event: Event, where: Callable[[str], str], gone: str
+) -> set[str]:
+    """An Event when a daemon stops answering (`gone`: what that means), and one when it answers
+    again; the devices down."""
     daemons = mps.status()
     now: set[str] = {s.gpu for s in daemons if s.enforced is None}
     healthy = {s.gpu for s in daemons if s.healthy}
     for uuid in sorted(now ^ down):
-        gpu = node().gpu(uuid)
-        where = f"GPU {gpu.index} ({gpu.product})" if gpu else f"GPU {uuid}"
         if uuid in now:
             await event(
-                "Warning",
-                "MpsDaemonDown",
-                f"the MPS control daemon of {where} does not answer: its replicas are unhealthy"
-                " until it is started again",
+                "Warning", "MpsDaemonDown", f"the MPS control daemon of {where(uuid)} does not answer: {gone}"
             )
         elif uuid in healthy:
-            await event("Normal", "MpsDaemonHealthy", f"the MPS control daemon of {where} answers again")
+            await event(
+                "Normal", "MpsDaemonHealthy", f"the MPS control daemon of {where(uuid)} answers again"
+            )
     return now

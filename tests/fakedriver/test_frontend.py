@@ -31,6 +31,7 @@ from sharing.mig.catalog import default_catalog
 from sharing.model import ClaimAllocation, ClaimHold, HealthEvent, NodeState
 from sharing.rollout import Rollout
 from sharing.settings import Settings
+from sharing.store import PreparedClaim
 from sharing.store.journal import Journal
 from tests.fakedriver.test_rollout import Kubelet, layout, mig, mig_uuids, nothing, small_slices
 from tests.unit.conftest import plugin_dir  # noqa: F401  (the fixture)
@@ -172,6 +173,9 @@ class Slices:
         return self.running, ""
 
     def foreign(self) -> tuple[Foreign, ...]:
+        return ()
+
+    def recorded(self) -> tuple[PreparedClaim, ...]:
         return ()
 
     async def prepared(self) -> tuple[tuple[ClaimHold, ...], str]:

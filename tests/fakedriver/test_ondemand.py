@@ -1,22 +1,30 @@
 """On-demand MIG instances over the real pynvml and the fake driver: made at an exact placement,
 destroyed only when free, and a prepare a killed agent left half-done rolled forward or back from
 the claim checkpoint at start (the instances it owns adopted, nothing else touched); the MPS daemon
-of a claim that shares its device with MPS ends with the claim."""
+of a claim that shares its device with MPS ends with the claim, and one that dies is said and started
+again (`sharing.rollout.mps.watch_claim_mps`) as a GPU's is."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
+from lab.deadlines import scaled
 
+from sharing.config import Frontend
+from sharing.deviceplugin import Fleet
 from sharing.devices import Inventory
 from sharing.dra import ClaimError, ClaimKey, OnDemand, Preparer
 from sharing.dra.ondemand import InstanceBusyError, Placement, occupant, placement_of
@@ -26,12 +34,15 @@ from sharing.gpu.mps import MpsDaemons
 from sharing.gpu.mpscontrol import CONTROL
 from sharing.gpu.nvml import NvmlBackend
 from sharing.gpu.nvmlapi import Nvml
-from sharing.kube.api import AllocatedConfig, AllocatedDevice, ResourceClaimObject
-from sharing.mig import Target
+from sharing.kube.api import AllocatedConfig, AllocatedDevice, PodReference, ResourceClaimObject
+from sharing.kubelet import Holders
+from sharing.mig import Outcome, Target
 from sharing.mig.catalog import default_catalog
 from sharing.model import GpuUuid, NodeState
+from sharing.ops import Metrics, Reporter
+from sharing.rollout.mps import watch_claim_mps
 from sharing.store import ClaimCheckpoint, Journal, OwnedInstance, PreparedClaim, PreparedDevice
-from tests.fakedriver.conftest import make_gpu_instance
+from tests.fakedriver.conftest import make_gpu_instance, sim
 from tests.fakedriver.test_mps import attach, record_of
 from tests.polling import poll
 
@@ -380,3 +391,157 @@ async def test_an_mps_claim_on_an_adopted_instance_leaves_it_in_its_own_mode_wit
         compute_modes(state, 0),
         instances(state),
     )
+
+
+async def until(what: str, ok: Callable[[], bool], timeout: float = 10) -> None:
+    """Wait for `ok()` (a deadline stretched by `lab.deadlines`, never a fixed sleep)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + scaled(timeout)
+    while not ok():
+        if loop.time() > deadline:
+            raise TimeoutError(f"{what} not reached within {scaled(timeout)} s")
+        await asyncio.sleep(0.02)
+
+
+@pytest.fixture
+async def watched(
+    backend: NvmlBackend, daemons: MpsDaemons, tmp_path: Path
+) -> AsyncIterator[tuple[Preparer, str, list[tuple[str, str, str]]]]:
+    """An MPS claim prepared on a 3g.20gb, its MIG device, and the Events the watch of its daemon says."""
+    ondemand = OnDemand(backend, Journal(tmp_path / "journal.jsonl"), lock_wait_s=0.5, mps=daemons)
+    p = preparer(
+        ondemand, tmp_path, await ondemand.observe(), Claims(mps_claim("a", "gpu-0-mig-3g-20gb-at-4"))
+    )
+    await p.load()
+    answer = (await p.prepare([ClaimKey("ns", "a", "uid-a")]))["uid-a"]
+    assert "" == answer.error
+    (mig,) = (d.uuid for d in answer.devices)
+    events: list[tuple[str, str, str]] = []
+
+    async def event(kind: str, reason: str, message: str) -> None:
+        events.append((kind, reason, message))
+
+    watch = asyncio.create_task(
+        watch_claim_mps(
+            daemons, every_s=0.02, observe=backend.observe, claims=lambda: p.prepared().claims, event=event
+        )
+    )
+    try:
+        yield p, mig, events
+    finally:
+        watch.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watch
+
+
+DOWN = "the MPS control daemon of MIG device {} (claim ns/a) does not answer: "
+DOWN += "the claim's pods reach no MPS server until it is started again"
+
+
+async def test_a_killed_daemon_of_an_mps_claim_is_said_started_again_and_counted(
+    watched: tuple[Preparer, str, list[tuple[str, str, str]]], daemons: MpsDaemons, state: Path
+) -> None:
+    p, mig, events = watched
+    before = record_of(state, mig)
+    assert before is not None
+    os.kill(before["pid"], signal.SIGKILL)
+    back = (
+        "Normal",
+        "MpsDaemonHealthy",
+        f"the MPS control daemon of MIG device {mig} (claim ns/a) answers again",
+    )
+    await until("the daemon answering again", lambda: back in events)
+    assert [("Warning", "MpsDaemonDown", DOWN.format(mig)), back] == events
+    after = record_of(state, mig)
+    assert after is not None
+    assert after["pid"] != before["pid"]
+    limits = ("activeThreadPercentage", "pinnedMemLimitMiB")
+    assert [before[k] for k in limits] == [after[k] for k in limits]  # the claim's limits again
+    assert [(mig, 1, True)] == [(s.gpu, s.restarts, s.healthy) for s in daemons.status()]
+    assert {"uid-a": ""} == await p.unprepare([ClaimKey("ns", "a", "uid-a")])
+    assert (None, ()) == (record_of(state, mig), daemons.status())  # its figures go with the claim
+
+
+async def test_the_daemon_of_a_device_with_processes_waits_for_them_to_end(
+    watched: tuple[Preparer, str, list[tuple[str, str, str]]], daemons: MpsDaemons, state: Path
+) -> None:
+    _, mig, events = watched
+    before = record_of(state, mig)
+    assert before is not None
+    sim(state, "busy", "--uuid", mig)  # a process that is no client of its daemon runs on the device
+    with structlog.testing.capture_logs() as logs:
+        os.kill(before["pid"], signal.SIGKILL)
+
+        def waited() -> bool:
+            return any(e.get("outcome") == "blocked" and e.get("mig") == mig for e in logs)
+
+        await until("a look that found processes on the device", waited)
+    assert [("Warning", "MpsDaemonDown", DOWN.format(mig))] == events
+    assert (None, [0]) == (record_of(state, mig), [s.restarts for s in daemons.status()])
+    sim(state, "idle", "--uuid", mig)
+    back = (
+        "Normal",
+        "MpsDaemonHealthy",
+        f"the MPS control daemon of MIG device {mig} (claim ns/a) answers again",
+    )
+    await until("the daemon started again", lambda: back in events)
+    assert record_of(state, mig) is not None
+    assert [1] == [s.restarts for s in daemons.status()]
+
+
+class DynamicNode:
+    """What the report reads of the hardware side (`sharing.ops.report.Hardware`): the fake driver's
+    GPUs as last observed, both dynamic, and the DRA plugin's own checkpoint."""
+
+    def __init__(self, node: NodeState, preparer: Preparer) -> None:
+        self.node, self.preparer = node, preparer
+        self.frontend = Frontend.DRA
+        self.mps = None
+        self.dra = self
+
+    def room(self) -> tuple[Any, ...]:
+        return ()
+
+    def foreign(self) -> tuple[Any, ...]:
+        return ()
+
+    def recorded(self) -> tuple[PreparedClaim, ...]:
+        return self.preparer.prepared().claims
+
+    def offered(self) -> Inventory:
+        return Inventory(dynamic=frozenset(g.uuid for g in self.node.gpus))
+
+    async def holders(self, *, deciding: bool = True) -> Holders:
+        return Holders()
+
+
+async def test_sharing_status_shows_the_claims_instance_with_its_pods_and_its_daemon_and_the_metrics_count_it(
+    backend: NvmlBackend, daemons: MpsDaemons, state: Path, tmp_path: Path, fleet: Fleet
+) -> None:
+    ondemand = OnDemand(backend, Journal(tmp_path / "journal.jsonl"), lock_wait_s=0.5, mps=daemons)
+    pods = (PodReference("p1", "u1"), PodReference("p2", "u2"))
+    claim = dataclasses.replace(mps_claim("a", "gpu-0-mig-3g-20gb-at-4"), reserved_for=pods)
+    p = preparer(ondemand, tmp_path, await ondemand.observe(), Claims(claim))
+    await p.load()
+    (mig,) = (d.uuid for d in (await p.prepare([ClaimKey("ns", "a", "uid-a")]))["uid-a"].devices)
+    first = record_of(state, mig)
+    assert first is not None
+    os.kill(first["pid"], signal.SIGKILL)
+    assert Outcome.APPLIED is (await daemons.restart(mig, await backend.observe())).outcome
+    metrics = Metrics("test")
+    report = Reporter("node-a", DynamicNode(await backend.observe(), p), fleet, metrics, claim_mps=daemons)
+    (made,) = (await report.status())["gpus"][0]["slices"]
+    claims = [{"namespace": "ns", "name": "a", "pods": ["ns/p1", "ns/p2"]}]
+    assert (
+        "nvidia.com/mig-3g.20gb", mig, "3g.20gb", claims,
+        {"device": "gpu-0-mig-3g-20gb-at-4", "start": 4, "made": True},
+    ) == (made["resource"], made["id"], made["profile"], made["claims"], made["onDemand"])  # fmt: skip
+    memory = A100.require_profile("3g.20gb").memory_mib  # no limits: every thread, the whole device
+    assert (True, 1, 100, memory) == (
+        made["mps"]["healthy"], made["mps"]["restarts"], made["mps"]["activeThreadPercentage"],
+        made["mps"]["pinnedMemoryMiB"],
+    )  # fmt: skip
+    lines = metrics.render().decode().splitlines()
+    assert f'gpu_sharing_mps_daemon_restarts_total{{gpu="0",uuid="{mig}"}} 1.0' in lines
+    assert f'gpu_sharing_mps_daemon_healthy{{gpu="0",uuid="{mig}"}} 1.0' in lines
+    assert {"uid-a": ""} == await p.unprepare([ClaimKey("ns", "a", "uid-a")])

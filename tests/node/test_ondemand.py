@@ -7,7 +7,8 @@ every other module finds the node as the session made it. Each test deletes its 
 waits until no instance is left on the A100s (unprepare destroys them), so each starts from two empty
 dynamic GPUs. What exists on the GPUs is read with `sharing export` in the agent's pod (the fake
 driver's state through the real pynvml); what an MPS control daemon enforces, from its record under
-the node's driver root (tests/node/test_mps.py).
+the node's driver root (tests/node/test_mps.py); what the agent says of the claims' instances, with
+`sharing status --json` and /metrics in its pod.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from sharing.mig import Placement, default_catalog
 from sharing.mig.policy import plain
 from tests.node.conftest import ALL_KINDS, CONFIG, CONFIG_LABEL, EXPECTED, NODE, NodeUnderTest
 from tests.node.test_dra import DRIVER, FRONTEND, DraNode, _published
-from tests.node.test_mps import daemon
+from tests.node.test_mps import daemon, keeper
 from tests.polling import poll
 
 pytestmark = pytest.mark.node
@@ -463,3 +464,134 @@ def test_an_instance_made_before_is_offered_as_it_is_given_to_a_claim_kept_and_r
         _until(node, "no instance on the A100s", lambda: _a100s(node), _empty, 180)
         _config(node, "ondemand-dynamic")
         _put(node, {"ondemand-static-3g": None, "ondemand-reclaim": None})
+
+
+# ---- what `sharing status` says of the claims' instances; a claim's MPS daemon killed ------------
+
+
+def _status(node: NodeUnderTest) -> dict[str, Any]:
+    return dict(json.loads(node.kubectl("-n", NAMESPACE, "exec", "ds/gpu-sharing", "--", "sharing", "status",
+                                        "--json")))  # fmt: skip
+
+
+def _metrics(node: NodeUnderTest) -> list[str]:
+    script = "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:9402/metrics').read().decode())"
+    return node.kubectl("-n", NAMESPACE, "exec", "ds/gpu-sharing", "--", "python3", "-c", script).splitlines()
+
+
+def test_sharing_status_lists_a_claims_instance_with_its_pod_and_its_killed_mps_daemon_comes_back(
+    dra: DraNode,
+) -> None:
+    config = [{"requests": ["mig"], "opaque": {"driver": DRIVER, "parameters": MPS_CONFIG}}]
+    claim = dra.claim(
+        [{"name": "mig", "exactly": {"deviceClassName": "mig-3g.20gb.nvidia.com"}}], config=config
+    )
+    pod = _client_pod(dra, claim)
+    _run(dra, pod)
+    ((gpu, (made,)),) = [(g, x) for g, x in _a100s(dra.node).items() if x]
+    mig = made["uuid"]
+    (device,) = dra.allocated(claim)
+
+    def mine(status: dict[str, Any]) -> dict[str, Any]:
+        (found,) = [s for g in status["gpus"] if g["index"] == gpu for s in g["slices"]]
+        return dict(found)
+
+    shown = mine(_status(dra.node))
+    claims = [{"namespace": "default", "name": claim, "pods": [f"default/{pod}"]}]
+    assert (
+        "nvidia.com/mig-3g.20gb", mig, "3g.20gb", claims,
+        {"device": device, "start": made["start"], "made": True}, (True, 0, 50, 4096),
+    ) == (
+        shown["resource"], shown["id"], shown["profile"], shown["claims"], shown["onDemand"],
+        (shown["mps"]["healthy"], shown["mps"]["restarts"], shown["mps"]["activeThreadPercentage"],
+         shown["mps"]["pinnedMemoryMiB"]),
+    )  # fmt: skip
+
+    before = daemon(dra.node, mig)
+    assert before is not None
+    keeper(dra.node, "python3", "-c", f"import os, signal; os.kill({before['pid']}, signal.SIGKILL)")
+    down = f"the MPS control daemon of MIG device {mig} (claim default/{claim}) does not answer"
+    _until(
+        dra.node,
+        "MpsDaemonDown",
+        lambda: dra.node.events("MpsDaemonDown"),
+        lambda m: any(down in x for x in m),
+        60,
+    )
+    back = f"the MPS control daemon of MIG device {mig} (claim default/{claim}) answers again"
+    _until(dra.node, "MpsDaemonHealthy", lambda: dra.node.events("MpsDaemonHealthy"), lambda m: back in m, 60)
+    after = daemon(dra.node, mig)
+    assert after is not None
+    assert (after["pid"] != before["pid"], 50, [4096]) == (
+        True,
+        after["activeThreadPercentage"],
+        after["pinnedMemLimitMiB"],
+    )
+    assert ["50.0", "4G"] == dra.node.kubectl("exec", pod, "--", "python3", "-c", ASK).split()
+    again = mine(_status(dra.node))["mps"]
+    assert (True, 1) == (again["healthy"], again["restarts"])
+    line = f'gpu_sharing_mps_daemon_restarts_total{{gpu="{gpu}",uuid="{mig}"}} 1.0'
+    _until(dra.node, "the restart in /metrics", lambda: _metrics(dra.node), lambda m: line in m, 30)
+
+
+SPLIT = (  # three 1-slice compute instances in a 3g.20gb GPU instance at slot 4 of GPU 0, as
+    # `nvidia-smi mig -cgi 9:4 && nvidia-smi mig -cci 0,0,0 -gi <id>` makes them (NVML in the agent's pod)
+    "import ctypes, os, pathlib\n"
+    "from sharing.gpu.nvml import load_pynvml\n"
+    "n = load_pynvml(pathlib.Path(os.environ['SHARING_DRIVER_ROOT']))\n"
+    "n.nvmlInit()\n"
+    "gpu = n.nvmlDeviceGetHandleByIndex(0)\n"
+    "profile = n.nvmlDeviceGetGpuInstanceProfileInfo(gpu, n.NVML_GPU_INSTANCE_PROFILE_3_SLICE)\n"
+    "place = n.c_nvmlGpuInstancePlacement_t()\n"
+    "place.start, place.size = 4, 4\n"
+    "gi = n.nvmlDeviceCreateGpuInstanceWithPlacement(gpu, profile.id, ctypes.byref(place))\n"
+    "one = n.nvmlGpuInstanceGetComputeInstanceProfileInfo(\n"
+    "    gi, n.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE, n.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)\n"
+    "for _ in range(3):\n"
+    "    n.nvmlGpuInstanceCreateComputeInstance(gi, one.id)\n"
+    "n.nvmlShutdown()\n"
+)
+
+
+def test_a_split_gpu_instance_is_no_3g_20gb_device_and_a_claim_for_one_gets_three_compute_slices(
+    dra: DraNode,
+) -> None:
+    node = dra.node
+    _put(node, {"ondemand-reclaim": RECLAIM})
+    try:
+        node.kubectl("-n", NAMESPACE, "exec", "ds/gpu-sharing", "--", "python3", "-c", SPLIT)
+        split = [(i["profile"], i["start"]) for i in _a100s(node)[0]]
+        assert [("1c.3g.20gb", 4)] * 3 == split  # `sharing export`: each under its own profile
+
+        def foreign(status: dict[str, Any]) -> list[tuple[str, int, int, Any]]:
+            return [(f["profile"], f["start"], len(f["uuids"]), f["device"])
+                    for g in status["gpus"] if g["index"] == 0 for f in g["foreign"]]  # fmt: skip
+
+        # Not one whole MIG device: not offered (no gpu-0-mig-3g-20gb-at-4), it only blocks its slots.
+        _until(
+            node,
+            "the split instance seen",
+            lambda: foreign(_status(node)),
+            lambda f: f == [("3g.20gb", 4, 3, None)],
+            60,
+        )
+        _until(
+            node, "its slots withdrawn from the pool", lambda: _published(node),
+            lambda names: "gpu-0-mig-3g-20gb-at-4" not in names and "gpu-0-mig-3g-20gb-at-0" in names, 60,
+        )  # fmt: skip
+        cel = f"device.attributes['{DRIVER}'].parentIndex == 0"
+        exactly = {"deviceClassName": "mig-3g.20gb.nvidia.com", "selectors": [{"cel": {"expression": cel}}]}
+        claim = dra.claim([{"name": "mig", "exactly": exactly}])
+        pod = dra.pod(claim)
+        _run(dra, pod)
+        assert ["gpu-0-mig-3g-20gb-at-0"] == dra.allocated(claim)  # made beside it, never the split one
+        (seen,) = dra.seen(pod)
+        profiles = {i["uuid"]: (i["profile"], i["start"]) for i in _a100s(node)[0]}
+        assert ("3g.20gb", 0) == profiles[seen]  # a whole 3g.20gb: all three compute slices
+        node.kubectl("delete", "pod", "--timeout=60s", pod)  # returns once unprepared
+        node.kubectl("delete", "resourceclaim", "--timeout=60s", claim)
+    finally:
+        _config(node, "ondemand-reclaim")  # the idle split instance is destroyed: the A100s empty again
+        _until(node, "no instance on the A100s", lambda: _a100s(node), _empty, 180)
+        _config(node, "ondemand-dynamic")
+        _put(node, {"ondemand-reclaim": None})
