@@ -5,8 +5,8 @@ how many runs it failed, with the order's seed and the log of each failure.
 
 `hack/test.sh` builds what the tiers need, starts the load (`--under-load`) and calls this with its
 venv. A test that fails one run in ten passes two or three runs nine times in ten: only repeats show
-it. Each run is a whole `pytest` process over the tiers (integration, e2e, node, cluster, skew; or
-the paths given) on the usual workers, in an order drawn from a new `--randomly-seed`, with the soak
+it. Each run is a whole `pytest` process over the tiers (fakedriver, integration, e2e, node, cluster,
+skew; or the paths given) on the usual workers, in an order drawn from a new `--randomly-seed`, with the soak
 (tests/e2e/test_soak.py) walking new seeds (`SHARING_SOAK_SEED`). Every failure's report, with what
 the test printed and logged, is written under the run's folder (by the pytest plugin
 hack/flakereport.py); the summary names the test, the run, the seeds that replay its order
@@ -28,8 +28,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-TIERS = ("tests/integration", "tests/e2e", "tests/node", "tests/cluster", "tests/skew")
-"""The tiers that start processes: control planes, kubelets, agents, real nodes."""
+TIERS = ("tests/fakedriver", "tests/integration", "tests/e2e", "tests/node", "tests/cluster", "tests/skew")
+"""The tiers that start processes: agents on the fake driver, control planes, kubelets, real nodes."""
 SOAK_SEEDS_PER_RUN = 2
 
 

@@ -11,7 +11,7 @@
 #                                never idle: a race that shows only under load is a bug.
 #   hack/test.sh --repeat N [--under-load] [PATHS]
 #                                the flake hunt (hack/flakes.py): the tiers that start processes
-#                                (integration, e2e, node, cluster, skew; or PATHS) N times, each in a
+#                                (fakedriver, integration, e2e, node, cluster, skew; or PATHS) N times, each in a
 #                                fresh random order with the soak on new seeds; prints per test how
 #                                many runs it failed, the seeds that replay each failure and its log.
 #
