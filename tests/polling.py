@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +27,17 @@ def poll(what: str, read: Callable[[], Any], ok: Callable[[Any], bool], timeout:
         # Between reads, twice what the last read took: a read through kubectl costs about 0.1 CPU-s,
         # and reading back to back would keep a core busy that the processes under test need.
         time.sleep(max(0.1, 2 * took))
+
+
+async def until(what: str, ok: Callable[[], bool], timeout: float = 10) -> None:
+    """Look until `ok()` on the event loop (state without a change feed, polled between the loop's other
+    work); a deadline stretched by `lab.deadlines`, never a fixed sleep, bounds it."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + scaled(timeout)
+    while not ok():
+        if loop.time() > deadline:
+            raise TimeoutError(f"{what} not reached within {scaled(timeout)} s")
+        await asyncio.sleep(0.02)  # yielding to the agent's loop
 
 
 def process(pid: int) -> tuple[str, int] | None:

@@ -30,9 +30,8 @@ from sharing.labels import STATE_LABEL
 from sharing.mig.catalog import default_catalog
 from sharing.model import HealthEvent, Holding, Listing
 from sharing.settings import Settings
-from tests.fakedriver.test_frontend import until
 from tests.fakedriver.test_rollout import Kubelet
-from tests.polling import poll
+from tests.polling import poll, until
 from tests.unit.conftest import plugin_dir  # noqa: F401  (the fixture)
 from tests.unit.fakekube import FakeKube
 from tests.unit.fakekubelet import FakeKubelet

@@ -34,6 +34,7 @@ from sharing.settings import Settings
 from sharing.store import PreparedClaim
 from sharing.store.journal import Journal
 from tests.fakedriver.test_rollout import Kubelet, layout, mig, mig_uuids, nothing, small_slices
+from tests.polling import until
 from tests.unit.conftest import plugin_dir  # noqa: F401  (the fixture)
 from tests.unit.fakekube import FakeKube
 from tests.unit.fakekubelet import FakeKubelet
@@ -253,15 +254,6 @@ async def plain(tmp_path: Path, plugin_dir: Path, state: Path, nvml: Any) -> Asy
 async def dual(tmp_path: Path, plugin_dir: Path, state: Path, nvml: Any) -> AsyncIterator[Running]:  # noqa: F811
     async for running in start_agent(tmp_path, plugin_dir, state, nvml, dra=True):
         yield running
-
-
-async def until(what: str, ok: Callable[[], bool], timeout: float = 10) -> None:
-    """Look until `ok()` (state without a change feed: the in-memory API's Events, the DRA side)."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not ok():
-        if asyncio.get_running_loop().time() > deadline:
-            raise TimeoutError(f"{what} not reached within {timeout}s")
-        await asyncio.sleep(0.02)  # polling with a deadline, yielding to the agent's loop
 
 
 async def events(running: Running, reason: str, count: int = 1) -> list[str]:

@@ -25,7 +25,8 @@ from sharing.kube.features import PARTITIONABLE, ClusterFeatures
 from sharing.labels import STATE_LABEL
 from sharing.mig.catalog import default_catalog
 from sharing.settings import Settings
-from tests.fakedriver.test_frontend import FRONTEND, Slices, until
+from tests.fakedriver.test_frontend import FRONTEND, Slices
+from tests.polling import until
 from tests.unit.conftest import plugin_dir  # noqa: F401  (the fixture)
 from tests.unit.fakekube import FakeKube
 from tests.unit.fakekubelet import FakeKubelet

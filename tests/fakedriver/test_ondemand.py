@@ -15,13 +15,12 @@ import shutil
 import signal
 import subprocess
 import tempfile
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import structlog
-from lab.deadlines import scaled
 
 from sharing.config import Frontend
 from sharing.deviceplugin import Fleet
@@ -44,7 +43,7 @@ from sharing.rollout.mps import watch_claim_mps
 from sharing.store import ClaimCheckpoint, Journal, OwnedInstance, PreparedClaim, PreparedDevice
 from tests.fakedriver.conftest import make_gpu_instance, sim
 from tests.fakedriver.test_mps import attach, record_of
-from tests.polling import poll
+from tests.polling import poll, until
 
 CATALOG = default_catalog()
 A100 = next(p for p in CATALOG.products if p.name == "A100-SXM4-40GB")
@@ -391,16 +390,6 @@ async def test_an_mps_claim_on_an_adopted_instance_leaves_it_in_its_own_mode_wit
         compute_modes(state, 0),
         instances(state),
     )
-
-
-async def until(what: str, ok: Callable[[], bool], timeout: float = 10) -> None:
-    """Wait for `ok()` (a deadline stretched by `lab.deadlines`, never a fixed sleep)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + scaled(timeout)
-    while not ok():
-        if loop.time() > deadline:
-            raise TimeoutError(f"{what} not reached within {scaled(timeout)} s")
-        await asyncio.sleep(0.02)
 
 
 @pytest.fixture

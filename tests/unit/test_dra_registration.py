@@ -9,7 +9,6 @@ ContainerCreating for over a minute.
 
 from __future__ import annotations
 
-import asyncio
 import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -17,7 +16,6 @@ from typing import Any, cast
 
 import grpc
 import pytest
-from lab.deadlines import scaled
 
 from sharing.config.spec import MigStrategy, Rule, Selector, SharingConfig
 from sharing.devices import build_inventory
@@ -29,6 +27,7 @@ from sharing.kubelet.api import pluginregistration_v1_pb2 as reg
 from sharing.kubelet.api import pluginregistration_v1_pb2_grpc as reg_grpc
 from sharing.mig import default_catalog
 from sharing.model import DriverInfo, Gpu, GpuUuid, NodeState
+from tests.polling import until
 from tests.unit.fakekube import FakeKube
 
 CATALOG = default_catalog()
@@ -49,14 +48,6 @@ INVENTORY = build_inventory(
 def held(kube: FakeKube) -> set[str]:
     """The device names of the pool as the API server holds it."""
     return {d.name for s in kube.slices.values() for d in s.spec.devices}
-
-
-async def until(what: str, ok: Any) -> None:
-    """Until `ok()`, yielding to the front-end's tasks (the publisher syncs in a thread)."""
-    async with asyncio.timeout(scaled(10)):
-        while not ok():
-            await asyncio.sleep(0.01)  # polling the fake API server, with a deadline
-    assert ok(), what
 
 
 async def notify(plugin: DraPlugin, registered: bool = True) -> None:
