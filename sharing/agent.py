@@ -53,6 +53,7 @@ from sharing.rollout.switch import Frontends
 from sharing.settings import Settings
 from sharing.store import Journal
 from sharing.text import bounded
+from sharing.usage import HeldSlice, UsageSampler, held_slices
 
 log = structlog.get_logger(__name__)
 
@@ -62,6 +63,8 @@ OWNER_POLL_S = 0.5
 """How often an agent that waits for the node (another agent owns it) tries the owner's lock."""
 API_GRACE_S = 5.0
 """How long a starting agent waits for the API server before serving the config it last applied."""
+HELD_TIMEOUT_S = 30.0
+"""How long the usage sampler waits for the agent's loop to say who holds which slice."""
 
 
 class Agent:
@@ -106,6 +109,19 @@ class Agent:
             metrics=self.metrics,
             mps=self.mps,
         )
+        self.usage = (
+            UsageSampler(
+                backend.usage_reader(),
+                held=self._held_slices,
+                pods=lambda: kube.list_node_pods(settings.node_name),
+                proc=settings.host_proc,
+                state=settings.usage_state,
+                interval_s=settings.usage_interval_seconds,
+                window_s=settings.usage_window,
+            )
+            if settings.usage_enabled
+            else None
+        )
         self.report = Reporter(
             settings.node_name,
             self.rollout,
@@ -113,6 +129,7 @@ class Agent:
             self.metrics,
             self._config_status,
             holders_localhost_only=settings.holders_localhost_only,
+            usage=self.usage,
         )
         self.node = watch_node(kube, settings.node_name, settings.watch_timeout_seconds)
         self.node_out = NodePublisher(kube, self.node, catalog)
@@ -143,6 +160,7 @@ class Agent:
         self._grace_over = False
         self._selected: tuple[str | None, str] = (None, "")
         self._standby = False
+        self._event_loop: asyncio.AbstractEventLoop | None = None
 
     def trigger(self) -> None:
         """Ask for a reconcile soon (coalesces with any other pending trigger)."""
@@ -170,6 +188,9 @@ class Agent:
         if not await self._own(stop, serving):
             await self._stopped(http, serving)
             return
+        if self.usage is not None:  # once the node is ours: one sampler writes its windows
+            self._event_loop = asyncio.get_running_loop()
+            self.usage.start()
         self.node.start(self.trigger)
         self.sources.start(self.trigger)
         self._tasks = [
@@ -212,6 +233,8 @@ class Agent:
             await self._stopped(http, serving)
 
     async def _stopped(self, http: HttpServer | None, serving: contextlib.ExitStack) -> None:
+        if self.usage is not None:  # its last sample may ask this loop who holds what: it runs
+            await asyncio.to_thread(self.usage.stop)
         if http is not None:
             await http.stop()
         try:
@@ -261,6 +284,20 @@ class Agent:
         """The ResourceClaims with devices of this node's DRA pool allocated: they hold those devices."""
         pool = await asyncio.to_thread(self.kube.list_claims_of_pool, DRIVER, self.settings.node_name)
         return pool.allocated
+
+    def _held_slices(self) -> tuple[HeldSlice, ...] | None:
+        """Who holds which slice (None: cannot be told), asked on the agent's loop from the usage
+        sampler's thread."""
+        if self._event_loop is None:
+            return None
+        return asyncio.run_coroutine_threadsafe(self._holdings(), self._event_loop).result(HELD_TIMEOUT_S)
+
+    async def _holdings(self) -> tuple[HeldSlice, ...] | None:
+        holders = await self.rollout.holders(deciding=False)
+        if holders.unknown:
+            return None
+        limits = {str(d.gpu): d.wanted.pinned_memory_mib << 20 for d in self.mps.status()}
+        return held_slices(self.rollout.offered(), holders.pods, holders.claims, limits)
 
     def _config_status(self) -> ConfigStatus:
         state = self.node_out.state.value if self.node_out.state else None

@@ -204,6 +204,10 @@ class BoundPod:
     name: str
     resources: frozenset[str]
     """The resources its containers (init containers too) request or limit."""
+    uid: str = ""
+    containers: tuple[tuple[str, str], ...] = ()
+    """(container ID without the runtime's `containerd://`, name) of each container that has started
+    (`status.containerStatuses`, init containers too): how a process's cgroup names its container."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,5 @@
-"""`sharing status`: the node's GPUs, every slice, who holds it, and the config selected and in effect.
+"""`sharing status`: the node's GPUs, every slice, who holds it, and the config selected and in effect;
+with `--usage`, what each GPU draws and uses and what each slice's pod uses of it (docs/metrics.md).
 
 It asks the agent on this node (its /status on SHARING_HTTP_PORT, 9402 by default: inside the
 agent's pod, `kubectl exec ds/gpu-sharing -- sharing status`); when no agent answers it observes the
@@ -42,7 +43,12 @@ def register(commands: Subparsers) -> None:
         help=f"without an agent: the kubelet's PodResources socket [SHARING_POD_RESOURCES_SOCKET; "
         f"{DEFAULT_POD_RESOURCES_SOCKET}]",
     )
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument(
+        "--usage", action="store_true",
+        help="per GPU its power, temperature, memory and utilization; per slice the memory its pod uses of "
+        "its size, SM where known, idle for, peak and SM p95 over the window (the agent's usage sampler)",
+    )  # fmt: skip
+    parser.add_argument("--json", action="store_true", help="print one JSON object (usage included)")
     parser.set_defaults(run=run)
 
 
@@ -55,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(document)
     else:
-        print(describe(document))
+        print(describe(document, usage=args.usage))
     return 0
 
 
@@ -107,6 +113,81 @@ def _held_by(entry: dict[str, Any]) -> str:
     return "; ".join(claims) or "-"
 
 
+USAGE_COLUMNS = ("MEMORY USED", "SM", "IDLE FOR", "PEAK", "SM P95", "RIGHT SIZE")
+
+
+def _usage_header(summary: dict[str, Any]) -> list[str]:
+    if not summary.get("enabled"):
+        return ["usage: not sampled (the agent's usage.enabled is false, or no agent answered)"]
+    if not summary.get("sampledAt"):
+        return ["usage: no sample yet"]
+    lines = [
+        f"usage sampled {summary['sampledAt']}, every {summary['intervalSeconds']:g} s; peak and SM p95 over "
+        f"{_duration(summary['windowSeconds'])}"
+    ]
+    if not summary.get("holdersKnown", True):
+        lines.append("  who holds which slice could not be read at the sample: no slice shows its use")
+    lines += [f"  {p}" for p in summary.get("problems") or ()]
+    return lines
+
+
+def _gpu_usage(use: dict[str, Any]) -> list[str]:
+    parts = [
+        f"{use['powerWatts']:.0f} W" if use["powerWatts"] is not None else "power -",
+        f"{use['temperatureCelsius']:.0f} °C" if use["temperatureCelsius"] is not None else "temperature -",
+        f"memory {_of(use['memoryUsedBytes'], use['memoryTotalBytes'])}",
+        f"utilization {_ratio(use['utilization'])}" if use["utilization"] is not None else "",
+        "" if use["gpm"] else "no GPM (SM of MIG devices unknown)" if use["devices"] else "",
+    ]
+    lines = ["  " + ", ".join(p for p in parts if p)]
+    for u in use["unattributed"]:
+        pids = ", ".join(map(str, u["pids"]))
+        lines.append(f"  unattributed: {_bytes(u['memoryUsedBytes'])} on {u['device']} (PID {pids})")
+    return lines
+
+
+def _slice_usage(entry: dict[str, Any]) -> tuple[str, ...]:
+    use = entry.get("usage")
+    if not use:
+        return ("-",) * len(USAGE_COLUMNS)
+    return (
+        _of(use["memoryUsedBytes"], use["memoryTotalBytes"]),
+        _ratio(use["smActive"]),
+        _duration(use["idleSeconds"]) if use["idleSeconds"] else "in use",
+        _bytes(use["peakMemoryBytes"]) if use["peakMemoryBytes"] is not None else "-",
+        _ratio(use["smActiveP95"]),
+        use.get("rightSize") or "-",
+    )
+
+
+def _of(used: int | None, total: int | None) -> str:
+    if used is None:
+        return "-"
+    return _bytes(used) + (f" of {_bytes(total)}" if total else "")
+
+
+def _bytes(value: int | None) -> str:
+    if value is None:
+        return "-"
+    mib = value / 2**20
+    return f"{mib / 1024:.1f} GiB" if mib >= 1024 else f"{mib:.0f} MiB"
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.0f} %"
+
+
+def _duration(seconds: float) -> str:
+    """`45s`, `12m`, `3h 5m`, `2d 4h`."""
+    total = int(seconds)
+    days, hours, minutes = total // 86400, total % 86400 // 3600, total % 3600 // 60
+    if days:
+        return f"{days}d {hours}h" if hours else f"{days}d"
+    if hours:
+        return f"{hours}h {minutes}m" if minutes else f"{hours}h"
+    return f"{minutes}m" if minutes else f"{total}s"
+
+
 def _foreign(f: dict[str, Any]) -> str:
     """A MIG instance on a dynamic GPU that the agent did not make."""
     migs = (", ".join(f["uuids"]) or "no MIG device") + (", busy" if f["busy"] else "")
@@ -118,8 +199,9 @@ def _foreign(f: dict[str, Any]) -> str:
     )
 
 
-def describe(status: dict[str, Any]) -> str:
-    """A table per GPU for people, under a header with the config and the last change."""
+def describe(status: dict[str, Any], *, usage: bool = False) -> str:
+    """A table per GPU for people, under a header with the config and the last change (`usage`: the
+    usage sampler's figures too)."""
     config = status.get("config", {})
     lines = [
         f"node {status.get('node') or '(unknown)'}: config {config.get('selected') or '(none)'}"
@@ -142,12 +224,16 @@ def describe(status: dict[str, Any]) -> str:
     holders = status.get("holders", {})
     if not holders.get("known", True):
         lines.append(f"who holds what is unknown: {holders.get('error', '')}")
+    if usage:
+        lines += _usage_header(status.get("usage") or {})
     for gpu in status.get("gpus", []):
         lines.append("")
         lines.append(
             f"GPU {gpu['index']}  {gpu['product']}  {gpu['uuid']}  MIG {gpu['mig']}  {gpu['health']}"
             + (f"  config {gpu['config']}" if gpu.get("config") else "")
         )
+        if usage and gpu.get("usage"):
+            lines += _gpu_usage(gpu["usage"])
         dynamic = gpu.get("dynamic")
         if dynamic:
             lines.append(
@@ -169,13 +255,14 @@ def describe(status: dict[str, Any]) -> str:
                 f" restarts {daemon['restarts']}" + (f"; {daemon['error']}" if daemon.get("error") else "")
             )
         lines += [_foreign(f) for f in gpu.get("foreign") or ()]
-        rows = [("RESOURCE", "DEVICE", "PROFILE", "HEALTH", "HELD BY")] + [
+        rows = [("RESOURCE", "DEVICE", "PROFILE", "HEALTH", "HELD BY", *(USAGE_COLUMNS if usage else ()))] + [
             (
                 s["resource"],
                 s["id"],
                 s.get("profile") or "-",
                 s["health"],
                 _held_by(s),
+                *(_slice_usage(s) if usage else ()),
             )
             for s in gpu["slices"]
         ]

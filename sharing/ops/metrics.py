@@ -4,12 +4,14 @@ Two kinds: events the agent counts as they happen (reconciles, applies, claim pr
 operation on the driver timed, hardware steps, changes by outcome, XIDs), and the node's state, read
 at scrape time from the same status document `sharing status` prints (slices advertised and
 allocated per resource, which pod holds which slice, GPU health, the config state, the plugins
-registered), so metrics and status never disagree.
+registered, and what the usage sampler last read: per GPU, per MIG device, per held slice for its own
+pod, and what no pod accounts for), so metrics and status never disagree.
 docs/metrics.md lists every metric.
 """
 
 from __future__ import annotations
 
+import datetime
 from collections import Counter as Tally
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -22,6 +24,15 @@ from sharing.gpu import MIG_OPERATIONS
 from sharing.labels import ConfigState
 
 PREFIX = "gpu_sharing_"
+POD_METRICS = tuple(
+    PREFIX + name
+    for name in (
+        "slice_owner_info", "slice_memory_used_bytes", "slice_memory_total_bytes", "slice_sm_active_ratio",
+        "slice_idle_seconds", "slice_memory_peak_bytes", "slice_sm_active_p95_ratio",
+    )
+)  # fmt: skip
+"""The metrics that name the pod holding a slice (left out of /metrics but on localhost with
+`holders_localhost_only`)."""
 _SECONDS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
 
@@ -186,6 +197,111 @@ class _State(Collector):
             "plugin_registered", "1 when the resource's device plugin is registered with the kubelet.",
             ["resource"], (([r], int(ok)) for r, ok in self.plugins),
         )  # fmt: skip
+        yield from _usage(status, gpus, slices)
+
+
+def _usage(
+    status: Mapping[str, Any], gpus: list[dict[str, Any]], slices: list[dict[str, Any]]
+) -> Iterable[GaugeMetricFamily]:
+    """The usage sampler's figures in the status document (`sharing.ops.usage`); a figure NVML
+    cannot give (utilization in MIG mode, SM of a replica of a MIG device) has no series."""
+    sampled = (status.get("usage") or {}).get("sampledAt")
+    yield _gauge(
+        "usage_last_sample_timestamp_seconds", "Unix time of the usage sampler's last sample.", [],
+        [([], _timestamp(sampled))] if sampled else [],
+    )  # fmt: skip
+    read = [(g, g["usage"]) for g in gpus if g.get("usage")]
+    labels = ["gpu", "uuid"]
+
+    def per_gpu(key: str, scale: float = 1.0) -> list[tuple[list[str], float]]:
+        return [([str(g["index"]), g["uuid"]], u[key] * scale) for g, u in read if u[key] is not None]
+
+    yield _gauge("gpu_power_watts", "The GPU's power draw.", labels, per_gpu("powerWatts"))
+    yield _gauge(
+        "gpu_temperature_celsius", "The GPU's die temperature.", labels, per_gpu("temperatureCelsius")
+    )
+    yield _gauge(
+        "gpu_memory_used_bytes", "Device memory allocated on the GPU.", labels, per_gpu("memoryUsedBytes")
+    )
+    yield _gauge("gpu_memory_total_bytes", "The GPU's device memory.", labels, per_gpu("memoryTotalBytes"))
+    yield _gauge(
+        "gpu_utilization_ratio", "Share of the last sample period a kernel ran (GPUs without MIG).", labels,
+        per_gpu("utilization"),
+    )  # fmt: skip
+    devices = [(g, d) for g, u in read for d in u["devices"]]
+    mig = ["gpu", "uuid", "device"]
+
+    def per_device(key: str) -> list[tuple[list[str], float]]:
+        return [([str(g["index"]), g["uuid"], d["uuid"]], d[key]) for g, d in devices if d[key] is not None]
+
+    yield _gauge(
+        "mig_device_memory_used_bytes", "Memory used on the MIG device.", mig, per_device("memoryUsedBytes")
+    )
+    yield _gauge(
+        "mig_device_memory_total_bytes", "The MIG device's memory.", mig, per_device("memoryTotalBytes")
+    )
+    yield _gauge(
+        "mig_device_sm_active_ratio", "Share of its GPU instance's SMs busy (GPM; Hopper and newer).", mig,
+        per_device("smActive"),
+    )  # fmt: skip
+    yield _gauge(
+        "mig_device_graphics_active_ratio", "Share of time its GPU instance's engines were busy (GPM).", mig,
+        per_device("graphicsActive"),
+    )  # fmt: skip
+    held = [(_holder(s), s["usage"]) for s in slices if s.get("usage")]
+    holder = ["resource", "device", "namespace", "pod", "container"]
+
+    def per_slice(key: str) -> list[tuple[list[str], float]]:
+        return [(h, u[key]) for h, u in held if u[key] is not None]
+
+    yield _gauge(
+        "slice_memory_used_bytes", "Device memory its holding pod's own processes use on the slice.", holder,
+        per_slice("memoryUsedBytes"),
+    )  # fmt: skip
+    yield _gauge(
+        "slice_memory_total_bytes",
+        "The memory the slice offers: its MIG device's, its GPU's, or an MPS client's pinned limit.", holder,
+        per_slice("memoryTotalBytes"),
+    )  # fmt: skip
+    yield _gauge(
+        "slice_sm_active_ratio",
+        "Share of the device's SMs its pod's processes used (GPUs without MIG), or its MIG device's GPM "
+        "activity (a MIG device held whole, Hopper and newer).", holder, per_slice("smActive"),
+    )  # fmt: skip
+    yield _gauge(
+        "slice_idle_seconds", "Seconds since a process of its holding pod last ran on the slice.", holder,
+        per_slice("idleSeconds"),
+    )  # fmt: skip
+    yield _gauge(
+        "slice_memory_peak_bytes", "The most memory its pod used on it over the usage window.", holder,
+        per_slice("peakMemoryBytes"),
+    )  # fmt: skip
+    yield _gauge(
+        "slice_sm_active_p95_ratio", "The p95 of its SM share over the usage window (5 % bins, upper edge).",
+        holder, per_slice("smActiveP95"),
+    )  # fmt: skip
+    yield _gauge(
+        "unattributed_memory_used_bytes",
+        "Memory used on a device by processes no slice's holding pod accounts for.", mig,
+        (
+            ([str(g["index"]), g["uuid"], x["device"]], x["memoryUsedBytes"])
+            for g, u in read
+            for x in u["unattributed"]
+        ),
+    )  # fmt: skip
+
+
+def _holder(entry: Mapping[str, Any]) -> list[str]:
+    """resource, device, namespace, pod, container of a held slice (a DRA claim's pods: joined)."""
+    if entry["pod"]:
+        pod = entry["pod"]
+        return [entry["resource"], entry["id"], pod["namespace"], pod["pod"], pod["container"]]
+    pods = [p.split("/", 1) for p in entry["usage"]["pods"]]
+    return [entry["resource"], entry["id"], pods[0][0], ",".join(name for _, name in pods), ""]
+
+
+def _timestamp(iso: str) -> float:
+    return datetime.datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
 
 
 def _gauge(

@@ -17,6 +17,8 @@ from sharing.devices import REPLICA_SEPARATOR, Device, Inventory
 from sharing.dra.foreign import Foreign
 from sharing.dra.fragmentation import Fragmented
 from sharing.model import ClaimHold, Gpu, GpuUuid, Holding, NodeState
+from sharing.ops.usage import gpu_usage, slice_usage, summary
+from sharing.usage import UsageReport
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +50,8 @@ def status_document(
     frontend: str = "deviceplugin",
     fragmented: Sequence[Fragmented] = (),
     foreign: Sequence[Foreign] = (),
+    usage: UsageReport | None = None,
+    usage_enabled: bool = False,
 ) -> dict[str, Any]:
     """The status of a node; `holders` None means they could not be read (`holders_error` says why).
 
@@ -55,7 +59,8 @@ def status_document(
     GPU UUID, its MPS control daemon (`mps_daemon`), for the GPUs shared with MPS; `claims` are the
     ResourceClaims holding devices (DRA front-end), each shown beside its devices; `fragmented` the
     pending claims whose MIG profile fits a dynamic GPU's free memory and compute but no placement;
-    `foreign` the MIG instances on dynamic GPUs that the agent did not make (`sharing.dra.foreign`).
+    `foreign` the MIG instances on dynamic GPUs that the agent did not make (`sharing.dra.foreign`);
+    `usage` the usage sampler's latest report (`sharing.ops.usage` shapes its parts).
     """
     owners = _owners(holders or ())
     profiles = {ci.uuid: gi.profile for g in node.gpus for gi, ci in g.mig_devices}
@@ -69,6 +74,7 @@ def status_document(
                 for c in sorted(claims, key=lambda c: (c.namespace, c.name))
                 if device.uuid in c.uuids
             ]
+            entry["usage"] = slice_usage(usage, entry)
             slices.setdefault(device.gpu_uuid, []).append(entry)
     return {
         "node": node_name,
@@ -81,10 +87,12 @@ def status_document(
         },
         "lastChange": dict(config.last_change),
         "holders": {"known": holders is not None, "error": holders_error},
+        "usage": summary(usage, usage_enabled),
         "gpus": [
             {
                 **_gpu(g, slices.get(g.uuid, []), config.in_effect.get(g.uuid), g.uuid not in unhealthy),
                 "mps": dict((mps or {})[g.uuid]) if g.uuid in (mps or {}) else None,
+                "usage": gpu_usage(usage, g.uuid),
                 "dynamic": _dynamic(g.uuid, inventory),
                 "foreign": [
                     _foreign(f, g.uuid in inventory.reclaim) for f in foreign if f.gpu.uuid == g.uuid

@@ -139,7 +139,7 @@ def _node(obj: Mapping[str, Any]) -> NodeObject:
 
 
 def _bound_pod(obj: Mapping[str, Any]) -> BoundPod:
-    meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
+    meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
     containers = [*(spec.get("initContainers") or ()), *(spec.get("containers") or ())]
     resources = {
         name
@@ -147,7 +147,15 @@ def _bound_pod(obj: Mapping[str, Any]) -> BoundPod:
         for kind in ("requests", "limits")
         for name in ((c.get("resources") or {}).get(kind) or {})
     }
-    return BoundPod(meta.get("namespace", ""), meta.get("name", ""), frozenset(resources))
+    started = [*(status.get("initContainerStatuses") or ()), *(status.get("containerStatuses") or ())]
+    ids = tuple(
+        (str(c["containerID"]).rpartition("://")[2], str(c.get("name", "")))
+        for c in started
+        if c.get("containerID")
+    )
+    return BoundPod(
+        meta.get("namespace", ""), meta.get("name", ""), frozenset(resources), meta.get("uid", ""), ids
+    )
 
 
 def _configmap(obj: Mapping[str, Any]) -> ConfigMapObject:
