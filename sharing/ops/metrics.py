@@ -200,6 +200,49 @@ class _State(Collector):
         yield from _usage(status, gpus, slices)
 
 
+USAGE_GPU = (
+    ("gpu_power_watts", "powerWatts", "The GPU's power draw."),
+    ("gpu_temperature_celsius", "temperatureCelsius", "The GPU's die temperature."),
+    ("gpu_memory_used_bytes", "memoryUsedBytes", "Device memory allocated on the GPU."),
+    ("gpu_memory_total_bytes", "memoryTotalBytes", "The GPU's device memory."),
+    (
+        "gpu_utilization_ratio",
+        "utilization",
+        "Share of the last sample period a kernel ran (GPUs without MIG).",
+    ),
+)
+USAGE_MIG = (
+    ("mig_device_memory_used_bytes", "memoryUsedBytes", "Memory used on the MIG device."),
+    ("mig_device_memory_total_bytes", "memoryTotalBytes", "The MIG device's memory."),
+    (
+        "mig_device_sm_active_ratio",
+        "smActive",
+        "Share of its GPU instance's SMs busy (GPM; Hopper and newer).",
+    ),
+    (
+        "mig_device_graphics_active_ratio",
+        "graphicsActive",
+        "Share of time its GPU instance's engines were busy (GPM).",
+    ),
+)
+USAGE_SLICE = (
+    ("slice_memory_used_bytes", "memoryUsedBytes",
+     "Device memory its holding pod's own processes use on the slice."),
+    ("slice_memory_total_bytes", "memoryTotalBytes",
+     "The memory the slice offers: its MIG device's, its GPU's, or an MPS client's pinned limit."),
+    ("slice_sm_active_ratio", "smActive",
+     "Share of the device's SMs its pod's processes used (GPUs without MIG), or its MIG device's GPM "
+     "activity (a MIG device held whole, Hopper and newer)."),
+    ("slice_idle_seconds", "idleSeconds",
+     "Seconds since a process of its holding pod last ran on the slice."),
+    ("slice_memory_peak_bytes", "peakMemoryBytes",
+     "The most memory its pod used on it over the usage window."),
+    ("slice_sm_active_p95_ratio", "smActiveP95",
+     "The p95 of its SM share over the usage window (5 % bins, upper edge)."),
+)  # fmt: skip
+"""(metric, key of the status document's usage part, help) per GPU, per MIG device, per held slice."""
+
+
 def _usage(
     status: Mapping[str, Any], gpus: list[dict[str, Any]], slices: list[dict[str, Any]]
 ) -> Iterable[GaugeMetricFamily]:
@@ -211,83 +254,22 @@ def _usage(
         [([], _timestamp(sampled))] if sampled else [],
     )  # fmt: skip
     read = [(g, g["usage"]) for g in gpus if g.get("usage")]
-    labels = ["gpu", "uuid"]
-
-    def per_gpu(key: str, scale: float = 1.0) -> list[tuple[list[str], float]]:
-        return [([str(g["index"]), g["uuid"]], u[key] * scale) for g, u in read if u[key] is not None]
-
-    yield _gauge("gpu_power_watts", "The GPU's power draw.", labels, per_gpu("powerWatts"))
-    yield _gauge(
-        "gpu_temperature_celsius", "The GPU's die temperature.", labels, per_gpu("temperatureCelsius")
-    )
-    yield _gauge(
-        "gpu_memory_used_bytes", "Device memory allocated on the GPU.", labels, per_gpu("memoryUsedBytes")
-    )
-    yield _gauge("gpu_memory_total_bytes", "The GPU's device memory.", labels, per_gpu("memoryTotalBytes"))
-    yield _gauge(
-        "gpu_utilization_ratio", "Share of the last sample period a kernel ran (GPUs without MIG).", labels,
-        per_gpu("utilization"),
-    )  # fmt: skip
-    devices = [(g, d) for g, u in read for d in u["devices"]]
-    mig = ["gpu", "uuid", "device"]
-
-    def per_device(key: str) -> list[tuple[list[str], float]]:
-        return [([str(g["index"]), g["uuid"], d["uuid"]], d[key]) for g, d in devices if d[key] is not None]
-
-    yield _gauge(
-        "mig_device_memory_used_bytes", "Memory used on the MIG device.", mig, per_device("memoryUsedBytes")
-    )
-    yield _gauge(
-        "mig_device_memory_total_bytes", "The MIG device's memory.", mig, per_device("memoryTotalBytes")
-    )
-    yield _gauge(
-        "mig_device_sm_active_ratio", "Share of its GPU instance's SMs busy (GPM; Hopper and newer).", mig,
-        per_device("smActive"),
-    )  # fmt: skip
-    yield _gauge(
-        "mig_device_graphics_active_ratio", "Share of time its GPU instance's engines were busy (GPM).", mig,
-        per_device("graphicsActive"),
-    )  # fmt: skip
-    held = [(_holder(s), s["usage"]) for s in slices if s.get("usage")]
-    holder = ["resource", "device", "namespace", "pod", "container"]
-
-    def per_slice(key: str) -> list[tuple[list[str], float]]:
-        return [(h, u[key]) for h, u in held if u[key] is not None]
-
-    yield _gauge(
-        "slice_memory_used_bytes", "Device memory its holding pod's own processes use on the slice.", holder,
-        per_slice("memoryUsedBytes"),
-    )  # fmt: skip
-    yield _gauge(
-        "slice_memory_total_bytes",
-        "The memory the slice offers: its MIG device's, its GPU's, or an MPS client's pinned limit.", holder,
-        per_slice("memoryTotalBytes"),
-    )  # fmt: skip
-    yield _gauge(
-        "slice_sm_active_ratio",
-        "Share of the device's SMs its pod's processes used (GPUs without MIG), or its MIG device's GPM "
-        "activity (a MIG device held whole, Hopper and newer).", holder, per_slice("smActive"),
-    )  # fmt: skip
-    yield _gauge(
-        "slice_idle_seconds", "Seconds since a process of its holding pod last ran on the slice.", holder,
-        per_slice("idleSeconds"),
-    )  # fmt: skip
-    yield _gauge(
-        "slice_memory_peak_bytes", "The most memory its pod used on it over the usage window.", holder,
-        per_slice("peakMemoryBytes"),
-    )  # fmt: skip
-    yield _gauge(
-        "slice_sm_active_p95_ratio", "The p95 of its SM share over the usage window (5 % bins, upper edge).",
-        holder, per_slice("smActiveP95"),
-    )  # fmt: skip
+    per_gpu = [([str(g["index"]), g["uuid"]], u) for g, u in read]
+    per_mig = [([str(g["index"]), g["uuid"], d["uuid"]], d) for g, u in read for d in u["devices"]]
+    per_slice = [(_holder(s), s["usage"]) for s in slices if s.get("usage")]
+    for rows, labels, metrics in (
+        (per_gpu, ["gpu", "uuid"], USAGE_GPU),
+        (per_mig, ["gpu", "uuid", "device"], USAGE_MIG),
+        (per_slice, ["resource", "device", "namespace", "pod", "container"], USAGE_SLICE),
+    ):
+        for name, key, documentation in metrics:
+            yield _gauge(name, documentation, labels, ((v, u[key]) for v, u in rows if u[key] is not None))
+    unattributed = [([str(g["index"]), g["uuid"], x["device"]], x["memoryUsedBytes"]) for g, u in read
+                    for x in u["unattributed"]]  # fmt: skip
     yield _gauge(
         "unattributed_memory_used_bytes",
-        "Memory used on a device by processes no slice's holding pod accounts for.", mig,
-        (
-            ([str(g["index"]), g["uuid"], x["device"]], x["memoryUsedBytes"])
-            for g, u in read
-            for x in u["unattributed"]
-        ),
+        "Memory used on a device by processes no slice's holding pod accounts for.",
+        ["gpu", "uuid", "device"], unattributed,
     )  # fmt: skip
 
 

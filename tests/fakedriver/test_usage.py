@@ -3,6 +3,7 @@ power, temperature and GPM, as the fake driver plays them from the state `sharin
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -10,6 +11,7 @@ import pynvml
 import pytest
 
 from sharing.cli import main
+from sharing.gpu import simstate
 from tests.fakedriver.conftest import Nvml, State
 from tests.fakedriver.test_mig import P1G, P3G, create, mig_on
 
@@ -27,6 +29,12 @@ def processes(n: Nvml, handle: Any) -> list[tuple[int, int, int, int]]:
     return sorted((p["pid"], p["usedGpuMemory"], p["gpuInstanceId"], p["computeInstanceId"]) for p in found)
 
 
+def busy(machine: State, uuid: str, pid: int, mib: int = 100, sm: int = 0) -> None:
+    """A process on a device, as `sharing sim busy --uuid --pid --memory-mib --sm` starts it (in this
+    process: the command itself is the first test's)."""
+    simstate.start_process(machine.path, uuid, pid, used_mib=mib, sm=sm)
+
+
 def memory(n: Nvml, handle: Any) -> tuple[int, int, int]:
     info = n.call("nvmlDeviceGetMemoryInfo", handle)
     return info["total"], info["used"], info["free"]
@@ -39,19 +47,19 @@ def test_processes_on_a_gpu_are_what_sim_busy_says(nvml_for: Callable[[State], N
     total = n.call("nvmlDeviceGetMemoryInfo", gpu)["total"]
     assert (total, 0, total) == memory(n, gpu)
     machine.sim("busy", "--uuid", uuid, "--pid", "4242", "--memory-mib", "2048", "--sm", "30")
-    machine.sim("busy", "--uuid", uuid, "--pid", "4343", "--memory-mib", "512", "--sm", "0")
+    busy(machine, uuid, 4343, 512, 0)
     assert [(4242, 2048 * MIB, NA, NA), (4343, 512 * MIB, NA, NA)] == processes(n, gpu)
     assert (total, 2560 * MIB, total - 2560 * MIB) == memory(n, gpu)
     v2 = n.call("nvmlDeviceGetMemoryInfo", gpu, pynvml.nvmlMemory_v2)
     assert (total, 0, 2560 * MIB) == (v2["total"], v2["reserved"], v2["used"])
     assert {"gpu": 30, "memory": 0} == n.call("nvmlDeviceGetUtilizationRates", gpu)
     # The same PID again changes its process; --pid ends one.
-    machine.sim("busy", "--uuid", uuid, "--pid", "4343", "--memory-mib", "1024", "--sm", "50")
+    busy(machine, uuid, 4343, 1024, 50)
     assert (total, 3072 * MIB, total - 3072 * MIB) == memory(n, gpu)
     assert 80 == n.call("nvmlDeviceGetUtilizationRates", gpu)["gpu"]
     machine.sim("idle", "--uuid", uuid, "--pid", "4242")
     assert [(4343, 1024 * MIB, NA, NA)] == processes(n, gpu)
-    machine.sim("idle", "--uuid", uuid)
+    simstate.stop_processes(machine.path, uuid)
     assert [] == processes(n, gpu)
     assert 0 == n.call("nvmlDeviceGetUtilizationRates", gpu)["gpu"]
 
@@ -64,17 +72,19 @@ def test_process_utilization_samples_each_process_that_used_the_sms(
     gpu = n.call("nvmlDeviceGetHandleByIndex", 0)
     # "If no valid sample entries are found since the lastSeenTimeStamp, NVML_ERROR_NOT_FOUND".
     assert pynvml.NVML_ERROR_NOT_FOUND == n.code("nvmlDeviceGetProcessUtilization", gpu, 0)
-    machine.sim("busy", "--uuid", uuid, "--pid", "10", "--memory-mib", "100", "--sm", "70")
-    machine.sim("busy", "--uuid", uuid, "--pid", "11", "--memory-mib", "100", "--sm", "20")
-    machine.sim("busy", "--uuid", uuid, "--pid", "12", "--memory-mib", "100", "--sm", "0")
+    busy(machine, uuid, 10, sm=70)
+    busy(machine, uuid, 11, sm=20)
+    busy(machine, uuid, 12, sm=0)
     samples = n.call("nvmlDeviceGetProcessUtilization", gpu, 0)
     # Only processes with "some non-zero utilization during the last sample period".
     assert [(10, 70), (11, 20)] == sorted((s["pid"], s["smUtil"]) for s in samples)
     (stamp,) = {s["timeStamp"] for s in samples}
     assert stamp > 0
-    # Samples "with timestamp greater than lastSeenTimeStamp" only.
-    assert pynvml.NVML_ERROR_NOT_FOUND == n.code("nvmlDeviceGetProcessUtilization", gpu, stamp)
+    # Samples "with timestamp greater than lastSeenTimeStamp" only (one of the current sample period,
+    # or a later one: never older than the one just read).
     assert 2 == len(n.call("nvmlDeviceGetProcessUtilization", gpu, stamp - 1))
+    later = int((time.time() + 3600) * 1e6)
+    assert pynvml.NVML_ERROR_NOT_FOUND == n.code("nvmlDeviceGetProcessUtilization", gpu, later)
 
 
 def test_mig_devices_list_their_own_processes_and_memory(
@@ -88,9 +98,9 @@ def test_mig_devices_list_their_own_processes_and_memory(
     small, large = (n.call("nvmlDeviceGetMigDeviceHandleByIndex", gpu, i) for i in range(2))
     small_uuid, large_uuid = (n.call("nvmlDeviceGetUUID", h) for h in (small, large))
     small_gi, large_gi = (n.call("nvmlDeviceGetGpuInstanceId", h) for h in (small, large))
-    machine.sim("busy", "--uuid", small_uuid, "--pid", "500", "--memory-mib", "1000", "--sm", "40")
-    machine.sim("busy", "--uuid", large_uuid, "--pid", "600", "--memory-mib", "3000", "--sm", "10")
-    machine.sim("busy", "--uuid", large_uuid, "--pid", "601", "--memory-mib", "2000", "--sm", "10")
+    busy(machine, small_uuid, 500, 1000, 40)
+    busy(machine, large_uuid, 600, 3000, 10)
+    busy(machine, large_uuid, 601, 2000, 10)
     assert [(500, 1000 * MIB, small_gi, 0)] == processes(n, small)
     assert [(600, 3000 * MIB, large_gi, 0), (601, 2000 * MIB, large_gi, 0)] == processes(n, large)
     # The GPU's handle: the aggregate of its MIG devices.
@@ -162,9 +172,9 @@ def test_gpm_gives_each_gpu_instance_its_own_activity(
     create(n, gpu, H3G, 4, 4)
     small, large = (n.call("nvmlDeviceGetMigDeviceHandleByIndex", gpu, i) for i in range(2))
     small_gi, large_gi = (n.call("nvmlDeviceGetGpuInstanceId", h) for h in (small, large))
-    machine.sim("busy", "--uuid", n.call("nvmlDeviceGetUUID", small), "--pid", "7", "--sm", "60")
-    machine.sim("busy", "--uuid", n.call("nvmlDeviceGetUUID", large), "--pid", "8", "--sm", "25")
-    machine.sim("busy", "--uuid", n.call("nvmlDeviceGetUUID", large), "--pid", "9", "--sm", "25")
+    busy(machine, n.call("nvmlDeviceGetUUID", small), 7, sm=60)
+    busy(machine, n.call("nvmlDeviceGetUUID", large), 8, sm=25)
+    busy(machine, n.call("nvmlDeviceGetUUID", large), 9, sm=25)
     s1, s2, s3, s4 = (n.call("nvmlGpmSampleAlloc") for _ in range(4))
     n.call("nvmlGpmMigSampleGet", gpu, small_gi, s1)
     n.call("nvmlGpmSampleGet", large, s3)  # a MIG device's handle: its GPU instance
