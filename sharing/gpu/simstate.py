@@ -187,7 +187,7 @@ def start_process(
         if not 0 <= used_mib <= memory:
             raise BackendError(f"{used_mib} MiB: {device_uuid} has {memory} MiB of memory")
         process = SimProcess(default_pid(gpu, gi, ci) if pid is None else pid, used_mib, sm)
-        others = [p for p in device["processes"] if p["pid"] != process.pid]
+        others = [p for p in device.get("processes", []) if p["pid"] != process.pid]
         device["processes"] = [*others, process.state()]
         return process
 
@@ -197,8 +197,9 @@ def stop_processes(path: Path, device_uuid: str, pid: int | None = None) -> int:
     with editing(path) as state:
         gpu, _, ci = find_device(state, device_uuid)
         device = ci if ci is not None else gpu
-        kept = [p for p in device["processes"] if pid is not None and p["pid"] != pid]
-        ended = len(device["processes"]) - len(kept)
+        before = device.get("processes", [])
+        kept = [p for p in before if pid is not None and p["pid"] != pid]
+        ended = len(before) - len(kept)
         device["processes"] = kept
         return ended
 
@@ -312,8 +313,8 @@ def set_latencies(path: Path, latencies: Mapping[str, float], *, replace: bool =
 
 def gpu_busy(gpu: State) -> bool:
     """Processes on the GPU itself or on any of its MIG devices."""
-    return bool(gpu["processes"]) or any(
-        ci["processes"] for gi in gpu["gpuInstances"] for ci in gi["computeInstances"]
+    return bool(gpu.get("processes")) or any(
+        ci.get("processes") for gi in gpu["gpuInstances"] for ci in gi["computeInstances"]
     )
 
 
