@@ -4,9 +4,10 @@ Triggers (Node label or ConfigMap change, SIGHUP, periodic resync, a retry) only
 (GPU health goes straight to the plugins, `sharing.rollout.health`); bursts coalesce and every reconcile
 starts from fresh observations: the front-end the node asks for (`sharing.rollout.switch`) -> select a
 config -> roll it out safely (`sharing.rollout.rollout`) -> advertise -> labels, annotations and
-Events; the MPS daemons are watched beside it (`sharing.rollout.mps`). Bad input leaves the node on
-its last good config with state `failed` and an Event that says why; the plugins keep serving
-whatever happens to the API server. A change that devices in use block is re-checked every few
+Events; the MPS daemons are watched beside it (`sharing.rollout.mps`), and the usage sampler reads
+what the slices are doing on a thread of its own (`sharing.usage`, once the node is ours). Bad input
+leaves the node on its last good config with state `failed` and an Event that says why; the plugins
+keep serving whatever happens to the API server. A change that devices in use block is re-checked every few
 seconds (cheaply: who holds what) and applied as soon as they are free; a change that failed for a
 reason that may pass is retried with a growing delay. An agent that restarts while the API server is
 out of reach advertises the config it last applied.
