@@ -1,22 +1,20 @@
 """What the GPUs are doing, read through NVML for the usage sampler, without changing anything.
 
-Per GPU: power (nvmlDeviceGetPowerUsage), temperature (nvmlDeviceGetTemperatureV, or the older
-nvmlDeviceGetTemperature where a driver lacks it), memory (nvmlDeviceGetMemoryInfo_v2: `used` is
-what is allocated, the driver's reserve apart) and, without MIG, utilization
-(nvmlDeviceGetUtilizationRates: "On MIG-enabled GPUs, querying device utilization rates is not
-currently supported", nvml.h). Per device (the GPU without MIG; each MIG device by its own handle,
-"Per-instance information can be queried by using specific MIG device handles"): memory and compute
-processes (host PIDs), and on a GPU without MIG each process's SM share since the last reading
-(nvmlDeviceGetProcessUtilization from the newest sample timestamp seen; NOT_FOUND "If no valid
-sample entries are found since the lastSeenTimeStamp" means none of them used the SMs). Per GPU
-instance on Hopper and newer: SM and graphics activity through GPM, between this reading's sample
-and the last one's (nvmlGpmMigSampleGet, nvmlGpmMetricsGet; nvml.h wants them "greater than 100ms"
-apart, and the sampler's interval is seconds); a sample is taken anew when the GPU instance's MIG
-device changed (destroyed and made again). Where GPM is not supported (an A100) the fields are
-absent and the log says so once per GPU, as it says once what else a GPU cannot read.
+Per GPU: power, temperature (nvmlDeviceGetTemperatureV; nvmlDeviceGetTemperature on older drivers),
+memory (nvmlDeviceGetMemoryInfo_v2: `used` leaves the driver's reserve out) and, without MIG,
+utilization ("On MIG-enabled GPUs, querying device utilization rates is not currently supported",
+nvml.h). Per device (the GPU without MIG, else each MIG device by its own handle: "Per-instance
+information can be queried by using specific MIG device handles"): memory, the compute processes by
+host PID and the MPS clients ("processes with a compute context running on a device as MPS
+clients"), and without MIG each process's SM share since the last reading
+(nvmlDeviceGetProcessUtilization from the newest sample seen; NOT_FOUND "If no valid sample entries
+are found since the lastSeenTimeStamp": none used the SMs). Per GPU instance on Hopper and newer:
+SM and graphics activity through GPM between this reading's sample and the last one's (nvml.h wants
+them "greater than 100ms" apart; the sampler's interval is seconds), started over when the instance's
+MIG device changed. What a GPU cannot read (GPM on an A100) is None and said once in the log.
 
-Synchronous: one reader belongs to one thread (the sampler's own; NVML "is thread-safe so it is
-safe to make simultaneous NVML calls from multiple threads", nvml.h), beside the backend's worker.
+Synchronous: a reader belongs to one thread (the sampler's; NVML "is thread-safe so it is safe to
+make simultaneous NVML calls from multiple threads", nvml.h), beside the backend's worker.
 """
 
 from __future__ import annotations
@@ -174,10 +172,17 @@ class NvmlUsageReader:
         return int(info.used), int(info.total)
 
     def _processes(self, handle: Handle, sm: dict[int, float] | None) -> tuple[ProcessReading, ...] | None:
-        """The device's compute processes; `sm` (per PID) where per-process utilization is read."""
+        """The device's compute processes and MPS clients; `sm` (per PID) where per-process
+        utilization is read."""
         n = self._nvml
         try:
-            found = n.nvmlDeviceGetComputeRunningProcesses(handle)
+            found = list(n.nvmlDeviceGetComputeRunningProcesses(handle))
+            pids = {p.pid for p in found}
+            try:
+                found += [p for p in n.nvmlDeviceGetMPSComputeRunningProcesses(handle) if p.pid not in pids]
+            except n.NVMLError as err:
+                if code(err) not in (n.NVML_ERROR_NOT_SUPPORTED, n.NVML_ERROR_FUNCTION_NOT_FOUND):
+                    raise
         except n.NVMLError as err:
             if code(err) != n.NVML_ERROR_NO_PERMISSION:
                 raise
