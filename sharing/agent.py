@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import os
 import time
+from collections.abc import Sequence
 
 import structlog
 
@@ -54,7 +55,7 @@ from sharing.rollout.switch import Frontends
 from sharing.settings import Settings
 from sharing.store import Journal
 from sharing.text import bounded
-from sharing.usage import HeldSlice, UsageSampler, held_slices
+from sharing.usage import HeldSlice, SliceReport, UsageSampler, held_slices, idle
 
 log = structlog.get_logger(__name__)
 
@@ -119,6 +120,8 @@ class Agent:
                 state=settings.usage_state,
                 interval_s=settings.usage_interval_seconds,
                 window_s=settings.usage_window,
+                idle_after_s=settings.usage_idle_after,
+                on_idle=self._idle if settings.usage_idle_events else None,
             )
             if settings.usage_enabled
             else None
@@ -131,6 +134,7 @@ class Agent:
             self._config_status,
             holders_localhost_only=settings.holders_localhost_only,
             usage=self.usage,
+            catalog=catalog,
         )
         self.node = watch_node(kube, settings.node_name, settings.watch_timeout_seconds)
         self.node_out = NodePublisher(kube, self.node, catalog)
@@ -299,6 +303,21 @@ class Agent:
             return None
         limits = {str(d.gpu): d.wanted.pinned_memory_mib << 20 for d in self.mps.status()}
         return held_slices(self.rollout.offered(), holders.pods, holders.claims, limits)
+
+    def _idle(self, slices: Sequence[SliceReport]) -> None:
+        """`SliceIdle` Events for the slices that became idle, recorded on the agent's loop (from the
+        usage sampler's thread, which does not wait for them)."""
+        if self._event_loop is None:
+            return
+        asyncio.run_coroutine_threadsafe(self._say_idle(slices), self._event_loop)
+
+    async def _say_idle(self, slices: Sequence[SliceReport]) -> None:
+        for report in slices:
+            held = report.use.held
+            log.info("slice_idle", pod=f"{held.namespace}/{held.pod}", device=held.device)
+            await self.node_out.event(
+                "Normal", idle.REASON, idle.message(report, self.settings.usage_idle_after)
+            )
 
     def _config_status(self) -> ConfigStatus:
         state = self.node_out.state.value if self.node_out.state else None

@@ -90,6 +90,10 @@ class Settings:
     usage_interval_seconds: float = 10.0
     usage_window: float = 24 * 3600.0
     """Seconds of each slice's peak memory and SM p95 (whole hours; flag and env take `24h`, `90m`)."""
+    usage_idle_after: float = 30 * 60.0
+    """A held slice with no process of its pod for this long is idle (flag and env take `30m`, `2h`)."""
+    usage_idle_events: bool = False
+    """Record a `SliceIdle` Event on the Node once per pod and slice that becomes idle."""
     host_proc: Path = Path("/proc")
     """The host's /proc (the chart mounts it read-only at /host/proc): each GPU process's cgroup names
     its pod."""
@@ -197,6 +201,8 @@ _OPTIONS: dict[str, str] = {
     "usage_enabled": "sample what the GPUs and each slice's pod use (true/false)",
     "usage_interval_seconds": "seconds between two usage samples (at least 1)",
     "usage_window": "span of each slice's peak memory and SM p95: whole hours, 1h to 168h (24h, 90m, 3600)",
+    "usage_idle_after": "a held slice with no process of its pod for this long is idle (30m, 2h, 600)",
+    "usage_idle_events": "record a SliceIdle Event on the Node once per pod and idle slice (true/false)",
     "host_proc": "where the host's /proc is mounted (each GPU process's cgroup names its pod)",
     "log_format": "auto, json or console",
 }
@@ -211,11 +217,11 @@ _KEEPER_OPTIONS: dict[str, str] = {
 }
 
 _EMPTY_ALLOWED = frozenset({"presets_configmap", "default_config"})
+"""Settings where an empty value means "none" rather than "not set"."""
 MAX_WINDOW_HOURS = 168
 """A week: the usage windows' memory and file stay bounded."""
 _DURATION = re.compile(r"^\s*(?P<number>\d+(?:\.\d+)?)\s*(?P<unit>[smh]?)\s*$")
 _UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}
-"""Settings where an empty value means "none" rather than "not set"."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -295,6 +301,10 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] = os.environ)
             f"--usage-window / SHARING_USAGE_WINDOW: {settings.usage_window:g} s is not a whole number of "
             f"hours from 1h to {MAX_WINDOW_HOURS}h"
         )
+    if not settings.usage_idle_after >= 1:
+        raise ValueError(
+            f"--usage-idle-after / SHARING_USAGE_IDLE_AFTER: {settings.usage_idle_after:g} s is less than 1 s"
+        )
     return settings
 
 
@@ -339,7 +349,7 @@ def _convert(kind: object, name: str, raw: str, source: str) -> object:
     try:
         if "Path" in str(kind):
             return Path(raw)
-        if name == "usage_window":
+        if name in ("usage_window", "usage_idle_after"):
             return parse_duration(raw)
         if kind == "float":
             return float(raw)

@@ -20,6 +20,7 @@ from typing import Any
 from sharing.cli.common import Subparsers, print_json
 from sharing.cli.gpuargs import add_backend_arguments, open_from_args
 from sharing.settings import DEFAULT_POD_RESOURCES_SOCKET
+from sharing.text import duration
 
 DEFAULT_PORT = 9402
 
@@ -121,9 +122,12 @@ def _usage_header(summary: dict[str, Any]) -> list[str]:
         return ["usage: not sampled (the agent's usage.enabled is false, or no agent answered)"]
     if not summary.get("sampledAt"):
         return ["usage: no sample yet"]
+    idle = summary.get("idleAfterSeconds")
     lines = [
         f"usage sampled {summary['sampledAt']}, every {summary['intervalSeconds']:g} s; peak and SM p95 over "
-        f"{_duration(summary['windowSeconds'])}"
+        f"{duration(summary['windowSeconds'])}"
+        + (f"; idle after {duration(idle)}" if idle else "")
+        + "; right size: the smallest MIG profile holding the peak memory + 10 % (and the SM p95 if known)"
     ]
     if not summary.get("holdersKnown", True):
         lines.append("  who holds which slice could not be read at the sample: no slice shows its use")
@@ -153,11 +157,31 @@ def _slice_usage(entry: dict[str, Any]) -> tuple[str, ...]:
     return (
         _of(use["memoryUsedBytes"], use["memoryTotalBytes"]),
         _ratio(use["smActive"]),
-        _duration(use["idleSeconds"]) if use["idleSeconds"] else "in use",
+        (duration(use["idleSeconds"]) + (", idle" if use.get("idle") else ""))
+        if use["idleSeconds"]
+        else "in use",
         _bytes(use["peakMemoryBytes"]) if use["peakMemoryBytes"] is not None else "-",
         _ratio(use["smActiveP95"]),
-        use.get("rightSize") or "-",
+        _right_size(use.get("rightSize")),
     )
+
+
+def _right_size(size: dict[str, Any] | None) -> str:
+    """`1g.5gb`, `1g.5gb (memory only)` where no SM figure is known, `none` (the reason below the table)."""
+    if not size:
+        return "-"
+    if not size["profile"]:
+        return "none"
+    return str(size["profile"]) + (" (memory only)" if size["basis"] == "memory" else "")
+
+
+def _no_right_size(slices: list[dict[str, Any]]) -> list[str]:
+    """Why a held slice has no right size: no profile of its GPU holds it, or the GPU has no MIG."""
+    return [
+        f"  right size of {s['id']}: none, {size['why']}"
+        for s in slices
+        if (size := (s.get("usage") or {}).get("rightSize")) and not size["profile"]
+    ]
 
 
 def _of(used: int | None, total: int | None) -> str:
@@ -175,17 +199,6 @@ def _bytes(value: int | None) -> str:
 
 def _ratio(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.0f} %"
-
-
-def _duration(seconds: float) -> str:
-    """`45s`, `12m`, `3h 5m`, `2d 4h`."""
-    total = int(seconds)
-    days, hours, minutes = total // 86400, total % 86400 // 3600, total % 3600 // 60
-    if days:
-        return f"{days}d {hours}h" if hours else f"{days}d"
-    if hours:
-        return f"{hours}h {minutes}m" if minutes else f"{hours}h"
-    return f"{minutes}m" if minutes else f"{total}s"
 
 
 def _foreign(f: dict[str, Any]) -> str:
@@ -272,6 +285,8 @@ def describe(status: dict[str, Any], *, usage: bool = False) -> str:
             continue
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+        if usage:
+            lines += _no_right_size(gpu["slices"])
     for lost in status.get("unreadable", []):
         lines.append(f"\nGPU {lost['index']}  cannot be read: {lost['error']}")
     return "\n".join(lines)

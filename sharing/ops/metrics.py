@@ -28,7 +28,8 @@ POD_METRICS = tuple(
     PREFIX + name
     for name in (
         "slice_owner_info", "slice_memory_used_bytes", "slice_memory_total_bytes", "slice_sm_active_ratio",
-        "slice_idle_seconds", "slice_memory_peak_bytes", "slice_sm_active_p95_ratio",
+        "slice_idle_seconds", "slice_idle", "slice_memory_peak_bytes", "slice_sm_active_p95_ratio",
+        "slice_rightsize_info",
     )
 )  # fmt: skip
 """The metrics that name the pod holding a slice (left out of /metrics but on localhost with
@@ -264,6 +265,18 @@ def _usage(
     ):
         for name, key, documentation in metrics:
             yield _gauge(name, documentation, labels, ((v, u[key]) for v, u in rows if u[key] is not None))
+    slice_labels = ["resource", "device", "namespace", "pod", "container"]
+    yield _gauge(
+        "slice_idle", "1 when no process of its holding pod ran on the slice for usage.idleAfter, else 0.",
+        slice_labels, ((v, int(u["idle"])) for v, u in per_slice),
+    )  # fmt: skip
+    sized = [(v, u["rightSize"]) for v, u in per_slice if u["rightSize"] and u["rightSize"]["profile"]]
+    yield _gauge(
+        "slice_rightsize_info",
+        "The smallest MIG profile of its GPU that holds the slice's peak memory with 10 % headroom (and its "
+        "SM p95 where known: basis memory+sm), value 1; no series where no profile does.",
+        ["profile", "basis", *slice_labels], (([r["profile"], r["basis"], *v], 1) for v, r in sized),
+    )  # fmt: skip
     unattributed = [([str(g["index"]), g["uuid"], x["device"]], x["memoryUsedBytes"]) for g, u in read
                     for x in u["unattributed"]]  # fmt: skip
     yield _gauge(

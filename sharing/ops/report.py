@@ -28,6 +28,7 @@ from sharing.dra.foreign import Foreign
 from sharing.dra.fragmentation import Fragmented
 from sharing.gpu.mps import MpsDaemons
 from sharing.kubelet import Holders
+from sharing.mig import Catalog
 from sharing.model import NodeState
 from sharing.ops.http import Answer, Handler, Request
 from sharing.ops.metrics import POD_METRICS, Metrics
@@ -100,6 +101,7 @@ class Reporter:
         *,
         holders_localhost_only: bool = False,
         usage: UsageSampler | None = None,
+        catalog: Catalog | None = None,
     ) -> None:
         self.node_name = node_name
         self.hardware = hardware
@@ -115,6 +117,8 @@ class Reporter:
         self.holders_localhost_only = holders_localhost_only
         self.usage = usage
         """The usage sampler (None: usage is off)."""
+        self.catalog = catalog
+        """MIG geometry where the driver lists none, for the slices' right sizes."""
         self._cached: tuple[float, dict[str, Any]] | None = None
         self._rendered: tuple[float, bytes] | None = None
         self._rendering: asyncio.Task[bytes] | None = None
@@ -162,6 +166,7 @@ class Reporter:
             foreign=self.hardware.dra.foreign() if self.hardware.dra is not None else (),
             usage=self.usage.report if self.usage is not None else None,
             usage_enabled=self.usage is not None,
+            catalog=self.catalog,
         )
         self.metrics.snapshot(document, ((p.resource, p.registered) for p in self.fleet.status()))
         self._cached = (loop.time(), document)

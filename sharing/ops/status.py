@@ -16,6 +16,7 @@ from typing import Any
 from sharing.devices import REPLICA_SEPARATOR, Device, Inventory
 from sharing.dra.foreign import Foreign
 from sharing.dra.fragmentation import Fragmented
+from sharing.mig import Catalog, geometry
 from sharing.model import ClaimHold, Gpu, GpuUuid, Holding, NodeState
 from sharing.ops.usage import gpu_usage, slice_usage, summary
 from sharing.usage import UsageReport
@@ -52,6 +53,7 @@ def status_document(
     foreign: Sequence[Foreign] = (),
     usage: UsageReport | None = None,
     usage_enabled: bool = False,
+    catalog: Catalog | None = None,
 ) -> dict[str, Any]:
     """The status of a node; `holders` None means they could not be read (`holders_error` says why).
 
@@ -60,7 +62,8 @@ def status_document(
     ResourceClaims holding devices (DRA front-end), each shown beside its devices; `fragmented` the
     pending claims whose MIG profile fits a dynamic GPU's free memory and compute but no placement;
     `foreign` the MIG instances on dynamic GPUs that the agent did not make (`sharing.dra.foreign`);
-    `usage` the usage sampler's latest report (`sharing.ops.usage` shapes its parts).
+    `usage` the usage sampler's latest report (`sharing.ops.usage` shapes its parts), each held
+    slice's right size on its GPU's MIG profiles (the driver's, else `catalog`'s).
     """
     owners = _owners(holders or ())
     profiles = {ci.uuid: gi.profile for g in node.gpus for gi, ci in g.mig_devices}
@@ -74,7 +77,9 @@ def status_document(
                 for c in sorted(claims, key=lambda c: (c.namespace, c.name))
                 if device.uuid in c.uuids
             ]
-            entry["usage"] = slice_usage(usage, entry)
+            gpu = node.gpu(device.gpu_uuid)
+            product = geometry(gpu, catalog) if gpu is not None and catalog is not None else None
+            entry["usage"] = slice_usage(usage, entry, gpu, product)
             slices.setdefault(device.gpu_uuid, []).append(entry)
     return {
         "node": node_name,

@@ -12,7 +12,14 @@ until the next sample. Shapes (bytes, ratios 0..1, seconds; null where NVML cann
                     "memoryTotalBytes", "smActive", "graphicsActive", "processes"}],
                     "unattributed": [{"device", "memoryUsedBytes", "pids"}]}
     slice["usage"] = {"pods", "memoryUsedBytes", "memoryTotalBytes", "smActive", "pids",
-                      "idleSeconds", "peakMemoryBytes", "smActiveP95", "coveredSeconds", "rightSize"}
+                      "idleSeconds", "idle", "peakMemoryBytes", "smActiveP95", "coveredSeconds",
+                      "rightSize": {"profile", "basis", "peakMemoryBytes", "smActiveP95", "headroom",
+                                    "why"}}
+
+A slice's right size (`sharing.mig.rightsize`) is sized on its GPU's MIG profiles as its driver
+reports them (the catalog's where the driver lists none, as with MIG off); `profile` is null when no
+profile holds it or the GPU has no MIG (`why` says which). Several pods' figures together (a shared
+claim) have no window and no right size.
 """
 
 from __future__ import annotations
@@ -21,6 +28,9 @@ import datetime
 from collections.abc import Sequence
 from typing import Any
 
+from sharing.mig import HEADROOM, Basis, Product, right_size
+from sharing.mig.rightsize import extension
+from sharing.model import Gpu
 from sharing.usage import SliceReport, UsageReport
 
 
@@ -34,6 +44,7 @@ def summary(report: UsageReport | None, enabled: bool) -> dict[str, Any]:
         "sampledAt": at.replace("+00:00", "Z"),
         "intervalSeconds": report.interval_s,
         "windowSeconds": report.window_s,
+        "idleAfterSeconds": report.idle_after_s,
         "holdersKnown": report.holders_known,
         "problems": list(report.problems),
     }
@@ -72,8 +83,11 @@ def gpu_usage(report: UsageReport | None, uuid: str) -> dict[str, Any] | None:
     }
 
 
-def slice_usage(report: UsageReport | None, entry: dict[str, Any]) -> dict[str, Any] | None:
-    """A slice entry's usage: its PodResources holder's, or (DRA) its claims' pods' together."""
+def slice_usage(
+    report: UsageReport | None, entry: dict[str, Any], gpu: Gpu | None = None, product: Product | None = None
+) -> dict[str, Any] | None:
+    """A slice entry's usage: its PodResources holder's, or (DRA) its claims' pods' together; its right
+    size on `product`, the MIG geometry of its GPU `gpu` (None: no MIG, or not known)."""
     if report is None:
         return None
     if entry.get("pod"):
@@ -85,7 +99,37 @@ def slice_usage(report: UsageReport | None, entry: dict[str, Any]) -> dict[str, 
     found = [
         r for ns, pod in holders if (r := report.slice(entry["resource"], entry["id"], ns, pod)) is not None
     ]
-    return _combined(found) if found else None
+    if not found:
+        return None
+    use = _combined(found)
+    if len(found) == 1 and found[0].peak_bytes is not None:
+        use["rightSize"] = _right_size(found[0], entry.get("profile"), gpu, product)
+    return use
+
+
+def _right_size(
+    one: SliceReport, profile: str | None, gpu: Gpu | None, product: Product | None
+) -> dict[str, Any]:
+    assert one.peak_bytes is not None
+    shown = {"peakMemoryBytes": one.peak_bytes, "smActiveP95": one.sm_p95, "headroom": HEADROOM}
+    if product is None:
+        name = gpu.product if gpu is not None else "its GPU"
+        why = (
+            f"{name} has no MIG"
+            if gpu is None or not gpu.mig_capable
+            else f"the MIG profiles of {name} are not known"
+        )
+        basis = Basis.MEMORY if one.sm_p95 is None else Basis.MEMORY_SM
+        return {"profile": None, "basis": basis.value, **shown, "why": why}
+    now = product.profile(profile) if profile else None
+    size = right_size(
+        product,
+        one.peak_bytes,
+        one.sm_p95,
+        compute_slices=now.compute_slices if now is not None else product.compute_slices,
+        family=extension(profile),
+    )
+    return {"profile": size.profile, "basis": size.basis.value, **shown, "why": size.why or None}
 
 
 def _combined(reports: Sequence[SliceReport]) -> dict[str, Any]:
@@ -99,6 +143,7 @@ def _combined(reports: Sequence[SliceReport]) -> dict[str, Any]:
         "smActive": None if None in shares else min(1.0, sum(s or 0.0 for s in shares)),
         "pids": sorted(p for r in reports for p in r.use.processes),
         "idleSeconds": min(r.idle_seconds for r in reports),
+        "idle": all(r.idle for r in reports),
         "peakMemoryBytes": one.peak_bytes if one else None,
         "smActiveP95": one.sm_p95 if one else None,
         "coveredSeconds": one.covered_seconds if one else None,

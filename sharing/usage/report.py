@@ -21,6 +21,8 @@ class SliceReport:
     use: SliceUse
     idle_seconds: float
     """Since a process of its holder last ran on it (0 while one runs)."""
+    idle: bool
+    """No process of its holder ran on it for `usage.idleAfter` or longer."""
     peak_bytes: int | None
     sm_p95: float | None
     covered_seconds: float
@@ -34,6 +36,7 @@ class UsageReport:
     interval_s: float
     window_s: float
     readings: NodeReadings
+    idle_after_s: float = 1800.0
     slices: tuple[SliceReport, ...] = ()
     unattributed: tuple[Unattributed, ...] = ()
     holders_known: bool = True
@@ -59,6 +62,7 @@ def summarise(
     interval_s: float,
     window_s: float,
     holders_known: bool,
+    idle_after_s: float = 1800.0,
     problems: tuple[str, ...] = (),
 ) -> UsageReport:
     """The report of one sample, each slice's window from `histories` (by `window.key_of`)."""
@@ -66,15 +70,25 @@ def summarise(
     slices = []
     for use in attribution.slices:
         history = histories.get(key_of(use.held)) or History(first_held=now)
+        idle_s = 0.0 if use.processes else history.idle_seconds(now)
         slices.append(
             SliceReport(
                 use,
-                0.0 if use.processes else history.idle_seconds(now),
+                idle_s,
+                idle_s >= idle_after_s,
                 history.peak_bytes(now, window_s),
                 history.sm_p95(now, window_s),
                 min(window_s, max(0.0, now - history.first_held)),
             )
         )
     return UsageReport(
-        now, interval_s, window_s, readings, tuple(slices), attribution.unattributed, holders_known, problems
+        now,
+        interval_s,
+        window_s,
+        readings,
+        idle_after_s,
+        tuple(slices),
+        attribution.unattributed,
+        holders_known,
+        problems,
     )

@@ -6,8 +6,10 @@ backend's worker), maps each process's host PID to its pod and container through
 namespace and name through the pods the API server bound to this node (listed again when a process
 names a pod or container not known yet; one still unknown, every POD_RELIST_S), asks the agent who holds
 which slice, attributes (`sharing.usage.attribute`), updates each held slice's window
-(`sharing.usage.window`) and publishes one report. The windows are written to the state directory
-every SAVE_EVERY_S and when the sampler stops. A sample that fails is logged and the next one tried;
+(`sharing.usage.window`), hands the slices that became idle to `on_idle` (the agent's `SliceIdle`
+Events, `sharing.usage.idle`) and publishes one report. The windows are written to the state directory
+every SAVE_EVERY_S, when the sampler stops, and at once when a slice's idle Event is handed on (so a
+restart does not say it again). A sample that fails is logged and the next one tried;
 nothing here stops the agent. The thread's CPU time is counted (`cpu_seconds`): what the bench reads.
 """
 
@@ -28,7 +30,8 @@ from sharing.text import bounded
 from sharing.usage import store
 from sharing.usage.attribute import HeldSlice, Pod, attribute, pods_by_uid
 from sharing.usage.cgroup import PodProcess, pod_of
-from sharing.usage.report import UsageReport, summarise
+from sharing.usage.idle import newly_idle
+from sharing.usage.report import SliceReport, UsageReport, summarise
 from sharing.usage.window import History, SliceKey, record
 
 log = structlog.get_logger(__name__)
@@ -42,6 +45,8 @@ HeldSource = Callable[[], Sequence[HeldSlice] | None]
 """Who holds which slice now; None when that cannot be told (PodResources unreadable)."""
 PodSource = Callable[[], Sequence[BoundPod]]
 """The pods the API server bound to this node (blocking; raises SharingError)."""
+IdleSink = Callable[[Sequence[SliceReport]], None]
+"""Told the slices that became idle (each once per pod and slice); must not block."""
 
 
 class UsageSampler:
@@ -57,6 +62,8 @@ class UsageSampler:
         state: Path | None,
         interval_s: float,
         window_s: float,
+        idle_after_s: float = 1800.0,
+        on_idle: IdleSink | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.reader = reader
@@ -66,6 +73,9 @@ class UsageSampler:
         self.state = state
         self.interval_s = interval_s
         self.window_s = window_s
+        self.idle_after_s = idle_after_s
+        self.on_idle = on_idle
+        """None: no idle Events (`usage.idleEvents` off)."""
         self.clock = clock
         self.report: UsageReport | None = None
         """The latest sample's report (None before the first)."""
@@ -140,8 +150,11 @@ class UsageSampler:
             interval_s=self.interval_s,
             window_s=self.window_s,
             holders_known=held is not None,
+            idle_after_s=self.idle_after_s,
             problems=tuple(problems),
         )
+        if self.on_idle is not None:
+            self._tell_idle(report)
         self.report = report
         if self.clock() - self._saved_at >= SAVE_EVERY_S:
             self._save()
@@ -199,6 +212,17 @@ class UsageSampler:
         if held is not None:
             self._said.discard("held")
         return held
+
+    def _tell_idle(self, report: UsageReport) -> None:
+        self.histories, idle = newly_idle(self.histories, report.slices)
+        if not idle:
+            return
+        self._save()  # said once: remembered before it is said, across a crash too
+        assert self.on_idle is not None
+        try:
+            self.on_idle(idle)
+        except Exception as err:  # the agent's loop stopping: the Event is not said, never the sampler
+            log.warning("usage_idle_not_told", error=f"{type(err).__name__}: {bounded(str(err))}")
 
     # ---- the windows on disk -------------------------------------------------------------------
 

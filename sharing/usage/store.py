@@ -7,10 +7,11 @@ empty windows. The format:
 
     {"version": 1, "bucketSeconds": 3600, "smBins": 20, "slices": [
       {"namespace": "ml", "pod": "trainer-0", "container": "main", "resource": "nvidia.com/gpu.shared",
-       "device": "GPU-...::1", "firstHeld": 1767000000.0, "lastActive": 1767003600.0,
+       "device": "GPU-...::1", "firstHeld": 1767000000.0, "lastActive": 1767003600.0, "idleSaid": false,
        "buckets": [{"start": 1767002400, "peakBytes": 2147483648, "sm": [0, 0, 3, ...]}]}]}
 
-`lastActive` is null for a slice no process has used since it was held; `sm` holds `smBins` counts.
+`lastActive` is null for a slice no process has used since it was held; `idleSaid` is whether its
+`SliceIdle` Event was recorded (false when absent); `sm` holds `smBins` counts.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ def save(path: Path, histories: Mapping[SliceKey, History]) -> None:
                 "device": key.device,
                 "firstHeld": history.first_held,
                 "lastActive": history.last_active,
+                "idleSaid": history.idle_said,
                 "buckets": [
                     {"start": b.start, "peakBytes": b.peak_bytes, "sm": list(b.sm)} for b in history.buckets
                 ],
@@ -92,7 +94,12 @@ def _parse(document: Any) -> dict[SliceKey, History]:
         buckets = tuple(
             Bucket(_int(b, "start"), _int(b, "peakBytes"), _counts(b)) for b in _list(entry, "buckets")
         )
-        found[key] = History(_number(entry["firstHeld"]), None if last is None else _number(last), buckets)
+        said = entry.get("idleSaid", False)
+        if not isinstance(said, bool):
+            raise TypeError("idleSaid is not true or false")
+        found[key] = History(
+            _number(entry["firstHeld"]), None if last is None else _number(last), buckets, said
+        )
     return found
 
 

@@ -7,7 +7,8 @@ samples (20 bins of 5 %; 100 % in the last). A slice costs at most `window / 1 h
 numbers, whatever the sampling interval, and is forgotten once no pod holds it. From these: the
 peak memory over the window, and the SM p95 as the upper edge of the bin where 95 % of the samples
 are reached (an estimate at most 5 % above the true p95, never below). The sampler keeps them in the
-agent's state directory across restarts (`sharing.usage.store`).
+agent's state directory across restarts (`sharing.usage.store`), with whether the slice's idle Event
+was said.
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ class History:
     last_active: float | None = None
     """When a process of its holder was last seen on it; None: never since it was first held."""
     buckets: tuple[Bucket, ...] = ()
+    idle_said: bool = False
+    """Its `SliceIdle` Event was recorded (once per pod and slice: `sharing.usage.idle`)."""
 
     def idle_seconds(self, now: float) -> float:
         """How long no process of its holder has run on it (since it was held, if never)."""

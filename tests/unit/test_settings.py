@@ -135,6 +135,13 @@ def test_usage_is_on_every_10_s_over_a_day_by_default() -> None:
         got.usage_enabled, got.usage_interval_seconds, got.usage_window, got.host_proc
     )  # fmt: skip
     assert Path("/state/usage.json") == got.usage_state
+    assert (1800.0, False) == (got.usage_idle_after, got.usage_idle_events)
+
+
+def test_idle_after_takes_durations_and_idle_events_a_boolean() -> None:
+    got = parse(["--node-name", "n", "--usage-idle-after", "2h"], {"SHARING_USAGE_IDLE_EVENTS": "true"})
+    assert (7200.0, True) == (got.usage_idle_after, got.usage_idle_events)
+    assert 45.0 == parse(["--node-name", "n"], {"SHARING_USAGE_IDLE_AFTER": "45s"}).usage_idle_after
 
 
 @pytest.mark.parametrize(
@@ -161,8 +168,24 @@ def test_the_usage_window_takes_durations(value: str, seconds: float) -> None:
         ({"SHARING_USAGE_WINDOW": "30m"}, "1800 s is not a whole number of hours from 1h to 168h"),
         ({"SHARING_USAGE_WINDOW": "169h"}, "is not a whole number of hours from 1h to 168h"),
         ({"SHARING_USAGE_WINDOW": "1.5h"}, "is not a whole number of hours"),
+        (
+            {"SHARING_USAGE_IDLE_AFTER": "soon"},
+            "SHARING_USAGE_IDLE_AFTER: 'soon' is not a valid usage idle after",
+        ),
+        ({"SHARING_USAGE_IDLE_AFTER": "0"}, "SHARING_USAGE_IDLE_AFTER: 0 s is less than 1 s"),
+        ({"SHARING_USAGE_IDLE_EVENTS": "sometimes"}, "'sometimes' is not a valid usage idle events"),
     ],
-    ids=["enabled", "interval", "unit", "too-short", "too-long", "not-whole-hours"],
+    ids=[
+        "enabled",
+        "interval",
+        "unit",
+        "too-short",
+        "too-long",
+        "not-whole-hours",
+        "idle-after-word",
+        "idle-after-zero",
+        "idle-events",
+    ],
 )
 def test_bad_usage_settings_name_the_setting(env: dict[str, str], message: str) -> None:
     with pytest.raises(ValueError, match=message):

@@ -183,6 +183,57 @@ def test_the_windows_are_saved_and_a_new_sampler_goes_on_from_them(world: World,
     assert (0.0, GIB) == (b.idle_seconds, b.peak_bytes)
 
 
+def test_a_slice_idle_for_idle_after_is_told_once_per_pod_and_slice_across_restarts(
+    world: World, tmp_path: Path
+) -> None:
+    state, told = tmp_path / "usage.json", []
+
+    def sampler() -> UsageSampler:
+        return UsageSampler(
+            world.reader, held=lambda: world.held, pods=world.list_pods, proc=world.proc, state=state,
+            interval_s=10.0, window_s=86400.0, idle_after_s=60.0, on_idle=told.extend,
+            clock=lambda: world.now,
+        )  # fmt: skip
+
+    world.reader.processes = (ProcessReading(10, GIB, 0.5),)  # pod b runs nothing on its slice
+    first = sampler()
+    assert [False, False] == [s.idle for s in first.sample().slices]  # b held for 0 s
+    world.reader.at += 59
+    assert [False, False] == [s.idle for s in first.sample().slices]
+    assert [] == told
+    world.reader.at += 1
+    assert [False, True] == [s.idle for s in first.sample().slices]
+    assert [B] == [r.use.held for r in told]
+    assert state.exists()  # remembered at once, not at the next save
+    world.reader.at += 600
+    first.sample()
+    assert 1 == len(told)
+    # A restart (the file as the crash left it): still idle, and not said again.
+    again = sampler()
+    world.reader.at += 600
+    assert [False, True] == [s.idle for s in again.sample().slices]
+    assert 1 == len(told)
+    # A new pod holding b's slice is a new holder: its idle slice is said.
+    b2 = HeldSlice(B.resource, B.device, B.uuid, B.gpu, "ml", "b2", "main")
+    world.held = (A, b2)
+    again.sample()
+    world.reader.at += 60
+    again.sample()
+    assert [B, b2] == [r.use.held for r in told]
+
+
+def test_without_idle_events_nothing_is_told_and_the_slice_still_shows_idle(world: World) -> None:
+    world.reader.processes = ()
+    sampler = UsageSampler(
+        world.reader, held=lambda: world.held, pods=world.list_pods, proc=world.proc, state=None,
+        interval_s=10.0, window_s=86400.0, idle_after_s=60.0, clock=lambda: world.now,
+    )  # fmt: skip
+    sampler.sample()
+    world.reader.at += 60
+    assert [True, True] == [s.idle for s in sampler.sample().slices]
+    assert not any(h.idle_said for h in sampler.histories.values())
+
+
 def test_the_thread_samples_until_stopped_and_survives_a_failing_read(world: World) -> None:
     sampler = world.sampler(None)
     world.reader.fail = RuntimeError("NVML_ERROR_UNKNOWN")

@@ -9,6 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sharing.cli.status import describe
 from sharing.deviceplugin.fleet import Fleet
 from sharing.devices.inventory import Device, DeviceId, Health, Inventory, ResourceName
+from sharing.mig import default_catalog
 from sharing.model import Gpu, GpuUuid, Holding, MigUuid, NodeState
 from sharing.ops import ConfigStatus, Metrics, status_document
 from sharing.ops.http import Request
@@ -81,7 +82,16 @@ def document(holders: tuple[Holding, ...] = HOLDERS) -> dict[str, Any]:
     uses = attribute(READINGS, held, OWNERS, PODS)
     histories: dict[Any, History] = record({}, uses.slices, T0, 86400)
     report = summarise(READINGS, uses, histories, interval_s=10, window_s=86400, holders_known=True)
-    return status_document("n1", NODE, INVENTORY, holders, ConfigStatus(), usage=report, usage_enabled=True)
+    return status_document(
+        "n1",
+        NODE,
+        INVENTORY,
+        holders,
+        ConfigStatus(),
+        usage=report,
+        usage_enabled=True,
+        catalog=default_catalog(),
+    )
 
 
 def slices(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -109,17 +119,20 @@ def test_each_pod_sharing_a_gpu_shows_its_own_use_and_the_gpu_their_sum() -> Non
     assert gpu["memoryUsedBytes"] == a["memoryUsedBytes"] + b["memoryUsedBytes"] + GIB
     assert {
         "enabled": True, "sampledAt": "2025-12-29T09:20:00Z", "intervalSeconds": 10, "windowSeconds": 86400,
-        "holdersKnown": True, "problems": [],
+        "idleAfterSeconds": 1800.0, "holdersKnown": True, "problems": [],
     } == doc["usage"]  # fmt: skip
 
 
 def test_a_mig_slice_shows_its_devices_memory_and_no_sm_without_gpm() -> None:
     doc = document()
     mig = slices(doc)[MIG]["usage"]
-    assert (GIB, 5 * GIB, None, 0.0, GIB, None, None) == (
+    assert (GIB, 5 * GIB, None, 0.0, GIB, None) == (
         mig["memoryUsedBytes"], mig["memoryTotalBytes"], mig["smActive"], mig["idleSeconds"],
-        mig["peakMemoryBytes"], mig["smActiveP95"], mig["rightSize"],
+        mig["peakMemoryBytes"], mig["smActiveP95"],
     )  # fmt: skip
+    # Sized by memory alone, and said so: an A100 has no GPM.
+    assert {"profile": "1g.5gb", "basis": "memory", "peakMemoryBytes": GIB, "smActiveP95": None,
+            "headroom": 0.1, "why": None} == mig["rightSize"]  # fmt: skip
     devices = doc["gpus"][1]["usage"]["devices"]
     assert [(MIG, 3, GIB, 5 * GIB, None, 1)] == [
         (
@@ -209,15 +222,20 @@ async def test_the_slices_use_names_pods_so_localhost_only_keeps_it_local() -> N
 
 def test_sharing_status_usage_shows_each_slices_use_of_its_size() -> None:
     lines = [line.rstrip() for line in describe(document(), usage=True).splitlines()]
-    assert "usage sampled 2025-12-29T09:20:00Z, every 10 s; peak and SM p95 over 1d" in lines
+    assert (
+        "usage sampled 2025-12-29T09:20:00Z, every 10 s; peak and SM p95 over 1d; idle after 30m; "
+        "right size: the smallest MIG profile holding the peak memory + 10 % (and the SM p95 if known)"
+    ) in lines
     assert "  62 W, 44 °C, memory 7.0 GiB of 15.0 GiB, utilization 80 %" in lines
     assert f"  unattributed: 1.0 GiB on {GPU} (PID 99)" in lines
     assert "  90 W, 50 °C, memory 1.0 GiB of 40.0 GiB, no GPM (SM of MIG devices unknown)" in lines
     rows = [line.split("  ") for line in lines if line.startswith("  nvidia.com/") or "RESOURCE" in line]
     cells = [[c.strip() for c in row if c.strip()] for row in rows]
     assert cells[0][-6:] == ["MEMORY USED", "SM", "IDLE FOR", "PEAK", "SM P95", "RIGHT SIZE"]
-    assert cells[1][-6:] == ["4.0 GiB of 15.0 GiB", "60 %", "in use", "4.0 GiB", "65 %", "-"]
-    assert cells[2][-6:] == ["2.0 GiB of 15.0 GiB", "20 %", "in use", "2.0 GiB", "25 %", "-"]
+    assert cells[1][-6:] == ["4.0 GiB of 15.0 GiB", "60 %", "in use", "4.0 GiB", "65 %", "none"]
+    assert cells[2][-6:] == ["2.0 GiB of 15.0 GiB", "20 %", "in use", "2.0 GiB", "25 %", "none"]
     assert cells[3][-6:] == ["-"] * 6  # held by no pod
-    assert cells[5][-6:] == ["1.0 GiB of 5.0 GiB", "-", "in use", "1.0 GiB", "-", "-"]  # no GPM on an A100
+    assert f"  right size of {GPU}::0: none, Tesla T4 has no MIG" in lines
+    # No GPM on an A100: its right size is by memory alone, and says so.
+    assert cells[5][-6:] == ["1.0 GiB of 5.0 GiB", "-", "in use", "1.0 GiB", "-", "1g.5gb (memory only)"]
     assert "MEMORY USED" not in describe(document())  # without --usage, the table as before

@@ -94,7 +94,7 @@ def test_the_windows_survive_a_restart_through_their_file(tmp_path: Path) -> Non
     document = json.loads(path.read_text())
     assert (1, 3600, 20) == (document["version"], document["bucketSeconds"], document["smBins"])
     assert {"namespace": "ml", "pod": "b", "container": "main", "resource": "nvidia.com/gpu.shared",
-            "device": "GPU-a::1", "firstHeld": T0, "lastActive": None} == {
+            "device": "GPU-a::1", "firstHeld": T0, "lastActive": None, "idleSaid": False} == {
         k: v for k, v in document["slices"][1].items() if k != "buckets"
     }  # fmt: skip
 
