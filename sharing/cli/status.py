@@ -55,8 +55,7 @@ def register(commands: Subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Fetch (or build) the status and print it."""
-    port = args.port if args.port is not None else int(os.environ.get("SHARING_HTTP_PORT") or DEFAULT_PORT)
-    document = _from_agent(port) if port else None
+    document = agent_status(args.port)
     if document is None:
         document = asyncio.run(_observed(args))
     if args.json:
@@ -66,7 +65,13 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _from_agent(port: int) -> dict[str, Any] | None:
+def agent_status(port: int | None = None) -> dict[str, Any] | None:
+    """The status the agent on this node serves (`port` None: SHARING_HTTP_PORT, else 9402); None
+    when none answers (or the port is 0)."""
+    if port is None:
+        port = int(os.environ.get("SHARING_HTTP_PORT") or DEFAULT_PORT)
+    if not port:
+        return None
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=5) as answer:
             value = json.loads(answer.read())
