@@ -4,9 +4,10 @@ Triggers (Node label or ConfigMap change, SIGHUP, periodic resync, a retry) only
 (GPU health goes straight to the plugins, `sharing.rollout.health`); bursts coalesce and every reconcile
 starts from fresh observations: the front-end the node asks for (`sharing.rollout.switch`) -> select a
 config -> roll it out safely (`sharing.rollout.rollout`) -> advertise -> labels, annotations and
-Events; the MPS daemons are watched beside it (`sharing.rollout.mps`). Bad input leaves the node on
-its last good config with state `failed` and an Event that says why; the plugins keep serving
-whatever happens to the API server. A change that devices in use block is re-checked every few
+Events; the MPS daemons are watched beside it (`sharing.rollout.mps`), and the usage sampler reads
+what the slices are doing on a thread of its own (`sharing.usage`, once the node is ours). Bad input
+leaves the node on its last good config with state `failed` and an Event that says why; the plugins
+keep serving whatever happens to the API server. A change that devices in use block is re-checked every few
 seconds (cheaply: who holds what) and applied as soon as they are free; a change that failed for a
 reason that may pass is retried with a growing delay. An agent that restarts while the API server is
 out of reach advertises the config it last applied.
@@ -18,6 +19,7 @@ import asyncio
 import contextlib
 import os
 import time
+from collections.abc import Sequence
 
 import structlog
 
@@ -56,6 +58,7 @@ from sharing.rollout.switch import Frontends
 from sharing.settings import Settings
 from sharing.store import Journal
 from sharing.text import bounded
+from sharing.usage import HeldSlice, SliceReport, UsageSampler, held_slices, idle
 
 log = structlog.get_logger(__name__)
 
@@ -65,6 +68,8 @@ OWNER_POLL_S = 0.5
 """How often an agent that waits for the node (another agent owns it) tries the owner's lock."""
 API_GRACE_S = 5.0
 """How long a starting agent waits for the API server before serving the config it last applied."""
+HELD_TIMEOUT_S = 30.0
+"""How long the usage sampler waits for the agent's loop to say who holds which slice."""
 
 
 class Agent:
@@ -110,6 +115,21 @@ class Agent:
             metrics=self.metrics,
             mps=self.mps,
         )
+        self.usage = (
+            UsageSampler(
+                backend.usage_reader(),
+                held=self._held_slices,
+                pods=lambda: kube.list_node_pods(settings.node_name),
+                proc=settings.host_proc,
+                state=settings.usage_state,
+                interval_s=settings.usage_interval_seconds,
+                window_s=settings.usage_window,
+                idle_after_s=settings.usage_idle_after,
+                on_idle=self._idle if settings.usage_idle_events else None,
+            )
+            if settings.usage_enabled
+            else None
+        )
         self.report = Reporter(
             settings.node_name,
             self.rollout,
@@ -118,6 +138,8 @@ class Agent:
             self._config_status,
             holders_localhost_only=settings.holders_localhost_only,
             claim_mps=claim_mps,
+            usage=self.usage,
+            catalog=catalog,
         )
         self.claim_mps = claim_mps
         """The MPS daemons of on-demand MIG devices claims share: watched beside the GPUs' own."""
@@ -153,6 +175,7 @@ class Agent:
         self._standby = False
         self._configs = ConfigSet()
         """The ConfigMaps' configs as last read (their warnings are in `sharing status`)."""
+        self._event_loop: asyncio.AbstractEventLoop | None = None
 
     def trigger(self) -> None:
         """Ask for a reconcile soon (coalesces with any other pending trigger)."""
@@ -180,6 +203,9 @@ class Agent:
         if not await self._own(stop, serving):
             await self._stopped(http, serving)
             return
+        if self.usage is not None:  # once the node is ours: one sampler writes its windows
+            self._event_loop = asyncio.get_running_loop()
+            self.usage.start()
         self.node.start(self.trigger)
         self.sources.start(self.trigger)
         self._tasks = [
@@ -236,6 +262,8 @@ class Agent:
             await self._stopped(http, serving)
 
     async def _stopped(self, http: HttpServer | None, serving: contextlib.ExitStack) -> None:
+        if self.usage is not None:  # its last sample may ask this loop who holds what: it runs
+            await asyncio.to_thread(self.usage.stop)
         if http is not None:
             await http.stop()
         try:
@@ -297,6 +325,35 @@ class Agent:
         return await asyncio.to_thread(
             claims_of_node_pods, self.kube, self.settings.node_name, DRIVER, through_dra=through_dra
         )
+
+    def _held_slices(self) -> tuple[HeldSlice, ...] | None:
+        """Who holds which slice (None: cannot be told), asked on the agent's loop from the usage
+        sampler's thread."""
+        if self._event_loop is None:
+            return None
+        return asyncio.run_coroutine_threadsafe(self._holdings(), self._event_loop).result(HELD_TIMEOUT_S)
+
+    async def _holdings(self) -> tuple[HeldSlice, ...] | None:
+        holders = await self.rollout.holders(deciding=False)
+        if holders.unknown:
+            return None
+        limits = {str(d.gpu): d.wanted.pinned_memory_mib << 20 for d in self.mps.status()}
+        return held_slices(self.rollout.offered(), holders.pods, holders.claims, limits)
+
+    def _idle(self, slices: Sequence[SliceReport]) -> None:
+        """`SliceIdle` Events for the slices that became idle, recorded on the agent's loop (from the
+        usage sampler's thread, which does not wait for them)."""
+        if self._event_loop is None:
+            return
+        asyncio.run_coroutine_threadsafe(self._say_idle(slices), self._event_loop)
+
+    async def _say_idle(self, slices: Sequence[SliceReport]) -> None:
+        for report in slices:
+            held = report.use.held
+            log.info("slice_idle", pod=f"{held.namespace}/{held.pod}", device=held.device)
+            await self.node_out.event(
+                "Normal", idle.REASON, idle.message(report, self.settings.usage_idle_after)
+            )
 
     def _config_status(self) -> ConfigStatus:
         state = self.node_out.state.value if self.node_out.state else None

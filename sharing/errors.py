@@ -26,3 +26,7 @@ class KubeError(SharingError):
 
 class PluginError(SharingError):
     """A device-plugin server or the kubelet refused or failed a request."""
+
+
+class ExportError(SharingError):
+    """A `sharing export --json` document that cannot be read back (wrong shape or values)."""

@@ -215,6 +215,10 @@ class BoundPod:
     bound: bool = True
     extended_claim: bool = False
     """`status.extendedResourceClaimStatus` names a claim."""
+    uid: str = ""
+    containers: tuple[tuple[str, str], ...] = ()
+    """(container ID without the runtime's `containerd://`, name) of each container that has started
+    (`status.containerStatuses`, init containers too): how a process's cgroup names its container."""
 
 
 @dataclass(frozen=True, slots=True)

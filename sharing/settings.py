@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -82,8 +83,26 @@ class Settings:
     http_port: int = 9402
     """/healthz, /readyz, /metrics and /status; 0: no HTTP server."""
     holders_localhost_only: bool = False
-    """Serve /status and the slice_owner_info metric (the pods holding each GPU) to 127.0.0.1 only."""
+    """Serve /status and the metrics that name pods (slice_owner_info, the slices' usage) to 127.0.0.1
+    only."""
+    usage_enabled: bool = True
+    """Sample what the GPUs and each slice's pod use (docs/metrics.md, "Usage"); off: no NVML call of it."""
+    usage_interval_seconds: float = 10.0
+    usage_window: float = 24 * 3600.0
+    """Seconds of each slice's peak memory and SM p95 (whole hours; flag and env take `24h`, `90m`)."""
+    usage_idle_after: float = 30 * 60.0
+    """A held slice with no process of its pod for this long is idle (flag and env take `30m`, `2h`)."""
+    usage_idle_events: bool = False
+    """Record a `SliceIdle` Event on the Node once per pod and slice that becomes idle."""
+    host_proc: Path = Path("/proc")
+    """The host's /proc (the chart mounts it read-only at /host/proc): each GPU process's cgroup names
+    its pod."""
     log_format: str = "auto"
+
+    @property
+    def usage_state(self) -> Path:
+        """The slices' usage windows, beside the journal (`sharing.usage.store`)."""
+        return self.journal.with_name("usage.json")
 
     @property
     def dra_available(self) -> bool:
@@ -176,9 +195,15 @@ _OPTIONS: dict[str, str] = {
     ),
     "http_port": "port of /healthz, /readyz, /metrics (0: none)",
     "holders_localhost_only": (
-        "serve /status and gpu_sharing_slice_owner_info (which pod holds each GPU) on localhost only "
+        "serve /status and the metrics that name the pods holding each GPU slice on localhost only "
         "(true/false)"
     ),
+    "usage_enabled": "sample what the GPUs and each slice's pod use (true/false)",
+    "usage_interval_seconds": "seconds between two usage samples (at least 1)",
+    "usage_window": "span of each slice's peak memory and SM p95: whole hours, 1h to 168h (24h, 90m, 3600)",
+    "usage_idle_after": "a held slice with no process of its pod for this long is idle (30m, 2h, 600)",
+    "usage_idle_events": "record a SliceIdle Event on the Node once per pod and idle slice (true/false)",
+    "host_proc": "where the host's /proc is mounted (each GPU process's cgroup names its pod)",
     "log_format": "auto, json or console",
 }
 
@@ -193,6 +218,10 @@ _KEEPER_OPTIONS: dict[str, str] = {
 
 _EMPTY_ALLOWED = frozenset({"presets_configmap", "default_config"})
 """Settings where an empty value means "none" rather than "not set"."""
+MAX_WINDOW_HOURS = 168
+"""A week: the usage windows' memory and file stay bounded."""
+_DURATION = re.compile(r"^\s*(?P<number>\d+(?:\.\d+)?)\s*(?P<unit>[smh]?)\s*$")
+_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -261,7 +290,30 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] = os.environ)
         raise ValueError(f"--http-port / SHARING_HTTP_PORT: {settings.http_port} is not a port")
     if settings.log_format not in ("auto", "json", "console"):
         raise ValueError(f"log format {settings.log_format!r} is not auto, json or console")
+    if not settings.usage_interval_seconds >= 1:
+        raise ValueError(
+            f"--usage-interval-seconds / SHARING_USAGE_INTERVAL_SECONDS: {settings.usage_interval_seconds:g} "
+            "is less than 1 second"
+        )
+    hours = settings.usage_window / 3600
+    if not (1 <= hours <= MAX_WINDOW_HOURS and hours == int(hours)):
+        raise ValueError(
+            f"--usage-window / SHARING_USAGE_WINDOW: {settings.usage_window:g} s is not a whole number of "
+            f"hours from 1h to {MAX_WINDOW_HOURS}h"
+        )
+    if not settings.usage_idle_after >= 1:
+        raise ValueError(
+            f"--usage-idle-after / SHARING_USAGE_IDLE_AFTER: {settings.usage_idle_after:g} s is less than 1 s"
+        )
     return settings
+
+
+def parse_duration(text: str) -> float:
+    """Seconds of `24h`, `90m`, `30s` or a plain number of seconds; ValueError otherwise."""
+    match = _DURATION.match(text)
+    if match is None:
+        raise ValueError(text)
+    return float(match["number"]) * _UNITS[match["unit"]]
 
 
 def keeper_from_args(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> KeeperSettings:
@@ -297,6 +349,8 @@ def _convert(kind: object, name: str, raw: str, source: str) -> object:
     try:
         if "Path" in str(kind):
             return Path(raw)
+        if name in ("usage_window", "usage_idle_after"):
+            return parse_duration(raw)
         if kind == "float":
             return float(raw)
         if kind == "int":
@@ -307,6 +361,7 @@ def _convert(kind: object, name: str, raw: str, source: str) -> object:
             return raw.lower() in ("true", "1", "yes")
         if name == "ignored_xids":
             return tuple(int(x) for x in raw.split(",") if x.strip())
+
     except ValueError as err:
         raise ValueError(f"{source}: {raw!r} is not a valid {name.replace('_', ' ')}") from err
     return raw

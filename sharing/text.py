@@ -2,7 +2,7 @@
 
 A 200 MB journal line or 10,000 device IDs in one request must not become a 200 MB log line or a
 gRPC error larger than the metadata limit. Cuts are marked, and lists say how many were left out.
-Pure.
+Durations are written for people the same way everywhere (`duration`). Pure.
 """
 
 from __future__ import annotations
@@ -48,6 +48,17 @@ def summary(parts: Iterable[str], limit: int, *, unit: str = "more") -> str:
         return "; ".join(out) + f"; and {left} {unit}"
     tail = f"; and {left - 1} {unit}" if left > 1 else ""
     return _at_word(items[0], limit - len(tail)) + tail
+
+
+def duration(seconds: float) -> str:
+    """`45s`, `12m`, `3h 5m`, `2d 4h`: whole units, for people."""
+    total = int(seconds)
+    days, hours, minutes = total // 86400, total % 86400 // 3600, total % 3600 // 60
+    if days:
+        return f"{days}d {hours}h" if hours else f"{days}d"
+    if hours:
+        return f"{hours}h {minutes}m" if minutes else f"{hours}h"
+    return f"{minutes}m" if minutes else f"{total}s"
 
 
 def _at_word(text: str, limit: int) -> str:

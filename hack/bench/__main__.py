@@ -5,7 +5,8 @@
                                           [--gpus PRODUCT:N[,PRODUCT:N]]
 
 Parts, in order: planner, hostile (parsing hostile ConfigMap keys), mutations, prepare (the agent's
-own share of seven on-demand MIG prepares at once on one fake-driver A100), listandwatch, cluster
+own share of seven on-demand MIG prepares at once on one fake-driver A100), usage (the usage
+sampler's CPU on 8 fake-driver GPUs with 56 MIG devices and 64 replicas), listandwatch, cluster
 (startup, reconcile, configmap, allocate, idle, preferred, restart: the API server's), agentrestart
 (the agent's: how long the kubelet refuses pods), realnode, realcluster (three real nodes: a
 ConfigMap edit, a rolling upgrade with work on every node), dra (the DRA front-end on a real node),
@@ -60,6 +61,7 @@ from bench import (
     restart,
     trace,
     tracesim,
+    usage,
 )
 from bench.cluster import Cluster, running_cluster
 from bench.report import FULL, QUICK, SMOKE, Budget, Results, as_json, machine, print_table, say
@@ -73,6 +75,7 @@ PARTS = (
     "hostile",
     "mutations",
     "prepare",
+    "usage",
     "listandwatch",
     "cluster",
     "agentrestart",
@@ -209,6 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ("hostile", lambda: hostile.bench_hostile(results)),
             ("mutations", lambda: mutations.bench_mutations(tmp, results)),
             ("prepare", lambda: prepare.bench_prepare(tmp, budget, results)),
+            ("usage", lambda: usage.bench_usage(tmp, budget, results)),
             ("listandwatch", lambda: listandwatch.bench_listandwatch(tmp, budget, results)),
             ("cluster", lambda: cluster_parts(tmp / "cluster", budget, results)),
             ("agentrestart", lambda: agentrestart_part(tmp / "agentrestart", budget, results)),

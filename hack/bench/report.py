@@ -144,6 +144,10 @@ TARGETS: dict[str, Target] = {
     "ondemand_idle_claim_requests_per_min": Target(
         "/min", "~0 (<= 1; ResourceClaim LISTs, cluster-wide, idle)", lambda v: v <= 1
     ),
+    "usage_sampler_cpu_pct": Target(
+        "%", "<= 0.5 % (8 GPUs, 56 MIG devices, 64 replicas; a sample every 10 s)", lambda v: v <= 0.5
+    ),
+    "usage_sample_nvml_share": Target("", "- (of that, in NVML calls: pynvml and the fake driver)"),
 }
 
 
@@ -188,6 +192,8 @@ class Budget:
     fleet_dra_claims: int = 1000
     """Claims created and deleted in `fleetdra`'s storm, over `fleet_dra_storm_s`."""
     fleet_dra_storm_s: float = 60.0
+    usage_samples: int = 30
+    """Samples the usage sampler takes in `usage` (after its first)."""
 
 
 FULL = Budget(
@@ -201,7 +207,7 @@ QUICK = Budget(
     allocate_runs=1, allocate_pods=500, preferred_runs=1, preferred_pods=300, listandwatch_runs=1,
     listandwatch_flips=12, startup_runs=2, idle_runs=1, idle_window_s=20, pod_starts=3,
     label_changes=3, fleet_nodes=10, fleet_edits=1, fleet_idle_s=10, restart_runs=1, flood_window_s=8,
-    prepare_rounds=5, fleet_dra_claims=300, fleet_dra_storm_s=30,
+    prepare_rounds=5, fleet_dra_claims=300, fleet_dra_storm_s=30, usage_samples=10,
 )  # fmt: skip
 SMOKE = Budget(
     plan_runs=1, reconcile_runs=1, reconcile_changes=2, configmap_runs=1, configmap_flips=2,
@@ -209,7 +215,7 @@ SMOKE = Budget(
     listandwatch_flips=2, startup_runs=1, idle_runs=1, idle_window_s=3, pod_starts=1,
     label_changes=1, fleet_nodes=2, fleet_edits=1, fleet_idle_s=2, restart_runs=1, flood_idle=50,
     flood_rps=20, flood_window_s=2, slice_runs=1, slice_changes=2, trace_pods=12, trace_unit_s=0.1,
-    outage_s=2, claim_idle_s=3, prepare_rounds=1, fleet_dra_claims=6, fleet_dra_storm_s=2,
+    outage_s=2, claim_idle_s=3, prepare_rounds=1, fleet_dra_claims=6, fleet_dra_storm_s=2, usage_samples=2,
 )  # fmt: skip
 """Every part with a sample or two (`--smoke`): CI runs it so that no part rots unseen; its figures
 mean nothing."""

@@ -145,7 +145,7 @@ out=$root.tmp/usr/lib/x86_64-linux-gnu
 cflags=(-O2 -g -Wall -Wextra -Wno-format-truncation -fPIC -fvisibility=hidden -I"$(dirname "$header")" -I"$jansson/include")
 # -fvisibility=hidden and --exclude-libs: the library exports exactly the NVML symbols (FAKE_EXPORT).
 gcc "${cflags[@]}" -shared -Wl,-soname,libnvidia-ml.so.1 -Wl,--exclude-libs,ALL -Wl,-z,defs \
-	-o "$out/libnvidia-ml.so.$DRIVER_VERSION" "$here"/src/{state,device,mig,compute,events,files,mps}.c \
+	-o "$out/libnvidia-ml.so.$DRIVER_VERSION" "$here"/src/{state,device,usage,gpm,mig,compute,events,files,mps}.c \
 	"$jansson/lib/libjansson.a" -lpthread
 for name in libcuda libnvidia-ptxjitcompiler; do
 	gcc "${cflags[@]}" -shared -Wl,-soname,$name.so.1 -o "$out/$name.so.$DRIVER_VERSION" "$here/src/stub.c"

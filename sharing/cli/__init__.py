@@ -14,11 +14,11 @@ import traceback
 from collections.abc import Sequence
 
 from sharing import __version__
-from sharing.cli import agent, apply, export, mpskeeper, plan, profiles, sim, status, validate
+from sharing.cli import agent, apply, export, mpskeeper, plan, profiles, recommend, sim, status, validate
 from sharing.cli.common import UsageError
 from sharing.errors import SharingError
 
-COMMANDS = (profiles, plan, validate, export, apply, status, sim, agent, mpskeeper)
+COMMANDS = (profiles, plan, validate, export, apply, status, recommend, sim, agent, mpskeeper)
 
 
 class _Parser(argparse.ArgumentParser):

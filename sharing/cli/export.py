@@ -5,6 +5,9 @@ mig-parted both take back to the same layout: one entry per group of GPUs with t
 MIG layout, each with its exact `device-filter`, GPU indices and profile counts. Each MIG device goes
 by its own profile (`sharing.mig.device_profile`): a compute instance smaller than its GPU instance
 is `1c.3g.20gb`, which mig-parted makes and `sharing apply` refuses (it makes whole GPU instances).
+The JSON carries each GPU's MIG profiles as its driver reports them and, where the node's agent
+answers (in its pod), the agent's status with what each held slice's pod used and its right size
+(`sharing.ops.exported`): `sharing recommend --from FILE` reads it back.
 """
 
 from __future__ import annotations
@@ -17,8 +20,10 @@ import yaml
 
 from sharing.cli.common import Subparsers, print_json
 from sharing.cli.gpuargs import add_backend_arguments, open_from_args
+from sharing.cli.status import DEFAULT_PORT, agent_status
 from sharing.mig import device_profile
-from sharing.model import Gpu, NodeState
+from sharing.model import NodeState
+from sharing.ops.exported import export_document
 
 
 def register(commands: Subparsers) -> None:
@@ -39,6 +44,11 @@ def register(commands: Subparsers) -> None:
     parser.add_argument(
         "--name", default="current", metavar="CONFIG", help="config name in the mig-parted output (current)"
     )
+    parser.add_argument(
+        "--port", type=int, default=None,
+        help="JSON: the agent's HTTP port, whose status (usage included) the document carries "
+        f"[SHARING_HTTP_PORT; {DEFAULT_PORT}; 0: none]",
+    )  # fmt: skip
     parser.set_defaults(run=run)
 
 
@@ -47,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     state = asyncio.run(_observe(args))
     form = args.format or ("json" if args.json else "table")
     if form == "json":
-        print_json(export_json(state))
+        print_json(export_document(state, agent_status(args.port)))
     elif form == "mig-parted":
         print(migparted_yaml(state, args.name), end="")
     else:
@@ -88,43 +98,6 @@ async def _observe(args: argparse.Namespace) -> NodeState:
         return await backend.observe()
     finally:
         await backend.close()
-
-
-def export_json(state: NodeState) -> dict[str, object]:
-    """The JSON shape of `sharing export --json`: one entry per MIG device."""
-    return {
-        "gpus": [
-            {
-                "index": gpu.index,
-                "uuid": gpu.uuid,
-                "product": gpu.product,
-                "migEnabled": gpu.mig_enabled,
-                "instances": _instances(gpu),
-            }
-            for gpu in state.gpus
-        ]
-    }
-
-
-def _instances(gpu: Gpu) -> list[dict[str, object]]:
-    rows: list[dict[str, object]] = []
-    for gi in gpu.instances:
-        for ci in gi.compute_instances:
-            rows.append(
-                {
-                    "profile": device_profile(gi, ci),
-                    "start": gi.start,
-                    "size": gi.size,
-                    "uuid": ci.uuid,
-                    "busy": ci.busy,
-                    "migIndex": ci.mig_index,
-                }
-            )
-        if not gi.compute_instances:  # half-built: no MIG device yet
-            rows.append(
-                {"profile": gi.profile, "start": gi.start, "size": gi.size, "uuid": None, "busy": False}
-            )
-    return rows
 
 
 def describe(state: NodeState) -> str:

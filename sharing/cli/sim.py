@@ -1,5 +1,5 @@
-"""`sharing sim`: create and poke the fake NVIDIA driver's GPUs (init, busy, idle, xid, reset, lost, found,
-latency).
+"""`sharing sim`: create and poke the fake NVIDIA driver's GPUs (init, busy, idle, sensors, xid, reset, lost,
+found, latency).
 
 The command writes the state file the fake libnvidia-ml.so.1 (hack/fakedriver) reads; the agent and
 every other command reach those GPUs only through that library (--driver-root).
@@ -63,10 +63,30 @@ def register(commands: Subparsers) -> None:
         help="process lists in MIG mode answer NO_PERMISSION, as in an unprivileged container",
     )
     init.set_defaults(run=_init)
-    for name, help_text in (("busy", "start work on a GPU or MIG device"), ("idle", "stop work on a device")):
-        busy = action(name, help_text)
-        busy.add_argument("--uuid", required=True, help="GPU-... or MIG-... UUID")
-        busy.set_defaults(run=_busy, busy=name == "busy")
+    busy = action("busy", "run a process on a GPU or MIG device (or change it): what NVML lists there")
+    busy.add_argument("--uuid", required=True, help="GPU-... or MIG-... UUID")
+    busy.add_argument(
+        "--pid", type=int, default=None,
+        help="its host PID (default: the device's own stand-in PID, 1000+GPU or 2000+...)",
+    )  # fmt: skip
+    busy.add_argument(
+        "--memory-mib", type=int, default=1, metavar="MIB", help="device memory it uses (default 1)"
+    )
+    busy.add_argument(
+        "--sm", type=int, default=0, metavar="PERCENT", help="percent of the SMs it keeps busy (default 0)"
+    )
+    busy.set_defaults(run=_busy)
+    idle = action("idle", "end the processes of a device (one with --pid)")
+    idle.add_argument("--uuid", required=True, help="GPU-... or MIG-... UUID")
+    idle.add_argument("--pid", type=int, default=None, help="only this process")
+    idle.set_defaults(run=_idle)
+    sensors = action("sensors", "set a GPU's power draw and temperature")
+    sensors.add_argument("--uuid", required=True, help="GPU-... UUID")
+    sensors.add_argument(
+        "--power-watts", type=float, default=None, metavar="W", help="power draw (default 60)"
+    )
+    sensors.add_argument("--temperature", type=int, default=None, metavar="C", help="°C (default 35)")
+    sensors.set_defaults(run=_sensors)
     xid = action("xid", "raise an XID on a GPU or MIG device")
     xid.add_argument("--uuid", required=True, help="GPU-... or MIG-... UUID")
     xid.add_argument("--xid", required=True, type=int, help="XID number, e.g. 79 (fallen off the bus)")
@@ -128,7 +148,30 @@ def _init(args: argparse.Namespace) -> int:
 
 
 def _busy(args: argparse.Namespace) -> int:
-    simstate.set_busy(_state(args), args.uuid, args.busy)
+    try:
+        process = simstate.start_process(
+            _state(args), args.uuid, args.pid, used_mib=args.memory_mib, sm=args.sm
+        )
+    except BackendError as err:
+        raise UsageError(str(err)) from err
+    print(f"{args.uuid}  pid {process.pid}  {process.used_mib} MiB  SM {process.sm} %")
+    return 0
+
+
+def _idle(args: argparse.Namespace) -> int:
+    ended = simstate.stop_processes(_state(args), args.uuid, args.pid)
+    print(f"{args.uuid}  {ended} process{'es' if ended != 1 else ''} ended")
+    return 0
+
+
+def _sensors(args: argparse.Namespace) -> int:
+    try:
+        gpu = simstate.set_sensors(
+            _state(args), args.uuid, power_watts=args.power_watts, temperature_c=args.temperature
+        )
+    except BackendError as err:
+        raise UsageError(str(err)) from err
+    print(f"GPU {gpu['index']}  {gpu.get('powerWatts', 60.0):g} W  {gpu.get('temperatureC', 35)} °C")
     return 0
 
 

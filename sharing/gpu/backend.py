@@ -1,4 +1,4 @@
-"""What the agent asks of GPUs, as one small Protocol: observe, change MIG, watch health.
+"""What the agent asks of GPUs, as one small Protocol: observe, change MIG, watch health, read usage.
 
 The applier and the agent are written against this; `NvmlBackend` implements it on real GPUs and,
 over the simulated NVML, on simulated ones. Methods are async: implementations keep blocking
@@ -13,6 +13,7 @@ from typing import Protocol
 from sharing.errors import BackendError
 from sharing.gpu.devfiles import DeviceFiles
 from sharing.model import GpuInstance, GpuUuid, HealthEvent, NodeState
+from sharing.readings import NodeReadings
 
 MIG_OPERATIONS = (
     "enable_mig", "disable_mig", "create_gpu_instance", "create_compute_instance",
@@ -44,6 +45,18 @@ class NotSupportedError(BackendError):
     """The GPU cannot do it: no MIG, or MIG mode is off (NVML NOT_SUPPORTED)."""
 
 
+class UsageReader(Protocol):
+    """What the GPUs are doing, read on the usage sampler's own thread (blocking calls)."""
+
+    def read(self) -> NodeReadings:
+        """Every GPU now: sensors, memory, utilization, processes, GPU-instance activity."""
+        ...
+
+    def close(self) -> None:
+        """Release what the reader holds of the driver."""
+        ...
+
+
 class GpuBackend(Protocol):
     """The GPUs of one node."""
 
@@ -72,6 +85,11 @@ class GpuBackend(Protocol):
         A GPU instance already at that placement with no compute instance (left half-built by a
         crash) is completed instead of failing.
         """
+        ...
+
+    def usage_reader(self) -> UsageReader:
+        """A reader of what the GPUs are doing, for one thread of its own (the usage sampler); it
+        asks the driver nothing until it is read."""
         ...
 
     def health_events(self) -> AsyncIterator[HealthEvent]:

@@ -6,7 +6,8 @@ driver's, hack/fakedriver), so the code that runs on real GPUs is the code the t
 NVML call runs on one dedicated worker thread, never on the event loop. Reading is `nvmlread`'s;
 this module changes MIG (nvmlDeviceSetMigMode reports refusal in its activation status instead of
 raising; GPU instances are created at explicit placements from the driver's own profile table;
-compute instances are destroyed before their GPU instance), polls XID events, logs once per GPU
+compute instances are destroyed before their GPU instance), polls XID events, hands the usage sampler
+a reader of its own (`nvmlusage`, on the sampler's thread), logs once per GPU
 where the driver disagrees with the hardware catalog, and turns NVML errors into BackendError
 subclasses that name the GPU and say what to do. Each NVML call that changes MIG is timed here, in
 `_timed`, for the rollout's steps and the on-demand prepares alike (`MigSeconds`).
@@ -34,6 +35,7 @@ from sharing.gpu.nvmlapi import Handle, Nvml, code, optional_int
 from sharing.gpu.nvmlerrors import backend_error
 from sharing.gpu.nvmllib import name_os_thread, preload
 from sharing.gpu.nvmlread import NvmlReader, compute_instance
+from sharing.gpu.nvmlusage import NvmlUsageReader
 from sharing.mig import Catalog, Product, differences
 from sharing.model import GpuInstance, GpuUuid, HealthEvent, NodeState
 
@@ -357,6 +359,13 @@ class NvmlBackend:
                     raise BackendError(f"{doing} on {where}: that instance already exists")
                 return gi
         return None
+
+    # ---- usage -------------------------------------------------------------------------------
+
+    def usage_reader(self) -> NvmlUsageReader:
+        """A reader of what the GPUs are doing, for the usage sampler's own thread (NVML is
+        thread-safe): it does not wait behind this backend's worker, nor holds it up."""
+        return NvmlUsageReader(self._nvml, time.monotonic, time.time)
 
     # ---- health ------------------------------------------------------------------------------
 

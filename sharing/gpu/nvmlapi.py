@@ -9,7 +9,7 @@ the simulator builds them, the real module has its own. Handles are opaque objec
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 Handle = object
@@ -116,11 +116,6 @@ class c_nvmlEventData_t(ctypes.Structure):
     computeInstanceId: int
 
 
-class c_nvmlMemory_t(ctypes.Structure):
-    _fields_ = (("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong))
-    total: int
-
-
 class nvmlPciInfo_t(ctypes.Structure):
     _fields_ = (
         ("busIdLegacy", ctypes.c_char * 16),
@@ -158,6 +153,62 @@ class RunningProcess(Protocol):
 
     @property
     def pid(self) -> int: ...
+    @property
+    def usedGpuMemory(self) -> int | None: ...
+
+
+class ProcessUtilizationSample(Protocol):
+    """An entry of nvmlDeviceGetProcessUtilization (c_nvmlProcessUtilizationSample_t)."""
+
+    @property
+    def pid(self) -> int: ...
+    @property
+    def timeStamp(self) -> int: ...
+    @property
+    def smUtil(self) -> int: ...
+
+
+class Utilization(Protocol):
+    """nvmlDeviceGetUtilizationRates (c_nvmlUtilization_t): percentages."""
+
+    @property
+    def gpu(self) -> int: ...
+
+
+class MemoryInfo(Protocol):
+    """nvmlDeviceGetMemoryInfo, v1 or v2 (bytes)."""
+
+    @property
+    def total(self) -> int: ...
+    @property
+    def used(self) -> int: ...
+
+
+class GpmSupport(Protocol):
+    """nvmlGpmQueryDeviceSupport (c_nvmlGpmSupport_t)."""
+
+    @property
+    def isSupportedDevice(self) -> int: ...
+
+
+class GpmMetric(Protocol):
+    """One entry of c_nvmlGpmMetricsGet_t.metrics: its id in, its status and value out."""
+
+    metricId: int
+    nvmlReturn: int
+    value: float
+
+
+class GpmMetricsGet(Protocol):
+    """c_nvmlGpmMetricsGet_t: the two samples and the metrics asked for between them."""
+
+    version: int
+    numMetrics: int
+    sample1: object
+    sample2: object
+
+    @property
+    def metrics(self) -> Sequence[GpmMetric]: ...
 
 
 class Nvml(Protocol):
@@ -174,6 +225,7 @@ class Nvml(Protocol):
     NVML_ERROR_RESET_REQUIRED: int
     NVML_ERROR_IN_USE: int
     NVML_ERROR_INSUFFICIENT_RESOURCES: int
+    NVML_ERROR_ARGUMENT_VERSION_MISMATCH: int
     NVML_DEVICE_MIG_DISABLE: int
     NVML_DEVICE_MIG_ENABLE: int
     NVML_COMPUTEMODE_DEFAULT: int
@@ -185,6 +237,11 @@ class Nvml(Protocol):
     NVML_GPU_VIRTUALIZATION_MODE_VGPU: int
     nvmlEventTypeXidCriticalError: int
     nvmlPciInfoExt_v1: int
+    nvmlMemory_v2: int
+    NVML_TEMPERATURE_GPU: int
+    NVML_GPM_METRICS_GET_VERSION: int
+    NVML_GPM_METRIC_GRAPHICS_UTIL: int
+    NVML_GPM_METRIC_SM_UTIL: int
 
     @property
     def NVMLError(self) -> type[Exception]: ...
@@ -193,6 +250,7 @@ class Nvml(Protocol):
     c_nvmlGpuInstance_t: type[ctypes.c_uint64]
     c_nvmlComputeInstance_t: type[ctypes.c_uint64]
     nvmlPciInfoExt_v1_t: type[nvmlPciInfoExt_v1_t]
+    c_nvmlGpmMetricsGet_t: Callable[[], GpmMetricsGet]
 
     def nvmlInit(self) -> None: ...
     def nvmlShutdown(self) -> None: ...
@@ -203,7 +261,7 @@ class Nvml(Protocol):
     def nvmlDeviceGetHandleByIndex(self, index: int, /) -> Handle: ...
     def nvmlDeviceGetUUID(self, handle: Handle, /) -> str: ...
     def nvmlDeviceGetName(self, handle: Handle, /) -> str: ...
-    def nvmlDeviceGetMemoryInfo(self, handle: Handle, /) -> c_nvmlMemory_t: ...
+    def nvmlDeviceGetMemoryInfo(self, handle: Handle, version: int | None = None, /) -> MemoryInfo: ...
     def nvmlDeviceGetPciInfo(self, handle: Handle, /) -> nvmlPciInfo_t: ...
     def nvmlDeviceGetPciInfoExt(self, handle: Handle, c_info: object, /) -> None: ...
     def nvmlDeviceGetCudaComputeCapability(self, handle: Handle, /) -> tuple[int, int]: ...
@@ -212,6 +270,7 @@ class Nvml(Protocol):
     def nvmlDeviceGetArchitecture(self, handle: Handle, /) -> int: ...
     def nvmlDeviceGetVirtualizationMode(self, handle: Handle, /) -> int: ...
     def nvmlDeviceGetComputeRunningProcesses(self, handle: Handle, /) -> Sequence[RunningProcess]: ...
+    def nvmlDeviceGetMPSComputeRunningProcesses(self, handle: Handle, /) -> Sequence[RunningProcess]: ...
     def nvmlDeviceGetMigMode(self, device: Handle, /) -> list[int]: ...
     def nvmlDeviceSetMigMode(self, device: Handle, mode: int, /) -> int: ...
     def nvmlDeviceGetHandleByUUID(self, uuid: str, /) -> Handle: ...
@@ -248,6 +307,19 @@ class Nvml(Protocol):
     def nvmlDeviceGetMigDeviceHandleByIndex(self, device: Handle, index: int, /) -> Handle: ...
     def nvmlDeviceGetGpuInstanceId(self, device: Handle, /) -> int: ...
     def nvmlDeviceGetComputeInstanceId(self, device: Handle, /) -> int: ...
+
+    def nvmlDeviceGetPowerUsage(self, handle: Handle, /) -> int: ...
+    def nvmlDeviceGetTemperatureV(self, handle: Handle, sensor: int, /) -> int: ...
+    def nvmlDeviceGetTemperature(self, handle: Handle, sensor: int, /) -> int: ...
+    def nvmlDeviceGetUtilizationRates(self, handle: Handle, /) -> Utilization: ...
+    def nvmlDeviceGetProcessUtilization(
+        self, handle: Handle, timeStamp: int, /
+    ) -> Sequence[ProcessUtilizationSample]: ...
+    def nvmlGpmQueryDeviceSupport(self, device: Handle, /) -> GpmSupport: ...
+    def nvmlGpmSampleAlloc(self) -> Handle: ...
+    def nvmlGpmSampleFree(self, gpmSample: Handle, /) -> None: ...
+    def nvmlGpmMigSampleGet(self, device: Handle, gpuInstanceId: int, gpmSample: Handle, /) -> Handle: ...
+    def nvmlGpmMetricsGet(self, metricsGet: GpmMetricsGet, /) -> GpmMetricsGet: ...
 
     def nvmlEventSetCreate(self) -> Handle: ...
     def nvmlDeviceRegisterEvents(self, handle: Handle, eventTypes: int, eventSet: Handle, /) -> None: ...

@@ -62,7 +62,7 @@ def resolve_product(catalog: Catalog, name: str) -> SimGpuSpec:
 
 
 def gpu_state(index: int, uuid: str, spec: SimGpuSpec) -> State:
-    """The state-file entry of one fresh GPU: idle, MIG disabled, no instances."""
+    """The state-file entry of one fresh GPU: no processes, MIG disabled, no instances."""
     return {
         "index": index,
         "uuid": uuid,
@@ -72,7 +72,7 @@ def gpu_state(index: int, uuid: str, spec: SimGpuSpec) -> State:
         "migCapable": spec.mig_capable,
         "migCurrent": 0,
         "migPending": 0,
-        "busy": False,
+        "processes": [],
         "lost": False,
         "pciDeviceId": spec.pci_device_id,
         "pciSubsystemId": 0,

@@ -3,8 +3,9 @@
 The state is one JSON document (its schema: hack/fakedriver/README.md), written atomically under
 the lock the fake libnvidia-ml.so.1 takes, so separate processes (the agent, `sharing sim busy`, a
 test) and restarts see the same GPUs. The library reads and changes it through the NVML functions;
-the hooks here do what no NVML call can: create the GPUs, start and stop work on a device, raise
-an XID, reset a GPU, lose a GPU and find it again, make NVML calls take time.
+the hooks here do what no NVML call can: create the GPUs, start and stop processes on a device (what
+they use of it), set a GPU's power and temperature, raise an XID, reset a GPU, lose a GPU and find it
+again, make NVML calls take time.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import math
 import os
 import re
 import uuid
@@ -139,11 +141,94 @@ def find_device(state: State, device_uuid: str) -> tuple[State, State | None, St
     raise BackendError(f"no simulated GPU or MIG device has UUID {device_uuid!r} (see `sharing export`)")
 
 
-def set_busy(path: Path, device_uuid: str, busy: bool) -> None:
-    """Start (busy) or stop (idle) work on a GPU or MIG device."""
+@dataclass(frozen=True, slots=True)
+class SimProcess:
+    """A compute process on a simulated device: what NVML lists and what it says the process uses."""
+
+    pid: int
+    used_mib: int = 1
+    """Device memory it uses (nvmlProcessInfo_t.usedGpuMemory, in MiB)."""
+    sm: int = 0
+    """Percent of the device's SMs it keeps busy (nvmlDeviceGetProcessUtilization's smUtil, and GPM)."""
+
+    def state(self) -> State:
+        """Its entry in a device's `processes`."""
+        return {"pid": self.pid, "usedMiB": self.used_mib, "sm": self.sm}
+
+
+def default_pid(gpu: State, gi: State | None, ci: State | None) -> int:
+    """The PID of a process started without one (`sharing sim busy --uuid U`): one per device."""
+    if gi is None or ci is None:
+        return 1000 + int(gpu["index"])
+    return 2000 + int(gpu["index"]) * 100 + int(gi["id"]) * 10 + int(ci["id"])
+
+
+def device_memory_mib(gpu: State, gi: State | None) -> int:
+    """A GPU's memory, or that of a MIG device's GPU instance (its profile's)."""
+    if gi is None:
+        return int(gpu["memoryMiB"])
+    profiles = (gpu.get("mig") or {}).get("profiles", [])
+    return int(next((p["memoryMiB"] for p in profiles if p["id"] == gi["profileId"]), 0))
+
+
+def start_process(
+    path: Path, device_uuid: str, pid: int | None = None, *, used_mib: int = 1, sm: int = 0
+) -> SimProcess:
+    """Run a process on a GPU or MIG device (or change the one with that PID): the stand-in for a
+    CUDA process. Without a PID, the device's own default one (`default_pid`)."""
+    if pid is not None and not 0 < pid < 2**32:
+        raise BackendError(f"PID {pid}: not a process ID (1 .. 2^32-1)")
+    if not 0 <= sm <= 100:
+        raise BackendError(f"SM {sm} %: a percentage is 0 .. 100")
+    with editing(path) as state:
+        gpu, gi, ci = find_device(state, device_uuid)
+        device = ci if ci is not None else gpu
+        memory = device_memory_mib(gpu, gi)
+        if not 0 <= used_mib <= memory:
+            raise BackendError(f"{used_mib} MiB: {device_uuid} has {memory} MiB of memory")
+        process = SimProcess(default_pid(gpu, gi, ci) if pid is None else pid, used_mib, sm)
+        others = [p for p in device.get("processes", []) if p["pid"] != process.pid]
+        device["processes"] = [*others, process.state()]
+        return process
+
+
+def stop_processes(path: Path, device_uuid: str, pid: int | None = None) -> int:
+    """End the processes of a GPU or MIG device (only `pid`'s when given); how many ended."""
     with editing(path) as state:
         gpu, _, ci = find_device(state, device_uuid)
-        (ci if ci is not None else gpu)["busy"] = busy
+        device = ci if ci is not None else gpu
+        before = device.get("processes", [])
+        kept = [p for p in before if pid is not None and p["pid"] != pid]
+        ended = len(before) - len(kept)
+        device["processes"] = kept
+        return ended
+
+
+def set_busy(path: Path, device_uuid: str, busy: bool) -> None:
+    """Start the device's default process (busy) or end all of its processes (idle)."""
+    if busy:
+        start_process(path, device_uuid)
+    else:
+        stop_processes(path, device_uuid)
+
+
+def set_sensors(
+    path: Path, gpu_uuid: str, *, power_watts: float | None = None, temperature_c: int | None = None
+) -> State:
+    """A GPU's power draw and temperature (nvmlDeviceGetPowerUsage, nvmlDeviceGetTemperatureV)."""
+    if power_watts is not None and not (math.isfinite(power_watts) and 0 <= power_watts <= 5000):
+        raise BackendError(f"{power_watts} W: a GPU's power is 0 .. 5000 W")
+    if temperature_c is not None and not -50 <= temperature_c <= 150:
+        raise BackendError(f"{temperature_c} °C: a GPU's temperature is -50 .. 150 °C")
+    with editing(path) as state:
+        gpu, gi, _ = find_device(state, gpu_uuid)
+        if gi is not None:
+            raise BackendError(f"{gpu_uuid} is a MIG device: power and temperature are its GPU's")
+        if power_watts is not None:
+            gpu["powerWatts"] = float(power_watts)
+        if temperature_c is not None:
+            gpu["temperatureC"] = int(temperature_c)
+        return gpu
 
 
 def inject_xid(path: Path, device_uuid: str, xid: int) -> None:
@@ -228,7 +313,9 @@ def set_latencies(path: Path, latencies: Mapping[str, float], *, replace: bool =
 
 def gpu_busy(gpu: State) -> bool:
     """Processes on the GPU itself or on any of its MIG devices."""
-    return bool(gpu["busy"]) or any(ci["busy"] for gi in gpu["gpuInstances"] for ci in gi["computeInstances"])
+    return bool(gpu.get("processes")) or any(
+        ci.get("processes") for gi in gpu["gpuInstances"] for ci in gi["computeInstances"]
+    )
 
 
 @dataclass(frozen=True, slots=True)

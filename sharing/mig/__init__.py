@@ -2,8 +2,9 @@
 
 `catalog` (with `catalog.yaml`, package data) says what each product offers when the driver did not
 say it; `plan` searches exact placements of MIG instances; `observed` reads an observed GPU against
-the catalog; `change` turns a GPU and its target into hardware steps and checks the result. Frozen
-values in, frozen values out: no I/O, no clock, no logging.
+the catalog; `change` turns a GPU and its target into hardware steps and checks the result;
+`rightsize` finds the smallest profile that holds what a slice's pod used. Frozen values in, frozen
+values out: no I/O, no clock, no logging.
 """
 
 from sharing.mig.catalog import (
@@ -25,11 +26,14 @@ from sharing.mig.catalog import (
 from sharing.mig.change import GpuChange, Outcome, Step, StepKind, Target, plan_change, verify
 from sharing.mig.observed import catalog_name, device_profile, geometry
 from sharing.mig.plan import Existing, Infeasible, Placement, Plan, plan_gpu
+from sharing.mig.rightsize import HEADROOM, Basis, RightSize, right_size
 
 __all__ = [
+    "HEADROOM",
     "MIB",
     "NVIDIA_VENDOR",
     "AnyProduct",
+    "Basis",
     "Catalog",
     "Engines",
     "Existing",
@@ -41,6 +45,7 @@ __all__ = [
     "Plan",
     "Product",
     "Profile",
+    "RightSize",
     "Step",
     "StepKind",
     "Target",
@@ -54,6 +59,7 @@ __all__ = [
     "plan_gpu",
     "product_key",
     "profile_name",
+    "right_size",
     "split_pci",
     "verify",
 ]

@@ -4,12 +4,14 @@ Two kinds: events the agent counts as they happen (reconciles, applies, claim pr
 operation on the driver timed, hardware steps, changes by outcome, XIDs), and the node's state, read
 at scrape time from the same status document `sharing status` prints (slices advertised and
 allocated per resource, which pod holds which slice, GPU health, the config state, the plugins
-registered), so metrics and status never disagree.
+registered, and what the usage sampler last read: per GPU, per MIG device, per held slice for its own
+pod, and what no pod accounts for), so metrics and status never disagree.
 docs/metrics.md lists every metric.
 """
 
 from __future__ import annotations
 
+import datetime
 from collections import Counter as Tally
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -22,6 +24,16 @@ from sharing.gpu import MIG_OPERATIONS
 from sharing.labels import ConfigState
 
 PREFIX = "gpu_sharing_"
+POD_METRICS = tuple(
+    PREFIX + name
+    for name in (
+        "slice_owner_info", "slice_memory_used_bytes", "slice_memory_total_bytes", "slice_sm_active_ratio",
+        "slice_idle_seconds", "slice_idle", "slice_memory_peak_bytes", "slice_sm_active_p95_ratio",
+        "slice_rightsize_info",
+    )
+)  # fmt: skip
+"""The metrics that name the pod holding a slice (left out of /metrics but on localhost with
+`holders_localhost_only`)."""
 _SECONDS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
 
@@ -212,6 +224,105 @@ class _State(Collector):
             "plugin_registered", "1 when the resource's device plugin is registered with the kubelet.",
             ["resource"], (([r], int(ok)) for r, ok in self.plugins),
         )  # fmt: skip
+        yield from _usage(status, gpus, slices)
+
+
+USAGE_GPU = (
+    ("gpu_power_watts", "powerWatts", "The GPU's power draw."),
+    ("gpu_temperature_celsius", "temperatureCelsius", "The GPU's die temperature."),
+    ("gpu_memory_used_bytes", "memoryUsedBytes", "Device memory allocated on the GPU."),
+    ("gpu_memory_total_bytes", "memoryTotalBytes", "The GPU's device memory."),
+    (
+        "gpu_utilization_ratio",
+        "utilization",
+        "Share of the last sample period a kernel ran (GPUs without MIG).",
+    ),
+)
+USAGE_MIG = (
+    ("mig_device_memory_used_bytes", "memoryUsedBytes", "Memory used on the MIG device."),
+    ("mig_device_memory_total_bytes", "memoryTotalBytes", "The MIG device's memory."),
+    (
+        "mig_device_sm_active_ratio",
+        "smActive",
+        "Share of its GPU instance's SMs busy (GPM; Hopper and newer).",
+    ),
+    (
+        "mig_device_graphics_active_ratio",
+        "graphicsActive",
+        "Share of time its GPU instance's engines were busy (GPM).",
+    ),
+)
+USAGE_SLICE = (
+    ("slice_memory_used_bytes", "memoryUsedBytes",
+     "Device memory its holding pod's own processes use on the slice."),
+    ("slice_memory_total_bytes", "memoryTotalBytes",
+     "The memory the slice offers: its MIG device's, its GPU's, or an MPS client's pinned limit."),
+    ("slice_sm_active_ratio", "smActive",
+     "Share of the device's SMs its pod's processes used (GPUs without MIG), or its MIG device's GPM "
+     "activity (a MIG device held whole, Hopper and newer)."),
+    ("slice_idle_seconds", "idleSeconds",
+     "Seconds since a process of its holding pod last ran on the slice."),
+    ("slice_memory_peak_bytes", "peakMemoryBytes",
+     "The most memory its pod used on it over the usage window."),
+    ("slice_sm_active_p95_ratio", "smActiveP95",
+     "The p95 of its SM share over the usage window (5 % bins, upper edge)."),
+)  # fmt: skip
+"""(metric, key of the status document's usage part, help) per GPU, per MIG device, per held slice."""
+
+
+def _usage(
+    status: Mapping[str, Any], gpus: list[dict[str, Any]], slices: list[dict[str, Any]]
+) -> Iterable[GaugeMetricFamily]:
+    """The usage sampler's figures in the status document (`sharing.ops.usage`); a figure NVML
+    cannot give (utilization in MIG mode, SM of a replica of a MIG device) has no series."""
+    sampled = (status.get("usage") or {}).get("sampledAt")
+    yield _gauge(
+        "usage_last_sample_timestamp_seconds", "Unix time of the usage sampler's last sample.", [],
+        [([], _timestamp(sampled))] if sampled else [],
+    )  # fmt: skip
+    read = [(g, g["usage"]) for g in gpus if g.get("usage")]
+    per_gpu = [([str(g["index"]), g["uuid"]], u) for g, u in read]
+    per_mig = [([str(g["index"]), g["uuid"], d["uuid"]], d) for g, u in read for d in u["devices"]]
+    per_slice = [(_holder(s), s["usage"]) for s in slices if s.get("usage")]
+    for rows, labels, metrics in (
+        (per_gpu, ["gpu", "uuid"], USAGE_GPU),
+        (per_mig, ["gpu", "uuid", "device"], USAGE_MIG),
+        (per_slice, ["resource", "device", "namespace", "pod", "container"], USAGE_SLICE),
+    ):
+        for name, key, documentation in metrics:
+            yield _gauge(name, documentation, labels, ((v, u[key]) for v, u in rows if u[key] is not None))
+    slice_labels = ["resource", "device", "namespace", "pod", "container"]
+    yield _gauge(
+        "slice_idle", "1 when no process of its holding pod ran on the slice for usage.idleAfter, else 0.",
+        slice_labels, ((v, int(u["idle"])) for v, u in per_slice),
+    )  # fmt: skip
+    sized = [(v, u["rightSize"]) for v, u in per_slice if u["rightSize"] and u["rightSize"]["profile"]]
+    yield _gauge(
+        "slice_rightsize_info",
+        "The smallest MIG profile of its GPU that holds the slice's peak memory with 10 % headroom (and its "
+        "SM p95 where known: basis memory+sm), value 1; no series where no profile does.",
+        ["profile", "basis", *slice_labels], (([r["profile"], r["basis"], *v], 1) for v, r in sized),
+    )  # fmt: skip
+    unattributed = [([str(g["index"]), g["uuid"], x["device"]], x["memoryUsedBytes"]) for g, u in read
+                    for x in u["unattributed"]]  # fmt: skip
+    yield _gauge(
+        "unattributed_memory_used_bytes",
+        "Memory used on a device by processes no slice's holding pod accounts for.",
+        ["gpu", "uuid", "device"], unattributed,
+    )  # fmt: skip
+
+
+def _holder(entry: Mapping[str, Any]) -> list[str]:
+    """resource, device, namespace, pod, container of a held slice (a DRA claim's pods: joined)."""
+    if entry["pod"]:
+        pod = entry["pod"]
+        return [entry["resource"], entry["id"], pod["namespace"], pod["pod"], pod["container"]]
+    pods = [p.split("/", 1) for p in entry["usage"]["pods"]]
+    return [entry["resource"], entry["id"], pods[0][0], ",".join(name for _, name in pods), ""]
+
+
+def _timestamp(iso: str) -> float:
+    return datetime.datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
 
 
 def _gauge(

@@ -8,10 +8,10 @@ scraper does not become a PodResources load); /metrics renders from the same doc
 
 The probes answer from memory at once. /metrics renders at most one at a time and at most once a
 second: a scrape while a rendering is in flight gets the last one (so a flood of scrapes costs one
-rendering a second, not one thread each). Which pod holds which slice (/status, and the metric
-`gpu_sharing_slice_owner_info`) is served to every address by default, as kube-state-metrics
-shows the same; with `holders_localhost_only` only to 127.0.0.1 (`sharing status` in the agent's
-container), and /metrics elsewhere leaves that metric out.
+rendering a second, not one thread each). Which pod holds which slice (/status, and the metrics that
+name it: `gpu_sharing_slice_owner_info` and the slices' usage) is served to every address by default,
+as kube-state-metrics shows the same; with `holders_localhost_only` only to 127.0.0.1 (`sharing
+status` in the agent's container), and /metrics elsewhere leaves those metrics out.
 """
 
 from __future__ import annotations
@@ -28,16 +28,18 @@ from sharing.dra.foreign import Foreign
 from sharing.dra.fragmentation import GpuRoom
 from sharing.gpu.mps import MpsDaemons
 from sharing.kubelet import Holders
+from sharing.mig import Catalog
 from sharing.model import NodeState
 from sharing.ops.http import Answer, Handler, Request
-from sharing.ops.metrics import PREFIX, Metrics
+from sharing.ops.metrics import POD_METRICS, Metrics
 from sharing.ops.status import ConfigStatus, mps_daemon, status_document
 from sharing.store import PreparedClaim
+from sharing.usage import UsageSampler
 
 HOLDERS_TTL_S = 1.0
 RENDER_TTL_S = 1.0
 """A rendering younger than this is served again."""
-OWNER_METRIC = (PREFIX + "slice_owner_info").encode()
+POD_METRIC_NAMES = tuple(name.encode() for name in POD_METRICS)
 METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 JSON_TYPE = "application/json"
 
@@ -103,6 +105,8 @@ class Reporter:
         *,
         holders_localhost_only: bool = False,
         claim_mps: MpsDaemons | None = None,
+        usage: UsageSampler | None = None,
+        catalog: Catalog | None = None,
     ) -> None:
         self.node_name = node_name
         self.hardware = hardware
@@ -118,6 +122,10 @@ class Reporter:
         self.advertised = False
         """True once the agent advertised what the hardware has (readiness needs it)."""
         self.holders_localhost_only = holders_localhost_only
+        self.usage = usage
+        """The usage sampler (None: usage is off)."""
+        self.catalog = catalog
+        """MIG geometry where the driver lists none, for the slices' right sizes."""
         self._cached: tuple[float, dict[str, Any]] | None = None
         self._rendered: tuple[float, bytes] | None = None
         self._rendering: asyncio.Task[bytes] | None = None
@@ -166,6 +174,9 @@ class Reporter:
             room=self.hardware.dra.room() if self.hardware.dra is not None else (),
             foreign=self.hardware.dra.foreign() if self.hardware.dra is not None else (),
             recorded=self.hardware.dra.recorded() if self.hardware.dra is not None else (),
+            usage=self.usage.report if self.usage is not None else None,
+            usage_enabled=self.usage is not None,
+            catalog=self.catalog,
         )
         self.metrics.snapshot(document, ((p.resource, p.registered) for p in self.fleet.status()))
         self._cached = (loop.time(), document)
@@ -207,7 +218,11 @@ class Reporter:
         assert self._rendered is not None
         body = self._rendered[1]
         if self.holders_localhost_only and not request.local:
-            body = b"".join(line for line in body.splitlines(keepends=True) if OWNER_METRIC not in line)
+            body = b"".join(
+                line
+                for line in body.splitlines(keepends=True)
+                if not any(n in line for n in POD_METRIC_NAMES)
+            )
         return Answer(200, body, METRICS_TYPE)
 
     async def _render(self) -> bytes:

@@ -18,9 +18,11 @@ from sharing.devices import REPLICA_SEPARATOR, Device, Inventory
 from sharing.devices.inventory import mig_resource
 from sharing.dra.foreign import Foreign
 from sharing.dra.fragmentation import GpuRoom
-from sharing.mig import device_profile
+from sharing.mig import Catalog, device_profile, geometry
 from sharing.model import ClaimHold, Gpu, GpuUuid, Holding, NodeState
+from sharing.ops.usage import gpu_usage, slice_usage, summary
 from sharing.store import OwnedInstance, PreparedClaim, PreparedDevice
+from sharing.usage import UsageReport
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +59,9 @@ def status_document(
     room: Sequence[GpuRoom] = (),
     foreign: Sequence[Foreign] = (),
     recorded: Sequence[PreparedClaim] = (),
+    usage: UsageReport | None = None,
+    usage_enabled: bool = False,
+    catalog: Catalog | None = None,
 ) -> dict[str, Any]:
     """The status of a node; `holders` None means they could not be read (`holders_error` says why).
 
@@ -69,6 +74,8 @@ def status_document(
     prepared: the instances made (or adopted) for them on the dynamic GPUs are those GPUs' slices, each
     with its claim and the claim's pods (`onDemand` says where; one still being made, with no MIG UUID
     yet, shows at the next look).
+    `usage` the usage sampler's latest report (`sharing.ops.usage` shapes its parts), each held
+    slice's right size on its GPU's MIG profiles (the driver's, else `catalog`'s).
     """
     owners = _owners(holders or ())
     profiles = {ci.uuid: device_profile(gi, ci) for g in node.gpus for gi, ci in g.mig_devices}
@@ -82,6 +89,9 @@ def status_document(
                 for c in sorted(claims, key=lambda c: (c.namespace, c.name))
                 if device.uuid in c.uuids
             ]
+            gpu = node.gpu(device.gpu_uuid)
+            product = geometry(gpu, catalog) if gpu is not None and catalog is not None else None
+            entry["usage"] = slice_usage(usage, entry, gpu, product)
             slices.setdefault(device.gpu_uuid, []).append(entry)
     for c in sorted(recorded, key=lambda c: (c.namespace, c.name)):
         for d in c.devices:
@@ -103,10 +113,12 @@ def status_document(
         },
         "lastChange": dict(config.last_change),
         "holders": {"known": holders is not None, "error": holders_error},
+        "usage": summary(usage, usage_enabled),
         "gpus": [
             {
                 **_gpu(g, slices.get(g.uuid, []), config.in_effect.get(g.uuid), g.uuid not in unhealthy),
                 "mps": dict((mps or {})[g.uuid]) if g.uuid in (mps or {}) else None,
+                "usage": gpu_usage(usage, g.uuid),
                 "dynamic": _dynamic(g.uuid, inventory),
                 "room": next((_room(r) for r in room if r.uuid == g.uuid), None),
                 "foreign": [

@@ -78,9 +78,9 @@ def read_hardware(path: Path) -> Hardware:
                 # A compute instance with fewer slices than its GPU instance is not a MIG device of that
                 # profile (the agent never makes one; the judge must not take it for one either).
                 devices[ci["uuid"]] = name if ci["size"] == slices else f"{name} (partial)"
-                if ci["busy"]:
+                if ci["processes"]:
                     busy.add(ci["uuid"])
-        if g["busy"]:
+        if g["processes"]:
             busy.add(g["uuid"])
         gpus.append(GpuHw(g["index"], g["uuid"], g["product"], bool(g["migCurrent"]), devices))
     return Hardware(tuple(gpus), frozenset(busy))

@@ -311,6 +311,26 @@ async def test_one_daemon_per_gpu_enforces_its_limits_in_exclusive_process_mode(
     assert pid == record_of(state, u0)["pid"]  # type: ignore[index]
 
 
+async def test_the_usage_reader_counts_each_mps_client_as_a_process_of_its_gpu(
+    backend: NvmlBackend, daemons: MpsDaemons, state: Path
+) -> None:
+    """An MPS client is listed by nvmlDeviceGetMPSComputeRunningProcesses, its server by
+    nvmlDeviceGetComputeRunningProcesses: the usage reader reads both, so a pod using an MPS replica
+    gets its own process's memory (the server's is no pod's)."""
+    node = await backend.observe()
+    u0, _ = (g.uuid for g in node.gpus)
+    await daemons.enforce({u0: FOUR}, node)
+    reader = backend.usage_reader()
+    client = attach(daemons, u0)
+    try:
+        server = record_of(state, u0)["serverPid"]  # type: ignore[index]
+        (device,) = reader.read().gpus[0].devices
+        assert [server, os.getpid()] == [p.pid for p in device.processes or ()]
+    finally:
+        client.close()
+        reader.close()
+
+
 async def test_a_reload_restarts_only_the_daemon_whose_limits_changed(
     backend: NvmlBackend, daemons: MpsDaemons, state: Path
 ) -> None:

@@ -10,6 +10,8 @@ so each test gets its own worker. Arguments:
   {"array": TYPE, "n": N} a caller-allocated array of pynvml.TYPE, returned in "out"
   {"uint": V}             ctypes.byref(c_uint(V)), returned in "out"
   {"struct": TYPE, "fields": {...}}  ctypes.byref(pynvml.TYPE(**fields)), returned in "out"
+  {"gpm": [ID, ...], "samples": [H1, H2], "version": V}  a c_nvmlGpmMetricsGet_t (by value, as
+                          nvmlGpmMetricsGet takes it) asking for those metrics between two samples
 """
 
 from __future__ import annotations
@@ -58,6 +60,16 @@ def decode(arg: Any, outputs: list[Any]) -> Any:
         number = ctypes.c_uint(arg["uint"])
         outputs.append(number)
         return ctypes.byref(number)
+    if "gpm" in arg:
+        get = pynvml.c_nvmlGpmMetricsGet_t()
+        get.version = arg.get("version", pynvml.NVML_GPM_METRICS_GET_VERSION)
+        get.numMetrics = len(arg["gpm"])
+        first, second = (ctypes.c_void_p(h["h"]) for h in arg["samples"])
+        get.sample1 = ctypes.cast(first, pynvml.c_nvmlGpmSample_t)
+        get.sample2 = ctypes.cast(second, pynvml.c_nvmlGpmSample_t)
+        for i, metric in enumerate(arg["gpm"]):
+            get.metrics[i].metricId = metric
+        return get
     if "struct" in arg:
         struct = getattr(pynvml, arg["struct"])()
         for name, value in arg.get("fields", {}).items():

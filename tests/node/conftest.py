@@ -128,8 +128,15 @@ class NodeUnderTest:
         """The Node's allocatable nvidia.com/ resources."""
         return {k: v for k, v in self.allocatable_all().items() if k.startswith("nvidia.com/")}
 
+    def offered(self) -> dict[str, str]:
+        """The Node's allocatable nvidia.com/ resources above 0. A resource whose plugin stopped (a config
+        that no longer makes it) stays at 0 for the kubelet's endpointStopGracePeriod, 5 minutes
+        (k8s.io/kubernetes pkg/kubelet/cm/devicemanager): nothing is offered through it meanwhile."""
+        return {k: v for k, v in self.allocatable().items() if v != "0"}
+
     def wait_allocatable(self, expected: dict[str, str] = EXPECTED, timeout: float = 90) -> dict[str, str]:
-        return dict(poll("Node allocatable", self.allocatable, lambda a: a == expected, timeout))
+        """Wait until the node offers exactly `expected` (resources at 0 left out: see `offered`)."""
+        return dict(poll("Node allocatable", self.offered, lambda a: a == expected, timeout))
 
     def agent_pods(self) -> list[dict[str, Any]]:
         pods = self.get("pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/name=gpu-sharing")["items"]

@@ -127,3 +127,66 @@ def test_the_agent_and_its_mps_keeper_read_the_same_variables() -> None:
 def test_bad_keeper_settings_name_the_setting(argv: list[str], env: dict[str, str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         parse_keeper(argv, env)
+
+
+def test_usage_is_on_every_10_s_over_a_day_by_default() -> None:
+    got = parse(["--node-name", "n", "--journal", "/state/journal.jsonl"], {})
+    assert (True, 10.0, 86400.0, Path("/proc")) == (
+        got.usage_enabled, got.usage_interval_seconds, got.usage_window, got.host_proc
+    )  # fmt: skip
+    assert Path("/state/usage.json") == got.usage_state
+    assert (1800.0, False) == (got.usage_idle_after, got.usage_idle_events)
+
+
+def test_idle_after_takes_durations_and_idle_events_a_boolean() -> None:
+    got = parse(["--node-name", "n", "--usage-idle-after", "2h"], {"SHARING_USAGE_IDLE_EVENTS": "true"})
+    assert (7200.0, True) == (got.usage_idle_after, got.usage_idle_events)
+    assert 45.0 == parse(["--node-name", "n"], {"SHARING_USAGE_IDLE_AFTER": "45s"}).usage_idle_after
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [
+        ("24h", 86400.0),
+        ("120m", 7200.0),
+        ("3600", 3600.0),
+        ("7200s", 7200.0),
+        ("168h", 604800.0),
+        ("2.0h", 7200.0),
+    ],
+)
+def test_the_usage_window_takes_durations(value: str, seconds: float) -> None:
+    assert seconds == parse(["--node-name", "n"], {"SHARING_USAGE_WINDOW": value}).usage_window
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"SHARING_USAGE_ENABLED": "maybe"}, "SHARING_USAGE_ENABLED: 'maybe' is not a valid usage enabled"),
+        ({"SHARING_USAGE_INTERVAL_SECONDS": "0.5"}, "0.5 is less than 1 second"),
+        ({"SHARING_USAGE_WINDOW": "2d"}, "SHARING_USAGE_WINDOW: '2d' is not a valid usage window"),
+        ({"SHARING_USAGE_WINDOW": "30m"}, "1800 s is not a whole number of hours from 1h to 168h"),
+        ({"SHARING_USAGE_WINDOW": "169h"}, "is not a whole number of hours from 1h to 168h"),
+        ({"SHARING_USAGE_WINDOW": "1.5h"}, "is not a whole number of hours"),
+        (
+            {"SHARING_USAGE_IDLE_AFTER": "soon"},
+            "SHARING_USAGE_IDLE_AFTER: 'soon' is not a valid usage idle after",
+        ),
+        ({"SHARING_USAGE_IDLE_AFTER": "0"}, "SHARING_USAGE_IDLE_AFTER: 0 s is less than 1 s"),
+        ({"SHARING_USAGE_IDLE_EVENTS": "sometimes"}, "'sometimes' is not a valid usage idle events"),
+    ],
+    ids=[
+        "enabled",
+        "interval",
+        "unit",
+        "too-short",
+        "too-long",
+        "not-whole-hours",
+        "idle-after-word",
+        "idle-after-zero",
+        "idle-events",
+    ],
+)
+def test_bad_usage_settings_name_the_setting(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse(["--node-name", "n"], env)

@@ -127,9 +127,9 @@ FAKE_EXPORT nvmlReturn_t nvmlGpuInstanceCreateComputeInstance(nvmlGpuInstance_t 
 			;
 		char uuid[64];
 		fake_mig_uuid(state, uuid, sizeof uuid);
-		json_array_append_new(cis, json_pack("{s:i, s:i, s:I, s:i, s:i, s:s, s:b}", "id", id, "profileId",
+		json_array_append_new(cis, json_pack("{s:i, s:i, s:I, s:i, s:i, s:s, s:[]}", "id", id, "profileId",
 						     (int)profileId, "start", (json_int_t)used, "size", ci_slices[profileId],
-						     "migIndex", mig, "uuid", uuid, "busy", 0));
+						     "migIndex", mig, "uuid", uuid, "processes"));
 		*computeInstance = (nvmlComputeInstance_t)fake_handle(K_CI, (int)fake_int(gpu, "index", 0),
 								      (int)fake_int(gi, "id", 0), id);
 	}
@@ -187,7 +187,7 @@ FAKE_EXPORT nvmlReturn_t nvmlComputeInstanceDestroy(nvmlComputeInstance_t comput
 		RETURN(NVML_ERROR_UNKNOWN);
 	nvmlReturn_t rc = fake_instance(computeInstance, K_CI, state, &gpu, &gi, &ci);
 	/* An MPS server on the MIG device is a process there (its daemon's clients are attached). */
-	if (rc == NVML_SUCCESS && (fake_bool(ci, "busy") || fake_mps_serving(fake_str(ci, "uuid", ""))))
+	if (rc == NVML_SUCCESS && (fake_has_processes(ci) || fake_mps_serving(fake_str(ci, "uuid", ""))))
 		rc = NVML_ERROR_IN_USE;
 	if (rc == NVML_SUCCESS) {
 		json_t *cis = json_object_get(gi, "computeInstances");

@@ -1,4 +1,4 @@
-/* The library and the whole-GPU calls: init, versions, identity, memory, PCI, processes, MIG mode.
+/* The library and the whole-GPU calls: init, versions, identity, PCI, MPS clients, compute mode, MIG mode.
  *
  * Return codes follow the @return lists of NVIDIA's nvml.h (nvidia-nvml-dev), the function's own
  * doc comment unless a comment says otherwise.
@@ -165,21 +165,6 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsi
 	RETURN(copy_string(name, length, text));
 }
 
-/* A MIG device's memory is its GPU instance profile's (nvmlGpuInstanceProfileInfo_v2_t.memorySizeMB). */
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
-{
-	ENTER();
-	DEVICE_OR_RETURN(device);
-	if (!memory)
-		RETURN(NVML_ERROR_INVALID_ARGUMENT);
-	long long mib = ci ? fake_int(fake_profile_by_id(gpu, fake_int(gi, "profileId", -1)), "memoryMiB", 0)
-			   : fake_int(gpu, "memoryMiB", 0);
-	memory->total = (unsigned long long)mib << 20;
-	memory->free = memory->total;
-	memory->used = 0;
-	RETURN(NVML_SUCCESS);
-}
-
 static void pci_of(json_t *gpu, int index, unsigned int *bus, char *busId, char *legacy)
 {
 	*bus = (unsigned int)fake_int(gpu, "pciBus", 0x10 + index);
@@ -291,69 +276,10 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetVirtualizationMode(nvmlDevice_t device, nv
 	RETURN(NVML_SUCCESS);
 }
 
-static void add_process(nvmlProcessInfo_t *list, unsigned int *n, unsigned int pid, unsigned int gi,
-			unsigned int ci)
+static void add_process(nvmlProcessInfo_t *list, unsigned int *n, unsigned int pid)
 {
-	list[*n] = (nvmlProcessInfo_t){.pid = pid, .usedGpuMemory = 1u << 20, .gpuInstanceId = gi,
-				       .computeInstanceId = ci};
+	list[*n] = (nvmlProcessInfo_t){.pid = pid, .usedGpuMemory = 1u << 20, .gpuInstanceId = NA, .computeInstanceId = NA};
 	(*n)++;
-}
-
-/* A busy device runs one process. nvml.h note: "In MIG mode, if device handle is provided, the API
- * returns aggregate information, only if the caller has appropriate privileges. Per-instance
- * information can be queried by using specific MIG device handles." With "unprivilegedProcesses"
- * in the state (an unprivileged container) both answer NO_PERMISSION. Call with *infoCount = 0:
- * "The return code will be NVML_ERROR_INSUFFICIENT_SIZE, or NVML_SUCCESS if none are running". */
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
-								 nvmlProcessInfo_t *infos)
-{
-	ENTER();
-	DEVICE_OR_RETURN(device);
-	if (!infoCount || (*infoCount && !infos))
-		RETURN(NVML_ERROR_INVALID_ARGUMENT);
-	int mig = fake_mig_enabled(gpu);
-	if (mig && fake_bool(state, "unprivilegedProcesses"))
-		RETURN(NVML_ERROR_NO_PERMISSION);
-	nvmlProcessInfo_t found[1 + MAX_GI * MAX_CI];
-	unsigned int n = 0, index = (unsigned int)fake_int(gpu, "index", 0);
-	if (ci) {
-		if (fake_bool(ci, "busy"))
-			add_process(found, &n, 2000 + index * 100 + (unsigned int)fake_int(gi, "id", 0) * 10 +
-						       (unsigned int)fake_int(ci, "id", 0),
-				    (unsigned int)fake_int(gi, "id", 0), (unsigned int)fake_int(ci, "id", 0));
-		/* The MPS server of a daemon bound to this MIG device (CUDA_VISIBLE_DEVICES=<MIG UUID>)
-		 * is a compute process of the MIG device, as a GPU's is of its GPU. */
-		unsigned int servers[MAX_MPS_PIDS], clients[MAX_MPS_PIDS], nservers = 0;
-		fake_mps_processes(fake_str(ci, "uuid", ""), servers, &nservers, clients, MAX_MPS_PIDS);
-		for (unsigned int s = 0; s < nservers && n < sizeof found / sizeof *found; s++)
-			add_process(found, &n, servers[s], (unsigned int)fake_int(gi, "id", 0),
-				    (unsigned int)fake_int(ci, "id", 0));
-	} else {
-		if (fake_bool(gpu, "busy"))
-			add_process(found, &n, 1000 + index, NA, NA);
-		/* An MPS server is a compute process of its GPU (nvidia-smi lists it, type "M+C"); its
-		 * clients are listed by nvmlDeviceGetMPSComputeRunningProcesses. */
-		unsigned int servers[MAX_MPS_PIDS], clients[MAX_MPS_PIDS], nservers = 0;
-		fake_mps_processes(fake_str(gpu, "uuid", ""), servers, &nservers, clients, MAX_MPS_PIDS);
-		for (unsigned int s = 0; s < nservers && n < sizeof found / sizeof *found; s++)
-			add_process(found, &n, servers[s], NA, NA);
-		size_t i, j;
-		json_t *g, *c;
-		json_array_foreach(json_object_get(gpu, "gpuInstances"), i, g)
-			json_array_foreach(json_object_get(g, "computeInstances"), j, c)
-				if (fake_bool(c, "busy") && n < sizeof found / sizeof *found)
-					add_process(found, &n, 2000 + index * 100 + (unsigned int)fake_int(g, "id", 0) * 10 +
-								       (unsigned int)fake_int(c, "id", 0),
-						    (unsigned int)fake_int(g, "id", 0), (unsigned int)fake_int(c, "id", 0));
-	}
-	if (*infoCount < n) {
-		*infoCount = n; /* "infoCount will contain minimal amount of space necessary" */
-		RETURN(NVML_ERROR_INSUFFICIENT_SIZE);
-	}
-	if (n)
-		memcpy(infos, found, n * sizeof *found);
-	*infoCount = n;
-	RETURN(NVML_SUCCESS);
 }
 
 /* The clients of the GPU's MPS servers ("Get information about processes with a compute context
@@ -369,7 +295,7 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t
 	unsigned int servers[MAX_MPS_PIDS], clients[MAX_MPS_PIDS], nservers = 0, n = 0;
 	int count = fake_mps_processes(fake_str(ci ? ci : gpu, "uuid", ""), servers, &nservers, clients, MAX_MPS_PIDS);
 	for (int i = 0; i < count; i++)
-		add_process(found, &n, clients[i], NA, NA);
+		add_process(found, &n, clients[i]);
 	if (*infoCount < n) {
 		*infoCount = n;
 		RETURN(NVML_ERROR_INSUFFICIENT_SIZE);

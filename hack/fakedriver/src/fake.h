@@ -83,8 +83,21 @@ void fake_engines(json_t *profile, unsigned int out[5]); /* copy, decoder, encod
 /* A GPU- or compute-instance handle (kind K_GI or K_CI) whose instance still exists. */
 nvmlReturn_t fake_instance(const void *handle, int kind, json_t *state, json_t **gpu, json_t **gi, json_t **ci);
 int fake_mig_enabled(json_t *gpu);
-int fake_gpu_busy(json_t *gpu);
+int fake_gpu_busy(json_t *gpu); /* processes on the GPU itself or on any of its MIG devices */
 void fake_mig_uuid(json_t *state, char *out, size_t size);
+
+/* What runs on the GPUs (usage.c): the state's "processes" of each device, and MPS servers. */
+#define MAX_PROCESSES 512
+struct fake_process {
+	unsigned int pid;
+	unsigned long long used; /* bytes */
+	unsigned int sm;         /* percent */
+	unsigned int gi, ci;     /* NA outside MIG */
+};
+int fake_has_processes(json_t *device); /* a GPU's or a compute instance's own "processes" */
+/* The compute processes of a MIG device (ci), or of a GPU with those of all its MIG devices. */
+unsigned int fake_processes(json_t *gpu, json_t *gi, json_t *ci, struct fake_process *list, unsigned int max);
+double fake_activity(json_t *gpu, json_t *gi); /* percent of the SMs busy: a GPU instance, or the GPU */
 
 /* In an NVML function: resolve a whole-GPU handle into `state` and `gpu`, or return. */
 #define GPU_OR_RETURN(handle)                                                                      \

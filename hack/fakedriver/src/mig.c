@@ -36,12 +36,12 @@ int fake_mig_enabled(json_t *gpu) { return mig_capable(gpu) && fake_int(gpu, "mi
 
 int fake_gpu_busy(json_t *gpu)
 {
-	if (fake_bool(gpu, "busy"))
+	if (fake_has_processes(gpu))
 		return 1;
 	size_t i, j;
 	json_t *gi, *ci;
 	json_array_foreach(json_object_get(gpu, "gpuInstances"), i, gi)
-		json_array_foreach(json_object_get(gi, "computeInstances"), j, ci) if (fake_bool(ci, "busy")) return 1;
+		json_array_foreach(json_object_get(gi, "computeInstances"), j, ci) if (fake_has_processes(ci)) return 1;
 	return 0;
 }
 

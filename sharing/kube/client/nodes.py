@@ -167,6 +167,12 @@ def _bound_pod(obj: Mapping[str, Any]) -> BoundPod:
     claims = [c.get("resourceClaimName") or made.get(c.get("name")) for c in spec.get("resourceClaims") or ()]
     extended = (status.get("extendedResourceClaimStatus") or {}).get("resourceClaimName")
     names = tuple(sorted({n for n in (*claims, extended) if isinstance(n, str) and n}))
+    started = [*(status.get("initContainerStatuses") or ()), *(status.get("containerStatuses") or ())]
+    ids = tuple(
+        (str(c["containerID"]).rpartition("://")[2], str(c.get("name", "")))
+        for c in started
+        if c.get("containerID")
+    )
     return BoundPod(
         meta.get("namespace", ""),
         meta.get("name", ""),
@@ -174,6 +180,8 @@ def _bound_pod(obj: Mapping[str, Any]) -> BoundPod:
         names,
         bound=bool(spec.get("nodeName")),
         extended_claim=bool(extended),
+        uid=meta.get("uid", ""),
+        containers=ids,
     )
 
 
