@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
@@ -428,8 +429,11 @@ class DraFrontEnd:
 
     async def _sync(self) -> str:
         wanted = frozenset(d.name for s in self.publisher.wanted for d in s.devices)
+        # A withdrawal is made against the pool as the API server holds it now (a change's safety
+        # rests on it); a new order after a prepare, from the pool as last written (one write).
+        withdrawing = bool(self._published - wanted)
         try:
-            await asyncio.to_thread(self.publisher.sync)
+            await asyncio.to_thread(functools.partial(self.publisher.sync, again=withdrawing))
         except SharingError as err:
             why = f"the ResourceSlices of node {self.node_name} could not be written: {bounded(str(err))}"
             log.warning("resourceslices_not_synced", error=why)

@@ -12,6 +12,9 @@ to turn on, and the stored form counts as published (no endless rewrites).
 
 Wanted pools come from `want()` (latest wins: a burst of changes is one sync of the newest); `run()`
 syncs them from a thread, because the client blocks, and again every `resync_s` whatever happens.
+Between those reads the pool as last written is the publisher's own (its watch says when anyone else
+changes it): a change of the node's claims is one write, without a list of the pool or a read of the
+Node before it; a write that finds the slice changed or gone (409, 404) reads both and plans again.
 
 While `hold_additions` is set (the kubelet has not confirmed the driver's registration), devices the
 pool does not hold already are not added: a pod the scheduler placed on them would fail "DRA driver
@@ -31,10 +34,12 @@ import structlog
 
 from sharing.errors import KubeError
 from sharing.kube.api import (
+    ConflictError,
     CounterSet,
     GoneError,
     KubeClient,
     NodeObject,
+    NotFoundError,
     ResourceSliceObject,
     SliceDevice,
     SliceSpec,
@@ -219,12 +224,16 @@ class SlicePublisher:
         then (a `want` then `sync` is not synced again by the loop; a `release` since is news)."""
         self._changed_by_others = False
         self._owner: NodeObject | None = None
+        self._known = False
+        """`published` and `_owner` are the pool and its Node as the API server holds them (a sync
+        completed; the watch says when anyone else changes the pool)."""
         """The Node as last read for a write (its UID: what the slices must be owned by)."""
         self._stored: dict[Content, Content] = {}
         self._wake = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopped = threading.Event()
         self._written: set[str] = set()
+        """Resource versions this publisher wrote that its watch has not seen yet."""
         self._lock = threading.Lock()
         self.hold_additions = False
         """Add no device the pool does not hold already (see the module's docstring)."""
@@ -282,7 +291,7 @@ class SlicePublisher:
     def sync(self, *, again: bool = True) -> PoolPlan | None:
         """Make the API server hold the wanted pool (blocking); the plan it took, None when in sync.
         Without `again`, a pool already synced as wanted, that nobody else changed since, is not
-        read again."""
+        read again, and one nobody else changed since the last sync is planned from what was written."""
         if self._wanted is None:
             return None
         with self._lock:
@@ -290,9 +299,16 @@ class SlicePublisher:
             current = done is not None and done[0] is self._wanted and done[1] == self.hold_additions
             if not again and current and not self._changed_by_others:
                 return None
+            read = again or self._changed_by_others or not self._known
             wanted, held, self._changed_by_others = self._wanted, self.hold_additions, False
             seen = self.counters_dropped
-            plan = self._sync(self._safe(self._wanted))
+            self._known = False  # until this sync is done: a failed one leaves the pool unknown
+            try:
+                plan = self._sync(self._safe(self._wanted), read=read)
+            except (ConflictError, NotFoundError):
+                if read:
+                    raise
+                plan = self._sync(self._safe(self._wanted), read=True)  # someone changed it: read it
             if self.counters_dropped and not seen:
                 # Devices without their counters could be allocated together where the hardware
                 # cannot hold them (overlapping MIG placements): take them all back at once.
@@ -301,7 +317,8 @@ class SlicePublisher:
                     hint="the API server drops counters (feature gate DRAPartitionableDevices off): "
                     "on-demand MIG devices are not offered; turn the gate on and restart the agent",
                 )
-                plan = self._sync(self._safe(self._wanted))
+                plan = self._sync(self._safe(self._wanted), read=True)
+            self._known = True
             self._synced = (wanted, held)
             return plan
 
@@ -318,9 +335,10 @@ class SlicePublisher:
         kept = [s for s in kept if s.devices]
         return tuple(replace(s, slice_count=len(kept)) for s in kept)
 
-    def _sync(self, wanted: tuple[SliceSpec, ...]) -> PoolPlan | None:
-        """One round of writes towards `wanted` (the caller holds the lock)."""
-        existing = self.kube.list_resource_slices(self.driver, self.node)
+    def _sync(self, wanted: tuple[SliceSpec, ...], *, read: bool) -> PoolPlan | None:
+        """One round of writes towards `wanted` (the caller holds the lock). With `read`, the pool
+        is listed and the Node read before a write; without, both are taken as last written."""
+        existing = self.kube.list_resource_slices(self.driver, self.node) if read else self.published
         if self.hold_additions:
             wanted = _held(wanted, existing)
         if (
@@ -332,16 +350,19 @@ class SlicePublisher:
         ):
             self.published = tuple(existing)
             return None
-        owner = self._owner = self.kube.get_node(
-            self.node
-        )  # afresh for writes: a Node made again has a new UID
+        owner = self._owner
+        if read or owner is None:  # afresh for writes: a Node made again has a new UID
+            owner = self._owner = self.kube.get_node(self.node)
         plan = plan_pool(wanted, existing, floor=self.generation, owner_uid=owner.uid, stored=self._stored)
         if plan is None:
             self.published = tuple(existing)
             return None
+        rewritten = {old.name for old, _ in plan.updates} | {old.name for old in plan.deletes}
+        kept = [s for s in existing if s.name not in rewritten]
         results: list[ResourceSliceObject] = []
         problems: list[str] = []
-        self._written = set()  # only this round's writes: the watch has seen the older ones
+        if len(self._written) > 1024:  # versions the watch never showed (it started after them)
+            self._written.clear()
         for old, spec in plan.updates:
             results.append(
                 self._written_as(
@@ -355,7 +376,7 @@ class SlicePublisher:
         for old in plan.deletes:
             self.kube.delete_resource_slice(old.name)
         self.generation = plan.generation
-        self.published = tuple(results)
+        self.published = tuple(sorted([*kept, *results], key=lambda s: s.name))
         if problems and tuple(problems) != self.problems:
             gates = sorted({g for field, g in GATES.items() if any(field in p for p in problems)})
             said = gates and set(gates) <= self.said_missing
@@ -399,7 +420,9 @@ class SlicePublisher:
                 ):
                     failures = 0
                     version = event.resource_version or version
-                    if event.kind != "BOOKMARK" and event.resource_version not in self._written:
+                    if event.resource_version in self._written:
+                        self._written.discard(event.resource_version)
+                    elif event.kind != "BOOKMARK":
                         self._changed_by_others = True
                         self._trigger()
                     if self._stopped.is_set():

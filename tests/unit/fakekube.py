@@ -246,7 +246,9 @@ class FakeKube:
         self.requests += 1
         with self._lock:
             old = self.slices.get(name)
-            if old is None or old.resource_version != resource_version:
+            if old is None:  # resourceslices are not made by an update (AllowCreateOnUpdate false)
+                raise NotFoundError(f"update resourceslice {name}: HTTP 404 Not Found")
+            if old.resource_version != resource_version:
                 raise ConflictError(f"update resourceslice {name}: HTTP 409 Conflict")
             made = ResourceSliceObject(name, self._next(), spec, (owner.uid,))
             self.slices[name] = made

@@ -237,9 +237,50 @@ async def test_a_want_the_caller_synced_is_not_read_again_by_the_loop() -> None:
             lambda: [s.spec.devices for s in kube.slices.values()],
             lambda d: d == [A + B],
         )
-        # That change's list, its Node (read afresh before a write) and its write: nothing for the first.
-        assert 3 == kube.requests - reads
+        # That change's write alone: the pool and its Node are as the first sync left them.
+        assert [("update", 1)] == [(w[0], w[2]) for w in kube.slice_writes[1:]]
+        assert 1 == kube.requests - reads
     finally:
         task.cancel()
         kube.close()
         await asyncio.gather(task, return_exceptions=True)
+
+
+@pytest.mark.parametrize("change", ["edited", "deleted"])
+def test_a_write_that_finds_the_slice_changed_by_someone_else_reads_the_pool_and_plans_again(
+    change: str,
+) -> None:
+    """Someone else's change the watch has not shown yet: the write from the pool as last written
+    fails (409 or 404, as the API server answers) and the publisher reads the pool and writes again."""
+    kube = FakeKube("n", {})
+    publisher = SlicePublisher(kube, "n", "gpu.nvidia.com")
+    publisher.want((spec(A, count=1),))
+    publisher.sync()
+    (name,) = kube.slices
+    if change == "edited":  # not through FakeKube's methods: no watch event for it yet
+        kube.slices[name] = replace(kube.slices[name], resource_version="edited")
+    else:
+        del kube.slices[name]
+    publisher.want((spec(A + B, count=1),))
+    reads = kube.requests
+    assert publisher.sync(again=False) is not None
+    assert [s.spec.devices for s in kube.slices.values()] == [A + B]
+    # The failed write, the list, the Node, the write again.
+    assert 4 == kube.requests - reads
+    kube.close()
+
+
+def test_a_withdrawal_reads_the_pool_first() -> None:
+    """The default sync (a change withdrawing devices) plans from the pool the API server holds."""
+    kube = FakeKube("n", {})
+    publisher = SlicePublisher(kube, "n", "gpu.nvidia.com")
+    publisher.want((spec(A + B, count=1),))
+    publisher.sync()
+    (name,) = kube.slices
+    kube.slices[name] = replace(kube.slices[name], resource_version="edited")
+    publisher.want((spec(A, count=1),))
+    reads = kube.requests
+    publisher.sync()
+    assert [s.spec.devices for s in kube.slices.values()] == [A]
+    assert 3 == kube.requests - reads  # the list, the Node, the write
+    kube.close()
