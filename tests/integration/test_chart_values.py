@@ -94,7 +94,7 @@ def test_helm_install_refuses_them_before_anything_is_installed(
         "install", "schema-check", str(CHART), "--namespace", "schema-check", "--create-namespace",
         "--values", str(values), check=False,
     )  # fmt: skip
-    refused(done, "", "additional properties 'usage' not allowed")
+    refused(done, "/usage", "additional properties 'enabeld' not allowed")
     refused(done, "/dra/enabled", "got string, want boolean")
     assert 1 == control_plane.kubectl("get", "namespace", "schema-check").returncode
     assert release.run("status", "schema-check", "--namespace", "schema-check", check=False).returncode != 0

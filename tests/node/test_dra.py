@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from lab.helm import NAMESPACE, lab_values
 
-from tests.node.conftest import ALL_KINDS, CONFIG, EXPECTED, NODE, TOOLBOX, NodeUnderTest, container_status
+from tests.node.conftest import ALL_KINDS, CONFIG, NODE, TOOLBOX, NodeUnderTest, container_status
 from tests.polling import poll
 
 pytestmark = pytest.mark.node
@@ -174,7 +174,7 @@ def switched(real_node: NodeUnderTest) -> Iterator[Switched]:
         yield Switched(node, shown, pod)
     finally:
         node.kubectl("label", "node", NODE, f"{FRONTEND}-")
-        poll("device-plugin resources", node.allocatable, lambda a: a == EXPECTED, 120)
+        node.wait_allocatable(timeout=120)
         node.helm.upgrade_install(lab_values({CONFIG: ALL_KINDS}))
         node.running_agent()
         node.wait_allocatable()

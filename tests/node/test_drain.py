@@ -98,7 +98,7 @@ def test_drain_evicts_the_blockers_applies_and_uncordons_and_a_budget_holds_it_b
     poll("the trainer evicted", lambda: node.exists("pod", trainer), lambda found: not found, 60)
     poll(
         "the change applied",
-        lambda: {k: v for k, v in node.allocatable().items() if v != "0"},
+        node.offered,
         lambda a: a == {"nvidia.com/mig-1g.5gb": "14", "nvidia.com/gpu": "2"},
         90,
     )

@@ -49,7 +49,7 @@ def test_a_front_end_label_that_names_none_is_refused_and_the_node_keeps_serving
         " the deviceplugin front-end"
     ] == refused[said:]
     assert "failed" == _labels(node)[STATE]
-    assert EXPECTED == node.allocatable()
+    assert EXPECTED == node.offered()
     name = node.start_pod("nvidia.com/mig-1g.5gb")
     node.wait_running(name)
     log = node.kubectl("-n", NAMESPACE, "logs", "ds/gpu-sharing")

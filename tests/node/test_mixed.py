@@ -81,7 +81,7 @@ def mixed_session(real_node: NodeUnderTest) -> Iterator[tuple[NodeUnderTest, str
         try:
             node.kubectl("label", "node", NODE, f"{FRONTEND}-")
             _config(node, CONFIG)
-            _until(node, "device-plugin resources with the L4", node.allocatable, lambda a: a == WITH_L4, 180)
+            _until(node, "device-plugin resources with the L4", node.offered, lambda a: a == WITH_L4, 180)
             _put(node, {"mixed-empty": None, "mixed-dynamic": None})
         finally:  # whatever happened above, the session's GPUs are given back
             _without_l4(node)

@@ -20,7 +20,7 @@ from lab.helm import NAMESPACE
 
 from tests.integration.test_monitoring import ON, empty_dashboard_queries, helm_template
 from tests.node.conftest import CONFIG, CONFIG_LABEL, NODE, NodeUnderTest
-from tests.node.test_mps import A100S, offered, put
+from tests.node.test_mps import A100S, put
 from tests.node.test_usage import Processes, held_by, host_pids, status
 from tests.polling import poll
 
@@ -45,7 +45,7 @@ def monitored(node: NodeUnderTest) -> Iterator[NodeUnderTest]:
     put(node, {"monitored": MONITORED})
     try:
         node.kubectl("label", "node", NODE, f"{CONFIG_LABEL}=monitored", "--overwrite")
-        offered(node, EXPECTED)
+        node.wait_allocatable(EXPECTED, timeout=120)
         yield node
     finally:
         node.delete_pods()

@@ -54,17 +54,6 @@ EXPECTED = {
 }
 
 
-def offered(node: NodeUnderTest, expected: dict[str, str], timeout: float = 120) -> None:
-    """Wait until the Node's allocatable nvidia.com/ resources, less those at 0, are `expected` (the
-    kubelet keeps a resource whose plugin has gone at 0)."""
-    poll(
-        "Node allocatable",
-        lambda: {k: v for k, v in node.allocatable().items() if v != "0"},
-        lambda a: a == expected,
-        timeout,
-    )
-
-
 def records(node: NodeUnderTest) -> list[dict[str, Any]]:
     """The live fake daemons' records under the node's driver root (a killed one's lock is free)."""
     found = []
@@ -100,7 +89,7 @@ def mps(node: NodeUnderTest) -> Iterator[NodeUnderTest]:
     put(node, {"mps": mps_config("{replicas: 4}", "{replicas: 2}")})
     try:
         node.kubectl("label", "node", NODE, f"{CONFIG_LABEL}=mps", "--overwrite")
-        offered(node, EXPECTED)
+        node.wait_allocatable(EXPECTED, timeout=120)
         yield node
     finally:
         node.delete_pods()
@@ -172,7 +161,7 @@ def test_a_killed_daemon_makes_its_replicas_unhealthy_until_it_is_restarted(mps:
     hook = mps.node.driver_root / "var/lib/fake-nvidia/mps/refuse-start"
     hook.touch()  # the fake driver's hook: the next start fails, so the unhealthy state can be seen
     keeper(mps, "python3", "-c", f"import os, signal; os.kill({before['pid']}, signal.SIGKILL)")
-    offered(mps, {**EXPECTED, SHARED: "4"}, timeout=60)  # GPU 3's 2 replicas unhealthy
+    mps.wait_allocatable({**EXPECTED, SHARED: "4"}, timeout=60)  # GPU 3's 2 replicas unhealthy
     # The keeper waits for the daemon it was left (a zombie would keep its /proc entry).
     gone = f"import os; print(os.path.exists('/proc/{before['pid']}'))"
     poll(
@@ -183,7 +172,7 @@ def test_a_killed_daemon_makes_its_replicas_unhealthy_until_it_is_restarted(mps:
     down = "the MPS control daemon of GPU 3 (NVIDIA H100 80GB HBM3) does not answer"
     poll("the Event", lambda: mps.events("MpsDaemonDown"), lambda found: any(down in m for m in found))
     hook.unlink()
-    offered(mps, EXPECTED)
+    mps.wait_allocatable(EXPECTED, timeout=120)
     back = "the MPS control daemon of GPU 3 (NVIDIA H100 80GB HBM3) answers again"
     poll("the Event", lambda: mps.events("MpsDaemonHealthy"), lambda found: back in found)
     after = daemon(mps, gpu3)
@@ -235,7 +224,7 @@ def test_a_reload_waits_for_the_client_and_restarts_only_the_daemon_whose_limits
         lambda r: r is not None and r["activeThreadPercentage"] == new[held],
         120,
     )
-    offered(mps, EXPECTED)
+    mps.wait_allocatable(EXPECTED, timeout=120)
 
 
 def keeper(node: NodeUnderTest, *command: str) -> str:
@@ -255,7 +244,7 @@ def test_a_reload_without_clients_restarts_only_the_daemon_whose_limits_changed(
     )
     assert pids[gpu2] != restarted["pid"]
     assert (pids[gpu3], 50) == (daemon(mps, gpu3)["pid"], daemon(mps, gpu3)["activeThreadPercentage"])  # type: ignore[index]
-    offered(mps, EXPECTED)
+    mps.wait_allocatable(EXPECTED, timeout=120)
 
 
 @pytest.fixture
@@ -266,14 +255,14 @@ def mps_cdi(mps: NodeUnderTest) -> Iterator[NodeUnderTest]:
     mps.helm.upgrade_install(lab_values({CONFIG: ALL_KINDS}, deviceListStrategy="cdi-cri"))
     try:
         mps.running_agent(not_uid=old["metadata"]["uid"])
-        offered(mps, EXPECTED)
+        mps.wait_allocatable(EXPECTED, timeout=120)
         yield mps
     finally:
         mps.delete_pods()
         (old,) = mps.agent_pods()
         mps.helm.upgrade_install(lab_values({CONFIG: ALL_KINDS}))
         mps.running_agent(not_uid=old["metadata"]["uid"])
-        offered(mps, EXPECTED)
+        mps.wait_allocatable(EXPECTED, timeout=120)
 
 
 def test_with_cdi_the_spec_gives_an_mps_replica_its_pipe_directory_and_shared_memory(
@@ -308,7 +297,7 @@ def agent_restored(mps: NodeUnderTest) -> Iterator[NodeUnderTest]:
     mps.delete_pods()
     mps.kubectl("-n", NAMESPACE, "delete", "pod", pod["metadata"]["name"], "--timeout=90s")
     mps.running_agent(not_uid=pod["metadata"]["uid"])
-    offered(mps, EXPECTED)
+    mps.wait_allocatable(EXPECTED, timeout=120)
 
 
 def container_init(node: NodeUnderTest, container_id: str) -> int:
@@ -385,7 +374,7 @@ def test_a_killed_agent_container_leaves_the_mps_daemons_serving_and_the_new_age
     # replicas advertised again.
     adopted = {gpu2: (True, 0, 4), gpu3: (True, 0, 2)}
     poll("the new agent's view of the daemons", lambda: mps_status(mps), lambda s: s == adopted, 120)
-    offered(mps, EXPECTED)
+    mps.wait_allocatable(EXPECTED, timeout=120)
     assert {g: r["pid"] for g, r in before.items()} == {g: daemon(mps, g)["pid"] for g in before}  # type: ignore[index]
     client = mps.pod(name)
     assert ("Running", 0) == (client["status"]["phase"], container_status(client, "main")["restartCount"])

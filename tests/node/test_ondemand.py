@@ -123,7 +123,7 @@ def ondemand_session(real_node: NodeUnderTest) -> Iterator[NodeUnderTest]:
     finally:
         node.kubectl("label", "node", NODE, f"{FRONTEND}-")
         _config(node, CONFIG)
-        _until(node, "device-plugin resources", node.allocatable, lambda a: a == EXPECTED, 180)
+        _until(node, "device-plugin resources", node.offered, lambda a: a == EXPECTED, 180)
         _put(node, {"ondemand-empty": None, "ondemand-dynamic": None})
         (old,) = node.agent_pods()
         node.helm.upgrade_install(lab_values({CONFIG: ALL_KINDS}))
