@@ -198,12 +198,15 @@ def test_the_agent_reads_the_hosts_proc_read_only_and_not_the_hosts_pids(node: N
     assert "/proc" == volume["hostPath"]["path"]
 
 
-def sized(name: str) -> Any:
-    """A predicate: the status shows pod `name`'s slice with a right size."""
+def sized(name: str, peak: int) -> Any:
+    """A predicate: the status shows pod `name`'s slice with a right size taken over a window that
+    saw its process's `peak` bytes (a sample before the process started sizes the slice too, from
+    nothing used)."""
 
     def ready(document: dict[str, Any]) -> bool:
         use = held_by(document, name)["usage"]
-        return bool(use and use["rightSize"] and use["rightSize"]["profile"])
+        size = use and use["rightSize"]
+        return bool(size and size["profile"] and size["peakMemoryBytes"] >= peak)
 
     return ready
 
@@ -215,7 +218,9 @@ def test_a_pod_on_a_3g_20gb_using_2_gib_is_shown_as_fitting_a_1g_5gb(
     (pid,) = host_pids(node, node.wait_running(name))
     mig = held_by(status(node), name)["id"]
     processes.run(mig, pid, 2048, 0)
-    document = poll("its right size in `sharing status`", lambda: status(node), sized(name), timeout=60)
+    document = poll(
+        "its right size in `sharing status`", lambda: status(node), sized(name, 2048 * MIB), timeout=60
+    )
     # An A100 has no GPM: sized by memory alone, and said so.
     assert {"profile": "1g.5gb", "basis": "memory", "peakMemoryBytes": 2048 * MIB, "smActiveP95": None,
             "headroom": 0.1, "why": None} == held_by(document, name)["usage"]["rightSize"]  # fmt: skip
@@ -308,7 +313,12 @@ def test_sharing_recommends_a_config_that_converges_keeps_held_slices_and_frees_
     for name in (small, big):
         (pid,) = host_pids(node, pods[name])
         processes.run(migs[name], pid, 2048, 0)
-    poll("both right sizes", lambda: status(node), lambda d: sized(small)(d) and sized(big)(d), timeout=60)
+    poll(
+        "both right sizes",
+        lambda: status(node),
+        lambda d: sized(small, 2048 * MIB)(d) and sized(big, 2048 * MIB)(d),
+        timeout=60,
+    )
 
     def recommend(*args: str) -> str:
         return node.kubectl("-n", NAMESPACE, "exec", f"ds/{RELEASE}", "--", "sharing", "recommend", *args)

@@ -27,13 +27,15 @@ def test_second_run_fails():
 
 
 def test_a_test_that_fails_one_run_in_three_is_named_with_its_seeds_and_report(tmp_path: Path) -> None:
+    # The tiny suite is its own rootdir: else pytest takes the common ancestor of the checkout and
+    # tmp_path (/tmp for a clone under /tmp) and the test IDs name the path from there.
     tests = tmp_path / "tiny"
     tests.mkdir()
     (tests / "test_tiny.py").write_text(FLAKY)
     out = tmp_path / "out"
     done = subprocess.run(
         [sys.executable, str(REPO / "hack" / "flakes.py"), "--runs", "3", "--out", str(out), "--workers", "0",
-         "--", str(tests / "test_tiny.py"), "-p", "no:cacheprovider"],
+         "--", str(tests / "test_tiny.py"), "-p", "no:cacheprovider", f"--rootdir={tests}"],
         capture_output=True, text=True, check=False, cwd=REPO,
         env={"PATH": "/usr/bin:/bin", "FLAKES_COUNTER": str(tmp_path / "count"), "PYTHONPATH": str(REPO)},
     )  # fmt: skip
