@@ -221,9 +221,11 @@ class DraFrontEnd:
         await self.features()  # said once, by name, whatever the config asks
         return await self._publish()
 
-    async def _publish(self) -> str:
+    async def _publish(self, *, fresh: bool = True) -> str:
+        """Want the pool as `slices()` builds it now and sync it; with `fresh`, a withdrawal is
+        planned from the pool as the API server holds it (see `_sync`)."""
         self.publisher.want(self.slices())
-        return await self._sync()
+        return await self._sync(fresh=fresh)
 
     def slices(self) -> tuple[SliceSpec, ...]:
         """The pool as wanted now: the static devices, then the dynamic GPUs' counters and placements
@@ -329,7 +331,9 @@ class DraFrontEnd:
         if not made and self._prepared_devices() == prepared:
             return False
         log.info("pool_order_changed", prepared=len(self._prepared), instances_changed=made)
-        await self._publish()
+        # No safety rests on this write (the scheduler's counters keep an allocated device's
+        # overlaps out): it is planned from the pool as last written, one request.
+        await self._publish(fresh=False)
         return True
 
     async def _reclaim(self, gpus: frozenset[str]) -> bool:
@@ -427,13 +431,16 @@ class DraFrontEnd:
         )
         return holds, prepared.unknown
 
-    async def _sync(self) -> str:
+    async def _sync(self, *, fresh: bool = True) -> str:
         wanted = frozenset(d.name for s in self.publisher.wanted for d in s.devices)
-        # A withdrawal is made against the pool as the API server holds it now (a change's safety
-        # rests on it); a new order after a prepare, from the pool as last written (one write).
+        # A withdrawal that a change's safety rests on (the rollout's, a reclaim's, the agent's
+        # stop) is made against the pool as the API server holds it now: a slice another writer
+        # made meanwhile (an agent beside this one in an upgrade) is read too. A new order after a
+        # prepare or an unprepare is planned from the pool as last written: one write, and a 409 or
+        # 404 if anyone changed it since, upon which it is read.
         withdrawing = bool(self._published - wanted)
         try:
-            await asyncio.to_thread(functools.partial(self.publisher.sync, again=withdrawing))
+            await asyncio.to_thread(functools.partial(self.publisher.sync, again=fresh and withdrawing))
         except SharingError as err:
             why = f"the ResourceSlices of node {self.node_name} could not be written: {bounded(str(err))}"
             log.warning("resourceslices_not_synced", error=why)

@@ -162,6 +162,41 @@ async def test_an_instance_made_or_destroyed_by_someone_else_re_publishes(
     assert "gpu-0-mig-1g-5gb-at-0" in {n for names in _held(kube) for n in names}
 
 
+
+async def test_the_order_after_a_prepare_is_one_write_though_it_withdraws_what_the_instance_overlaps(
+    tmp_path: Path,
+) -> None:
+    """A prepare made an instance: the placements it overlaps go from the pool, and the new order is
+    written from the pool as last written, one request (no list, no Node read): the scheduler's
+    counters keep an allocated device's overlaps out already, so no safety rests on a fresh read
+    (a change's withdrawal, which does, reads first: tests/unit/test_slice_plan.py)."""
+    kube = FakeKube(NODE_NAME, {})
+    gpus = _Gpus(NODE)
+    front = DraFrontEnd(
+        kube=cast(Any, kube),
+        node_name=NODE_NAME,
+        files=cast(DeviceFiles, None),
+        cdi_dir=tmp_path,
+        catalog=CATALOG,
+        ondemand=OnDemand(cast(GpuBackend, gpus), Journal(tmp_path / "journal")),
+    )
+    assert "" == await front.publish(DYNAMIC, NODE)
+    taken = "gpu-0-mig-1g-5gb-at-0"
+    _prepare(front, taken)
+    ci = ComputeInstance(0, MigUuid("MIG-0"), mig_index=0)
+    gpus.node = replace(
+        NODE, gpus=(replace(NODE.gpus[0], instances=(GpuInstance(1, "1g.5gb", 0, 1, (ci,)),)), NODE.gpus[1])
+    )
+    before = kube.requests
+
+    assert True is await front.follow_node()
+
+    offered = {n for names in _held(kube) for n in names}
+    assert taken in offered  # the claim's own device stays (the scheduler counts it)
+    assert "gpu-0-mig-2g-10gb-at-0" not in offered  # what its instance overlaps goes
+    assert 1 == kube.requests - before
+
+
 # --- a mixed node: GPUs without MIG beside dynamic ones -----------------------------------------------
 
 MIXED = NodeState(
