@@ -43,6 +43,7 @@ from sharing.kube.api import (
     ResourceSliceObject,
     SliceDevice,
     SliceSpec,
+    WatchEvent,
 )
 from sharing.text import bounded
 
@@ -420,11 +421,7 @@ class SlicePublisher:
                 ):
                     failures = 0
                     version = event.resource_version or version
-                    if event.resource_version in self._written:
-                        self._written.discard(event.resource_version)
-                    elif event.kind != "BOOKMARK":
-                        self._changed_by_others = True
-                        self._trigger()
+                    self._seen(event)
                     if self._stopped.is_set():
                         return
             except GoneError:
@@ -433,6 +430,20 @@ class SlicePublisher:
                 failures += 1
                 log.debug("resourceslice_watch_failed", error=bounded(str(err)))
                 self._stopped.wait(min(BACKOFF_MAX_S, 0.2 * 2**failures))
+
+    def _seen(self, event: WatchEvent) -> None:
+        """One event of the pool's watch: a change this publisher did not write wakes the loop to
+        read the pool. The event of a write can come through the watch before the write's answer:
+        a sync under way is waited for, so that the version it wrote is known before the event is
+        judged someone else's (else every such race costs a list of the pool)."""
+        if event.kind == "BOOKMARK":
+            return
+        with self._lock:
+            if event.resource_version in self._written:
+                self._written.discard(event.resource_version)
+                return
+        self._changed_by_others = True
+        self._trigger()
 
     def _trigger(self) -> None:
         if self._loop is not None and not self._loop.is_closed():

@@ -162,7 +162,6 @@ async def test_an_instance_made_or_destroyed_by_someone_else_re_publishes(
     assert "gpu-0-mig-1g-5gb-at-0" in {n for names in _held(kube) for n in names}
 
 
-
 async def test_the_order_after_a_prepare_is_one_write_though_it_withdraws_what_the_instance_overlaps(
     tmp_path: Path,
 ) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -17,6 +18,7 @@ from sharing.kube.api import (
     ResourceSliceObject,
     SliceDevice,
     SliceSpec,
+    WatchEvent,
 )
 from sharing.kube.resourceslices import PoolPlan, SlicePublisher, dropped, plan_pool
 from tests.polling import poll
@@ -283,4 +285,68 @@ def test_a_withdrawal_reads_the_pool_first() -> None:
     publisher.sync()
     assert [s.spec.devices for s in kube.slices.values()] == [A]
     assert 3 == kube.requests - reads  # the list, the Node, the write
+    kube.close()
+
+
+class _Lock:
+    """The publisher's lock, setting `waited` when a thread has to wait for it."""
+
+    def __init__(self) -> None:
+        self.inner = threading.Lock()
+        self.waited = threading.Event()
+
+    def __enter__(self) -> None:
+        if not self.inner.acquire(blocking=False):
+            self.waited.set()
+            self.inner.acquire()
+
+    def __exit__(self, *_: object) -> None:
+        self.inner.release()
+
+
+class _WatchFirst(FakeKube):
+    """An API server whose watch hands the event of an update to the publisher before the update's
+    answer comes back (they travel apart on a real one): the update answers once the publisher has
+    judged the event, or has to wait for the publisher's lock to judge it."""
+
+    def __init__(self, lock: _Lock) -> None:
+        super().__init__("n", {})
+        self.lock = lock
+        self.seen: Any = None
+        self.judges: list[threading.Thread] = []
+
+    def update_resource_slice(
+        self, name: str, resource_version: str, spec: SliceSpec, owner: NodeObject
+    ) -> ResourceSliceObject:
+        made = super().update_resource_slice(name, resource_version, spec, owner)
+        progress = self.lock.waited = threading.Event()
+
+        def judge() -> None:
+            self.seen(WatchEvent("MODIFIED", made, made.resource_version))
+            progress.set()
+
+        self.judges.append(threading.Thread(target=judge))
+        self.judges[-1].start()
+        progress.wait()
+        return made
+
+
+def test_the_watch_event_of_its_own_write_before_the_answer_is_not_taken_for_someone_elses() -> None:
+    lock = _Lock()
+    kube = _WatchFirst(lock)
+    publisher = SlicePublisher(kube, "n", "gpu.nvidia.com")
+    publisher._lock = lock  # type: ignore[assignment]
+    kube.seen = publisher._seen
+    publisher.want((spec(A, count=1),))
+    publisher.sync()
+    (made,) = kube.slices.values()
+    publisher._seen(WatchEvent("ADDED", made, made.resource_version))  # the create's, after its answer
+    publisher.want((spec(A + B, count=1),))
+    assert publisher.sync(again=False) is not None  # an update: its event judged before its answer
+    for thread in kube.judges:
+        thread.join()
+    publisher.want((spec(B, count=1),))
+    reads = kube.requests
+    assert publisher.sync(again=False) is not None
+    assert 1 == kube.requests - reads  # the write alone: nobody else changed the pool, it is not read
     kube.close()
