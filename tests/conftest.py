@@ -111,19 +111,24 @@ _HOST_WIDE = ("tests/bench/", "tests/node/test_teardown.py")
 """Tests that start real nodes of their own and read the host as a whole (its cgroups, links and
 rules before and after): never beside each other."""
 
+_OWN_NODE = ("tests/node/test_demo.py",)
+"""Tests of tests/node that bring up a node of their own (the demo's), not the session's: each is a
+module like any other, on whichever worker is free, beside the session's node."""
+
 
 _LONGEST = (
     "tests/e2e/test_soak.py",
     "tests/e2e/test_safety.py",
     "tests/integration/test_apply_crash.py",
+    "tests/node/test_demo.py",
     "tests/e2e/test_agent.py",
     "tests/integration/test_dra_ondemand.py",
     "tests/integration/test_ondemand_scheduling.py",
     "tests/e2e/test_operating.py",
     "tests/fakedriver/test_mig.py",
 )
-"""The modules that take longest, longest first (measured in a spread run: 320, 146, 94, 65, 49, 48,
-45 and 37 s; every other module under 32 s), handed out right after the groups in this order: a
+"""The modules that take longest, longest first (measured in a spread run: 320, 146, 94, 70, 65, 49,
+48, 45 and 37 s; every other module under 32 s), handed out right after the groups in this order: a
 worker that is free takes the longest left, so the run ends on short modules, not on a long one
 that the random order started last while the other workers wait."""
 
@@ -147,7 +152,7 @@ def worker_group(nodeid: str) -> str:
         return "cluster"
     if nodeid.startswith("tests/skew/"):
         return "skew"
-    return "node" if nodeid.startswith("tests/node/") else ""
+    return "node" if nodeid.startswith("tests/node/") and not nodeid.startswith(_OWN_NODE) else ""
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -60,8 +60,6 @@ CHART = REPO / "deploy/helm/gpu-sharing"
 OTHER_POOLS = 1000
 """Claims are allocated round-robin on the pools of this many nodes outside the fleet."""
 POOL_TIMEOUT_S = 600.0
-IDLE_S = 15.0
-"""The window before the storm that each process's idle CPU is measured in (at most half the storm)."""
 CHANGES_PER_CLAIM = 4
 """Created, allocated, reserved, deleted."""
 PREPARED_DEVICE = "gpu-0-mig-1g-5gb-at-0"
@@ -217,7 +215,9 @@ def _storm(fleet: Fleet, count: int, seconds: float, results: Results) -> None:
         api.request("PUT", _path(names[i], status=True), claim, merge=False)
         api.request("DELETE", _path(names[i]))
 
-    idle = _idle_rates([*agents, server], min(seconds / 2, IDLE_S))
+    # As long as the storm: CPU is read in clock ticks (10 ms), and a shorter window scaled up
+    # scales their rounding too (a 15 s window: one tick is 10 us per change of 4,000).
+    idle = _idle_rates([*agents, server], seconds)
     server_before, agents_before, start = (
         cpu_seconds(server),
         [cpu_seconds(p) for p in agents],
