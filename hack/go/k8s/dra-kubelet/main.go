@@ -4,7 +4,10 @@
 //
 // It watches --registry-dir as the kubelet's plugin watcher watches plugins_registry, so a plugin
 // is found, asked GetInfo, validated and told NotifyRegistrationStatus exactly as a kubelet does
-// it; then it waits until --driver is registered with the kubelet's DRA plugin manager and, through
+// it; then it waits until --driver is registered with the kubelet's DRA plugin manager and the
+// plugin has been told so (a kubelet keeps running after it registers a plugin: this one must not
+// exit between the two, pkg/kubelet/pluginmanager/operationexecutor GenerateRegisterPluginFunc
+// notifies after RegisterPlugin returns) and, through
 // that manager's gRPC client, calls NodePrepareResources with every --prepare claim, then
 // NodeUnprepareResources with every --unprepare claim (each "namespace/name/uid"), and with
 // --health reads the first NodeWatchResources message. It prints one JSON object and exits:
@@ -33,7 +36,10 @@ import (
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 	"k8s.io/kubernetes/pkg/kubelet/cm/dra/plugin"
-	"k8s.io/kubernetes/pkg/kubelet/pluginmanager"
+	"k8s.io/kubernetes/pkg/kubelet/pluginmanager/cache"
+	"k8s.io/kubernetes/pkg/kubelet/pluginmanager/operationexecutor"
+	"k8s.io/kubernetes/pkg/kubelet/pluginmanager/pluginwatcher"
+	"k8s.io/kubernetes/pkg/kubelet/pluginmanager/reconciler"
 )
 
 type claims []*drapb.Claim
@@ -49,11 +55,20 @@ func (c *claims) Set(value string) error {
 	return nil
 }
 
-// sourcesReady: the plugin manager waits for the kubelet's pod sources; there are none here.
-type sourcesReady struct{}
-
-func (sourcesReady) AddSource(string) {}
-func (sourcesReady) AllReady() bool   { return true }
+// notified: the driver's registration is done, NotifyRegistrationStatus included (a failed notify
+// takes the plugin out of the actual state of the world again).
+func notified(asw cache.ActualStateOfWorld, executor operationexecutor.OperationExecutor, driver string) bool {
+	pending, ok := executor.(interface{ IsOperationPending(socketPath string) bool })
+	if !ok {
+		return false
+	}
+	for _, info := range asw.GetRegisteredPlugins() {
+		if info.Name == driver && !pending.IsOperationPending(info.SocketPath) {
+			return true
+		}
+	}
+	return false
+}
 
 func main() {
 	registry := flag.String("registry-dir", "", "the plugin registry directory to watch")
@@ -88,16 +103,23 @@ func run(registry, kubeconfig, node, driver string, timeout time.Duration, healt
 	}
 	manager := plugin.NewDRAPluginManager(ctx, client, getNode, nil, 30*time.Second)
 	defer manager.Stop()
-	watcher := pluginmanager.NewPluginManager(registry, record.NewFakeRecorder(100))
-	watcher.AddHandler(registerapi.DRAPlugin, manager)
+	// The kubelet's plugin manager (pluginmanager.NewPluginManager) made of its parts, so that
+	// its operation executor tells when the registration, NotifyRegistrationStatus included, is done.
+	asw, dsw := cache.NewActualStateOfWorld(), cache.NewDesiredStateOfWorld()
+	executor := operationexecutor.NewOperationExecutor(operationexecutor.NewOperationGenerator(record.NewFakeRecorder(100)))
+	plugins := reconciler.NewReconciler(executor, time.Second, dsw, asw)
+	plugins.AddHandler(registerapi.DRAPlugin, manager)
 	stop := make(chan struct{})
 	defer close(stop)
-	go watcher.Run(ctx, sourcesReady{}, stop)
+	if err := pluginwatcher.NewWatcher(registry, dsw).Start(ctx, stop); err != nil {
+		return err
+	}
+	go plugins.Run(ctx)
 
 	deadline := time.Now().Add(timeout)
 	var p *plugin.DRAPlugin
 	for {
-		if p, err = manager.GetPlugin(driver); err == nil {
+		if p, err = manager.GetPlugin(driver); err == nil && notified(asw, executor, driver) {
 			break
 		}
 		if time.Now().After(deadline) {
