@@ -13,13 +13,12 @@ answers (in its pod), the agent's status with what each held slice's pod used an
 from __future__ import annotations
 
 import argparse
-import asyncio
 from collections import Counter
 
 import yaml
 
 from sharing.cli.common import Subparsers, print_json
-from sharing.cli.gpuargs import add_backend_arguments, open_from_args
+from sharing.cli.gpuargs import add_backend_arguments, observe_from_args
 from sharing.cli.status import DEFAULT_PORT, agent_status
 from sharing.mig import device_profile
 from sharing.model import NodeState
@@ -54,7 +53,7 @@ def register(commands: Subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Observe and print."""
-    state = asyncio.run(_observe(args))
+    state = observe_from_args(args)
     form = args.format or ("json" if args.json else "table")
     if form == "json":
         print_json(export_document(state, agent_status(args.port)))
@@ -90,14 +89,6 @@ def migparted_yaml(state: NodeState, name: str = "current") -> str:
             entry["mig-devices"] = dict(profiles)
         entries.append(entry)
     return yaml.safe_dump({"version": "v1", "mig-configs": {name: entries}}, sort_keys=False)
-
-
-async def _observe(args: argparse.Namespace) -> NodeState:
-    backend = open_from_args(args)
-    try:
-        return await backend.observe()
-    finally:
-        await backend.close()
 
 
 def describe(state: NodeState) -> str:

@@ -6,12 +6,14 @@ Flag > environment (SHARING_BACKEND, SHARING_DRIVER_ROOT) > default (nvml, /), a
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 from pathlib import Path
 
 from sharing.cli.common import UsageError
 from sharing.gpu import BACKENDS, GpuBackend, open_backend
 from sharing.mig import default_catalog
+from sharing.model import NodeState
 
 
 def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,3 +48,16 @@ def driver_root(args: argparse.Namespace) -> Path:
 def open_from_args(args: argparse.Namespace) -> GpuBackend:
     """The backend the flags and environment name."""
     return open_backend(backend_kind(args), default_catalog(), driver_root=driver_root(args))
+
+
+def observe_from_args(args: argparse.Namespace) -> NodeState:
+    """The GPUs as the backend the arguments name reads them, once (the backend closed after)."""
+
+    async def observe() -> NodeState:
+        backend = open_from_args(args)
+        try:
+            return await backend.observe()
+        finally:
+            await backend.close()
+
+    return asyncio.run(observe())

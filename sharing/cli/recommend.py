@@ -11,7 +11,6 @@ which pods hold slices it changes; `--json` for scripts.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 from collections import Counter
@@ -22,7 +21,7 @@ from typing import Any
 import yaml
 
 from sharing.cli.common import Subparsers, UsageError, print_json
-from sharing.cli.gpuargs import add_backend_arguments, open_from_args
+from sharing.cli.gpuargs import add_backend_arguments, observe_from_args
 from sharing.cli.status import DEFAULT_PORT, agent_status
 from sharing.config import parse_configmap
 from sharing.errors import SharingError
@@ -84,15 +83,7 @@ def _from_node(args: argparse.Namespace) -> tuple[NodeState, dict[str, Any]]:
             "no agent answered on this node: run it in the agent's pod (kubectl -n gpu-sharing exec "
             "ds/gpu-sharing -- sharing recommend), or give --from a `sharing export --json` taken there"
         )
-    return asyncio.run(_observe(args)), status
-
-
-async def _observe(args: argparse.Namespace) -> NodeState:
-    backend = open_from_args(args)
-    try:
-        return await backend.observe()
-    finally:
-        await backend.close()
+    return observe_from_args(args), status
 
 
 def _from_file(source: str) -> tuple[NodeState, dict[str, Any]]:

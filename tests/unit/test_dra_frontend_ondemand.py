@@ -132,12 +132,9 @@ class _Gpus:
         return self.node
 
 
-async def test_an_instance_made_or_destroyed_by_someone_else_re_publishes(
-    tmp_path: Path,
-) -> None:
-    kube = FakeKube(NODE_NAME, {})
-    gpus = _Gpus(NODE)
-    front = DraFrontEnd(
+def _with_gpus(kube: FakeKube, gpus: _Gpus, tmp_path: Path) -> DraFrontEnd:
+    """A front-end that reads the dynamic GPUs from `gpus` (as after a prepare or an unprepare)."""
+    return DraFrontEnd(
         kube=cast(Any, kube),
         node_name=NODE_NAME,
         files=cast(DeviceFiles, None),
@@ -145,6 +142,14 @@ async def test_an_instance_made_or_destroyed_by_someone_else_re_publishes(
         catalog=CATALOG,
         ondemand=OnDemand(cast(GpuBackend, gpus), Journal(tmp_path / "journal")),
     )
+
+
+async def test_an_instance_made_or_destroyed_by_someone_else_re_publishes(
+    tmp_path: Path,
+) -> None:
+    kube = FakeKube(NODE_NAME, {})
+    gpus = _Gpus(NODE)
+    front = _with_gpus(kube, gpus, tmp_path)
     assert "" == await front.publish(DYNAMIC, NODE)
     assert False is await front.follow_node()
 
@@ -171,14 +176,7 @@ async def test_the_order_after_a_prepare_is_one_write_though_it_withdraws_what_t
     (a change's withdrawal, which does, reads first: tests/unit/test_slice_plan.py)."""
     kube = FakeKube(NODE_NAME, {})
     gpus = _Gpus(NODE)
-    front = DraFrontEnd(
-        kube=cast(Any, kube),
-        node_name=NODE_NAME,
-        files=cast(DeviceFiles, None),
-        cdi_dir=tmp_path,
-        catalog=CATALOG,
-        ondemand=OnDemand(cast(GpuBackend, gpus), Journal(tmp_path / "journal")),
-    )
+    front = _with_gpus(kube, gpus, tmp_path)
     assert "" == await front.publish(DYNAMIC, NODE)
     taken = "gpu-0-mig-1g-5gb-at-0"
     _prepare(front, taken)
