@@ -25,7 +25,7 @@ import structlog
 from sharing.config import Frontend
 from sharing.deviceplugin import Fleet
 from sharing.devices import Inventory
-from sharing.dra import ClaimError, ClaimKey, OnDemand, Preparer
+from sharing.dra import ClaimError, ClaimKey, OnDemand, Prepared, Preparer
 from sharing.dra.ondemand import InstanceBusyError, Placement, occupant, placement_of
 from sharing.gpu import simstate
 from sharing.gpu.devfiles import DriverFiles
@@ -293,6 +293,17 @@ async def daemons(backend: NvmlBackend, node_root: Path) -> AsyncIterator[MpsDae
     shutil.rmtree(root, ignore_errors=True)
 
 
+async def prepared_mps(
+    backend: NvmlBackend, daemons: MpsDaemons, tmp_path: Path, device: str
+) -> tuple[Preparer, Prepared]:
+    """MPS claim `a`, allocated `device`, prepared by an agent with MPS daemons: its preparer and the
+    prepare's answer for it."""
+    ondemand = OnDemand(backend, Journal(tmp_path / "journal.jsonl"), lock_wait_s=0.5, mps=daemons)
+    p = preparer(ondemand, tmp_path, await ondemand.observe(), Claims(mps_claim("a", device)))
+    await p.load()
+    return p, (await p.prepare([ClaimKey("ns", "a", "uid-a")]))["uid-a"]
+
+
 async def test_an_mps_claim_on_an_agent_without_mps_daemons_fails_before_anything_is_made(
     ondemand: OnDemand, state: Path, tmp_path: Path
 ) -> None:
@@ -308,12 +319,7 @@ async def test_an_mps_claim_on_an_agent_without_mps_daemons_fails_before_anythin
 async def test_the_daemon_of_an_mps_claim_whose_instance_went_is_stopped_at_unprepare(
     backend: NvmlBackend, daemons: MpsDaemons, state: Path, tmp_path: Path
 ) -> None:
-    ondemand = OnDemand(backend, Journal(tmp_path / "journal.jsonl"), lock_wait_s=0.5, mps=daemons)
-    p = preparer(
-        ondemand, tmp_path, await ondemand.observe(), Claims(mps_claim("a", "gpu-1-mig-1g-5gb-at-3"))
-    )
-    await p.load()
-    answer = (await p.prepare([ClaimKey("ns", "a", "uid-a")]))["uid-a"]
+    p, answer = await prepared_mps(backend, daemons, tmp_path, "gpu-1-mig-1g-5gb-at-3")
     assert "" == answer.error
     (mig,) = (d.uuid for d in answer.devices)
     daemon = record_of(state, mig)
@@ -329,12 +335,7 @@ async def test_the_daemon_of_an_mps_claim_whose_instance_went_is_stopped_at_unpr
 async def test_an_mps_claims_idle_server_goes_with_its_daemon_and_one_with_a_client_keeps_the_instance(
     backend: NvmlBackend, daemons: MpsDaemons, state: Path, tmp_path: Path
 ) -> None:
-    ondemand = OnDemand(backend, Journal(tmp_path / "journal.jsonl"), lock_wait_s=0.5, mps=daemons)
-    p = preparer(
-        ondemand, tmp_path, await ondemand.observe(), Claims(mps_claim("a", "gpu-0-mig-3g-20gb-at-4"))
-    )
-    await p.load()
-    answer = (await p.prepare([ClaimKey("ns", "a", "uid-a")]))["uid-a"]
+    p, answer = await prepared_mps(backend, daemons, tmp_path, "gpu-0-mig-3g-20gb-at-4")
     assert "" == answer.error
     (mig,) = (d.uuid for d in answer.devices)
     client = attach(daemons, mig)
@@ -370,12 +371,7 @@ async def test_an_mps_claim_on_an_adopted_instance_leaves_it_in_its_own_mode_wit
     gpu = (await backend.observe()).gpus[0].uuid
     foreign = await backend.create_instance(gpu, "3g.20gb", 4)  # made outside the agent: adopted
     mig = foreign.compute_instances[0].uuid
-    ondemand = OnDemand(backend, Journal(tmp_path / "journal.jsonl"), lock_wait_s=0.5, mps=daemons)
-    p = preparer(
-        ondemand, tmp_path, await ondemand.observe(), Claims(mps_claim("a", "gpu-0-mig-3g-20gb-at-4"))
-    )
-    await p.load()
-    answer = (await p.prepare([ClaimKey("ns", "a", "uid-a")]))["uid-a"]
+    p, answer = await prepared_mps(backend, daemons, tmp_path, "gpu-0-mig-3g-20gb-at-4")
     assert ("", [mig]) == (answer.error, [d.uuid for d in answer.devices])
     assert record_of(state, mig) is not None
     assert [3] == compute_modes(state, 0)  # EXCLUSIVE_PROCESS while its daemon serves (nvml.h)
@@ -397,12 +393,7 @@ async def watched(
     backend: NvmlBackend, daemons: MpsDaemons, tmp_path: Path
 ) -> AsyncIterator[tuple[Preparer, str, list[tuple[str, str, str]]]]:
     """An MPS claim prepared on a 3g.20gb, its MIG device, and the Events the watch of its daemon says."""
-    ondemand = OnDemand(backend, Journal(tmp_path / "journal.jsonl"), lock_wait_s=0.5, mps=daemons)
-    p = preparer(
-        ondemand, tmp_path, await ondemand.observe(), Claims(mps_claim("a", "gpu-0-mig-3g-20gb-at-4"))
-    )
-    await p.load()
-    answer = (await p.prepare([ClaimKey("ns", "a", "uid-a")]))["uid-a"]
+    p, answer = await prepared_mps(backend, daemons, tmp_path, "gpu-0-mig-3g-20gb-at-4")
     assert "" == answer.error
     (mig,) = (d.uuid for d in answer.devices)
     events: list[tuple[str, str, str]] = []
