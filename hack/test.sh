@@ -17,7 +17,7 @@
 #
 # Other arguments go to pytest (`hack/test.sh -k plan`, `hack/test.sh --randomly-seed=N`). The tests
 # run on SHARING_TEST_WORKERS workers (pytest-xdist; default one more than the cores, as the tests
-# often wait on the processes they start): the real node's tests on one of them, the rest wherever a
+# often wait on the processes they start): each real node's tests on one of them, the rest wherever a
 # worker is free. SHARING_TEST_WORKERS=0 runs them in one process.
 # SHARING_TEST_TIMEOUT_SCALE stretches every deadline of the tests (hack/lab/deadlines.py); under load
 # it defaults to 3.

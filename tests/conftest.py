@@ -111,6 +111,11 @@ _HOST_WIDE = ("tests/bench/", "tests/node/test_teardown.py")
 """Tests that start real nodes of their own and read the host as a whole (its cgroups, links and
 rules before and after): never beside each other."""
 
+_DRA_NODE = ("tests/node/test_dra.py", "tests/node/test_ondemand.py", "tests/node/test_mixed.py")
+"""The modules of tests/node that take the session's node through DRA and on-demand MIG: on a second
+session node (tests/node/conftest.py `dra_node`), their own worker group, so that they run beside the
+other modules of tests/node (each half about five minutes) instead of after them."""
+
 _OWN_NODE = ("tests/node/test_demo.py",)
 """Tests of tests/node that bring up a node of their own (the demo's), not the session's: each is a
 module like any other, on whichever worker is free, beside the session's node."""
@@ -136,14 +141,14 @@ that the random order started last while the other workers wait."""
 def _first_to_last(item: pytest.Item) -> int:
     group = worker_group(item.nodeid)
     if group:
-        return {"host": 0, "node": 1, "cluster": 2, "skew": 3}[group]
+        return {"host": 0, "node": 1, "dra-node": 2, "cluster": 3, "skew": 4}[group]
     module = item.nodeid.split("::", 1)[0]
-    return 4 + _LONGEST.index(module) if module in _LONGEST else 4 + len(_LONGEST)
+    return 5 + _LONGEST.index(module) if module in _LONGEST else 5 + len(_LONGEST)
 
 
 def worker_group(nodeid: str) -> str:
-    """Which tests one worker runs together when the run is spread over several: every test of the
-    session's real node (they share its one node), every test of the session's three-node cluster,
+    """Which tests one worker runs together when the run is spread over several: every test of one of
+    the session's real nodes (the modules of a node share it), every test of the session's three-node cluster,
     the tests of other Kubernetes releases (tests/skew: one node at a time, on one subnet), and the
     tests of `_HOST_WIDE`; "" for the rest."""
     if nodeid.startswith(_HOST_WIDE):
@@ -152,6 +157,8 @@ def worker_group(nodeid: str) -> str:
         return "cluster"
     if nodeid.startswith("tests/skew/"):
         return "skew"
+    if nodeid.startswith(_DRA_NODE):
+        return "dra-node"
     return "node" if nodeid.startswith("tests/node/") and not nodeid.startswith(_OWN_NODE) else ""
 
 
@@ -159,8 +166,8 @@ def worker_group(nodeid: str) -> str:
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """pytest-xdist's load scheduling by scope: a scope is a `worker_group`, or else a module (so a
     module's fixtures are set up once, not once per worker its tests land on). Scopes go out in the
-    order collected (`_first_to_last`): the host-wide tests (the bench's smoke run) to one worker, the
-    real node's to another, the cluster's to a third, then each module, the longest first, to
+    order collected (`_first_to_last`): the host-wide tests (the bench's smoke run) to one worker, each
+    real node's to another, then the cluster's, the skew's and each module, the longest first, to
     whichever worker is free.
     pytest-xdist's own `loadgroup` cannot be used: it names groups by rewriting `item._nodeid`, which
     pytest 9 no longer reads."""

@@ -1,9 +1,12 @@
-"""One real single-node Kubernetes for every test in tests/node, with the agent installed by its chart.
+"""Real single-node Kubernetes clusters for the tests in tests/node, with the agent installed by its chart.
 
-The node (hack/lab: containerd 2.x, kubelet, scheduler, controller-manager, kube-proxy in private
-namespaces) starts once per session, with 2x A100-SXM4-40GB + 2x H100 80GB HBM3 simulated and a
-config in the user's ConfigMap that yields every kind of resource at once. Tests talk to it as an
-operator does: kubectl, helm, `kubectl exec` into pods. Needs root; skipped without the Go binaries.
+Two nodes, each started once per session: one for the modules that take the node through DRA and
+on-demand MIG (tests/conftest.py `_DRA_NODE`), one for the rest; the modules of a node run one after
+another on one worker, the two nodes side by side. Each node (hack/lab: containerd 2.x, kubelet,
+scheduler, controller-manager, kube-proxy in private namespaces) has 2x A100-SXM4-40GB + 2x H100
+80GB HBM3 simulated and a config in the user's ConfigMap that yields every kind of resource at
+once. Tests talk to it as an operator does: kubectl, helm, `kubectl exec` into pods. Needs root;
+skipped without the Go binaries.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from lab.api import ApiError
 from lab.helm import NAMESPACE, RELEASE, Helm, lab_values
 
 from sharing.kubelet.api import deviceplugin_v1beta1_pb2 as api
+from tests.conftest import worker_group
 from tests.polling import poll
 
 NODE = "gpu-node"
@@ -237,19 +241,18 @@ def _running(pod: dict[str, Any]) -> bool:
     return status.get("phase") == "Running" and ready
 
 
-@pytest.fixture(scope="session")
-def real_node(cluster_binaries: lab.Binaries) -> Iterator[NodeUnderTest]:
-    """The node, labelled with the all-kinds config, and the chart installed (simulated GPUs)."""
+def _session_node(binaries: lab.Binaries, variable: str, default: int) -> Iterator[NodeUnderTest]:
+    """A real node, labelled with the all-kinds config, and the chart installed (simulated GPUs); down
+    after. One per machine at a time on its index (its subnet 10.(200+N).0.0/24 and its own state): a
+    second checkout testing beside this one names others with `variable`."""
     if os.geteuid() != 0:
         pytest.skip("the real node needs root (namespaces, cgroups, mounts)")
-    archives = images.all_images(cluster_binaries)
-    # One real node per machine at a time: a second checkout testing beside this one names another
-    # (SHARING_TEST_NODE_INDEX, its subnet 10.(200+N).0.0/24 and its own state; 1 is the suite's).
-    index = int(os.environ.get("SHARING_TEST_NODE_INDEX", "1"))
+    archives = images.all_images(binaries)
+    index = int(os.environ.get(variable, str(default)))
     node = lab.RealNode("test" if index == 1 else f"test{index}", NODE, index=index).up(archives)
     try:
         node.kubectl("label", "node", NODE, f"{CONFIG_LABEL}={CONFIG}", check=True)
-        helm = Helm(node.kubeconfig, binary=cluster_binaries.helm)
+        helm = Helm(node.kubeconfig, binary=binaries.helm)
         helm.upgrade_install(lab_values({CONFIG: ALL_KINDS}))
         under_test = NodeUnderTest(node, helm)
         under_test.running_agent()
@@ -259,8 +262,30 @@ def real_node(cluster_binaries: lab.Binaries) -> Iterator[NodeUnderTest]:
         node.down()
 
 
+@pytest.fixture(scope="session")
+def first_node(cluster_binaries: lab.Binaries) -> Iterator[NodeUnderTest]:
+    """The session node of the modules of worker group "node" (index 1 unless told)."""
+    yield from _session_node(cluster_binaries, "SHARING_TEST_NODE_INDEX", 1)
+
+
+@pytest.fixture(scope="session")
+def dra_node(cluster_binaries: lab.Binaries) -> Iterator[NodeUnderTest]:
+    """The session node of the modules of worker group "dra-node" (index 6 unless told): the ones that
+    take the node through DRA and on-demand MIG, a second node so that they run beside the others."""
+    yield from _session_node(cluster_binaries, "SHARING_TEST_DRA_NODE_INDEX", 6)
+
+
+@pytest.fixture(scope="module")
+def real_node(request: pytest.FixtureRequest) -> NodeUnderTest:
+    """The session node of this module's worker group (tests/conftest.py `worker_group`): the modules
+    of a group share one node, one after another, and each leaves it as the session made it."""
+    group = worker_group(request.node.nodeid)
+    under_test: NodeUnderTest = request.getfixturevalue({"node": "first_node", "dra-node": "dra_node"}[group])
+    return under_test
+
+
 @pytest.fixture
 def node(real_node: NodeUnderTest) -> Iterator[NodeUnderTest]:
-    """The session's node; pods a test started are deleted after it."""
+    """The module's session node; pods a test started are deleted after it."""
     yield real_node
     real_node.delete_pods()
