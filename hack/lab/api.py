@@ -37,8 +37,9 @@ class Api:
         return http.client.HTTPSConnection(self.host, self.port, context=self.context, timeout=timeout)
 
     def request(self, method: str, path: str, body: Any = None, *, merge: bool = True) -> Any:
-        """The JSON answer; ApiError for any other status than 2xx. A connection the server closed
-        (it restarted, or dropped an idle one) is opened again once."""
+        """The JSON answer (text where it is not JSON: a pod's log); ApiError for any other status
+        than 2xx. A connection the server closed (it restarted, or dropped an idle one) is opened
+        again once."""
         data = None if body is None else json.dumps(body).encode()
         headers = {"Content-Type": "application/merge-patch+json" if merge else "application/json"}
         with self._lock:
@@ -57,7 +58,9 @@ class Api:
                     continue
                 if resp.status >= 300:
                     raise ApiError(f"{method} {path}: HTTP {resp.status}: {raw[:300]!r}", resp.status)
-                return json.loads(raw)
+                if resp.getheader("Content-Type", "").startswith("application/json"):
+                    return json.loads(raw)
+                return raw.decode(errors="replace")  # a pod's log, a proxied page
         raise AssertionError("unreachable")
 
     def close(self) -> None:

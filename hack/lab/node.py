@@ -232,8 +232,16 @@ class RealNode:
         # Pods need their namespace's ServiceAccount, which the controller-manager creates.
         self._wait(
             "the default ServiceAccount",
-            lambda: self.kubectl("get", "serviceaccount", "default").returncode == 0,
+            lambda: self._exists("/api/v1/namespaces/default/serviceaccounts/default"),
         )
+
+    def _exists(self, path: str) -> bool:
+        """Whether the API server has the object (False while it answers 404 or not at all)."""
+        try:
+            self.api.request("GET", path)
+        except (OSError, ApiError, http.client.HTTPException):
+            return False
+        return True
 
     def _daemon(self, name: str, args: list[str]) -> Process:
         return Process(
