@@ -222,10 +222,14 @@ class GpuNode:
         name = name or f"test-{uuid.uuid4().hex[:8]}"
         if name not in self.configs:
             self.configs.append(name)
-        self.control_plane.api.request(
-            "PATCH", f"/api/v1/namespaces/{NAMESPACE}/configmaps/{CONFIGMAP}", {"data": {name: text}}
-        )
+        self.patch_configs({name: text})
         return name
+
+    def patch_configs(self, data: dict[str, str | None]) -> None:
+        """`kubectl patch configmap --type=merge` of the shared ConfigMap's data (None removes a key)."""
+        self.control_plane.api.request(
+            "PATCH", f"/api/v1/namespaces/{NAMESPACE}/configmaps/{CONFIGMAP}", {"data": data}
+        )
 
     def node(self) -> dict[str, Any]:
         return dict(self.control_plane.api.request("GET", f"/api/v1/nodes/{self.name}"))
@@ -306,5 +310,4 @@ def gpu_node(
         sys.stderr.write(f"--- {agent.log.name} (last lines) ---\n")
         sys.stderr.write("\n".join(agent.log.read_text(errors="replace").splitlines()[-40:]) + "\n")
     if node.configs:
-        patch = json.dumps({"data": dict.fromkeys(node.configs)})
-        control_plane.kubectl("patch", "configmap", CONFIGMAP, "-n", NAMESPACE, "--type=merge", "-p", patch)
+        node.patch_configs(dict.fromkeys(node.configs))

@@ -5,7 +5,8 @@ on-demand MIG (tests/conftest.py `_DRA_NODE`), one for the rest; the modules of 
 another on one worker, the two nodes side by side. Each node (hack/lab: containerd 2.x, kubelet,
 scheduler, controller-manager, kube-proxy in private namespaces) has 2x A100-SXM4-40GB + 2x H100
 80GB HBM3 simulated and a config in the user's ConfigMap that yields every kind of resource at
-once. Tests talk to it as an operator does: kubectl, helm, `kubectl exec` into pods. Needs root;
+once. Tests talk to it as an operator does: the requests kubectl sends (straight to the API server:
+a kubectl process costs a tenth of a CPU-second), helm, `kubectl exec` into pods. Needs root;
 skipped without the Go binaries.
 """
 
@@ -26,13 +27,18 @@ from lab import images
 from lab.api import ApiError
 from lab.helm import NAMESPACE, RELEASE, Helm, lab_values
 
+from sharing.gpu import simstate
 from sharing.kubelet.api import deviceplugin_v1beta1_pb2 as api
+from sharing.mig.observed import device_profile
+from sharing.model import ComputeInstance, GpuInstance
 from tests.conftest import worker_group
 from tests.polling import poll
 
 NODE = "gpu-node"
 CONFIG = "all-kinds"
 CONFIG_LABEL = "nvidia.com/device-plugin.config"
+CONFIGMAP = "gpu-sharing-config"  # the chart's, holding the user's configs
+HTTP_PORT = 9402  # the agent's status and metrics (the chart's httpPort)
 TOOLBOX = "localhost/toolbox:1"
 # One config, every kind of resource: a MIG device, a whole GPU, a time-sliced replica of a GPU and
 # a replica of a MIG device (renamed .shared, so each kind has its own resource name). GPUs 0-1 are
@@ -71,8 +77,16 @@ KINDS = {
     "endpointslices": ("/apis/discovery.k8s.io/v1", "endpointslices", True),
     "resourceslices": ("/apis/resource.k8s.io/v1", "resourceslices", False),
     "resourceclaim": ("/apis/resource.k8s.io/v1", "resourceclaims", True),
+    "poddisruptionbudget": ("/apis/policy/v1", "poddisruptionbudgets", True),
 }
-"""The kinds tests read with `NodeUnderTest.get`, by kubectl's name: API path, plural, namespaced."""
+"""The kinds tests read and write through `NodeUnderTest`, by kubectl's name: API path, plural,
+namespaced."""
+
+
+def _path(kind: str, name: str | None = None, namespace: str = "default") -> str:
+    prefix, plural, namespaced = KINDS[kind]
+    path = f"{prefix}/namespaces/{namespace}/{plural}" if namespaced else f"{prefix}/{plural}"
+    return f"{path}/{name}" if name else path
 
 
 @dataclass
@@ -88,11 +102,58 @@ class NodeUnderTest:
         assert 0 == done.returncode, f"kubectl {' '.join(args)}: {done.stderr}"
         return done.stdout
 
+    def create(self, obj: dict[str, Any]) -> str:
+        """`kubectl create -f` of one object, sent straight to the API server (a kubectl process
+        costs a tenth of a CPU-second, and the node's tests make hundreds); its name."""
+        meta = obj["metadata"]
+        self.node.api.request(
+            "POST", _path(obj["kind"].lower(), None, meta.get("namespace", "default")), obj, merge=False
+        )
+        return str(meta["name"])
+
+    def delete(
+        self,
+        kind: str,
+        *names: str,
+        namespace: str = "default",
+        wait: bool = True,
+        force: bool = False,
+        timeout: float = 60,
+    ) -> None:
+        """`kubectl delete --ignore-not-found KIND NAMES` (`--grace-period=0 --force` with `force`):
+        with `wait`, returns once every one is gone, as kubectl does (a pod: once the kubelet has
+        stopped it and unprepared its devices)."""
+        query = "?gracePeriodSeconds=0" if force else ""
+        for name in names:
+            try:
+                self.node.api.request("DELETE", _path(kind, name, namespace) + query)
+            except ApiError as err:
+                if err.status != 404:
+                    raise
+        if wait:
+
+            def left() -> list[str]:
+                return [n for n in names if self.exists(kind, n, "-n", namespace)]
+
+            poll(f"{kind} {' '.join(names)} gone", left, lambda found: not found, timeout)
+
+    def label(self, key: str, value: str | None) -> None:
+        """`kubectl label node --overwrite KEY=VALUE` (`KEY-` for None) of the node."""
+        self.node.api.request("PATCH", _path("node", NODE), {"metadata": {"labels": {key: value}}})
+
+    def patch_configs(self, data: dict[str, str | None]) -> None:
+        """`kubectl patch configmap --type=merge` of the user's ConfigMap's data (None removes a key)."""
+        self.node.api.request("PATCH", _path("configmap", CONFIGMAP, NAMESPACE), {"data": data})
+
+    def logs(self, pod: str, namespace: str = NAMESPACE, container: str | None = None) -> str:
+        """`kubectl logs` of a pod's container."""
+        query = f"?{urllib.parse.urlencode({'container': container})}" if container else ""
+        return str(self.node.api.request("GET", _path("pod", pod, namespace) + "/log" + query))
+
     def get(self, kind: str, *args: str) -> dict[str, Any]:
         """What `kubectl get KIND [NAME] [-n NS] [-l SELECTOR] [--field-selector SELECTOR] -o json`
         shows, read straight from the API server: tests poll with it, and a kubectl process per read
         would take the CPU from what they wait for."""
-        prefix, plural, namespaced = KINDS[kind]
         name, namespace, query = None, "default", {}
         rest = list(args)
         while rest:
@@ -104,8 +165,7 @@ class NodeUnderTest:
             else:
                 assert name is None, f"get {kind} {' '.join(args)}: one name at most"
                 name = arg
-        path = f"{prefix}/namespaces/{namespace}/{plural}" if namespaced else f"{prefix}/{plural}"
-        path += f"/{name}" if name else ""
+        path = _path(kind, name, namespace)
         path += f"?{urllib.parse.urlencode(query)}" if query else ""
         return dict(self.node.api.request("GET", path))
 
@@ -163,7 +223,20 @@ class NodeUnderTest:
         return dict(pod)
 
     def agent_log(self) -> str:
-        return self.kubectl("-n", NAMESPACE, "logs", f"ds/{RELEASE}")
+        """`kubectl logs ds/gpu-sharing`: the agent's log."""
+        return self.logs(self._agent_pod(), container="agent")
+
+    def status(self) -> dict[str, Any]:
+        """What `sharing status --json` in the agent's pod shows: the document the agent serves on its
+        port, read through the API server's proxy to the pod (the command would cost 0.8 CPU-s a poll;
+        tests/node/test_agent.py runs it)."""
+        path = _path("pod", f"{self._agent_pod()}:{HTTP_PORT}", NAMESPACE) + "/proxy/status"
+        return dict(self.node.api.request("GET", path))
+
+    def _agent_pod(self) -> str:
+        """The agent's newest pod (not being deleted), as `ds/gpu-sharing` reaches it."""
+        pods = sorted(self.agent_pods(), key=lambda p: p["metadata"]["creationTimestamp"])
+        return str(pods[-1]["metadata"]["name"])
 
     def export(self) -> dict[str, Any]:
         """`sharing export --json` inside the agent's pod: the GPUs as the agent sees them."""
@@ -172,6 +245,28 @@ class NodeUnderTest:
                 self.kubectl("-n", NAMESPACE, "exec", f"ds/{RELEASE}", "--", "sharing", "export", "--json")
             )
         )
+
+    def mig_devices(self, product: str) -> dict[int, list[dict[str, Any]]]:
+        """{GPU index: its MIG devices} of the GPUs of `product` (`NVIDIA A100-SXM4-40GB`) in MIG mode,
+        as the node's (fake) hardware has them: each device's profile (as `sharing export` names it),
+        start slot and UUID; a GPU instance without a compute instance is one row, its UUID None.
+        Read from the fake driver's state file, where `export` would start the agent's command in
+        its pod (0.8 CPU-s a poll)."""
+        found = {}
+        for gpu in simstate.read(self.node.gpus_state)["gpus"]:
+            if gpu["name"] != product or gpu["migCurrent"] != 1:
+                continue
+            names = {p["id"]: p["name"] for p in gpu["mig"]["profiles"]}
+            rows = []
+            for raw in gpu["gpuInstances"]:
+                gi = GpuInstance(raw["id"], names[raw["profileId"]], raw["start"], raw["size"])
+                for ci in raw["computeInstances"]:
+                    profile = device_profile(gi, ComputeInstance(ci["id"], ci["uuid"], slices=ci["size"]))
+                    rows.append({"profile": profile, "start": gi.start, "uuid": ci["uuid"]})
+                if not raw["computeInstances"]:
+                    rows.append({"profile": gi.profile, "start": gi.start, "uuid": None})
+            found[gpu["index"]] = rows
+        return found
 
     def start_pod(self, resource: str, count: int = 1, name: str | None = None) -> str:
         name = name or f"p-{uuid.uuid4().hex[:6]}"
@@ -192,7 +287,7 @@ class NodeUnderTest:
                 ],
             },
         }
-        self.kubectl("apply", "-f", "-", input=json.dumps(pod))
+        self.create(pod)
         self.pods.append(name)
         return name
 
@@ -225,7 +320,7 @@ class NodeUnderTest:
     def delete_pods(self) -> None:
         """Delete the pods this session started and wait until they are gone (their devices free)."""
         if self.pods:
-            self.kubectl("delete", "pod", "--ignore-not-found", "--timeout=50s", *self.pods)
+            self.delete("pod", *self.pods, timeout=50)
             self.pods.clear()
 
 

@@ -168,7 +168,7 @@ def start_glibc_pod(node: NodeUnderTest, resource: str) -> str:
         "metadata": {"name": name, "namespace": "default"},
         "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1, "containers": [container]},
     }
-    node.kubectl("apply", "-f", "-", input=json.dumps(pod))
+    node.create(pod)
     node.pods.append(name)
     return name
 
@@ -249,9 +249,7 @@ def test_containerd_injects_the_agents_cdi_spec_into_a_pod(cdi: NodeUnderTest) -
     suffix = re.sub("[^A-Za-z0-9]", "_", device).upper()
     assert device == env[f"GPU_SHARING_DEVICE_{suffix}"]
     # The spec lists every advertised device and nothing else.
-    status = json.loads(
-        cdi.kubectl("-n", NAMESPACE, "exec", f"ds/{RELEASE}", "--", "sharing", "status", "--json")
-    )
+    status = cdi.status()
     advertised = {s["device"] for g in status["gpus"] for s in g["slices"]}
     spec = json.loads(
         cdi.kubectl(

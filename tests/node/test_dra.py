@@ -10,7 +10,6 @@ mig.nvidia.com, its attribute names), and what a container sees is compared with
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -58,7 +57,7 @@ class DraNode:
     objects: list[tuple[str, str]] = field(default_factory=list)
 
     def apply(self, obj: dict[str, Any]) -> str:
-        self.node.kubectl("apply", "-f", "-", input=json.dumps(obj))
+        self.node.create(obj)
         name = obj["metadata"]["name"]
         self.objects.append((obj["kind"].lower(), name))
         return str(name)
@@ -107,7 +106,7 @@ class DraNode:
         for kind in ("pod", "resourceclaim"):
             names = [n for k, n in self.objects if k == kind]
             if names:
-                self.node.kubectl("delete", kind, "--ignore-not-found", "--timeout=60s", *names)
+                self.node.delete(kind, *names)
         self.objects.clear()
 
 
@@ -123,10 +122,19 @@ def _slices(node: NodeUnderTest) -> list[dict[str, Any]]:
 
 
 def _published(node: NodeUnderTest) -> dict[str, dict[str, Any]]:
-    """{device name: its attributes as plain values} of the node's pool."""
+    """{device name: its attributes as plain values} of the node's pool as the scheduler takes it: the
+    slices of its newest generation, once all of them are there; nothing while a new generation is
+    being written (k8s.io/api resource/v1 types.go `ResourcePool`: consumers ignore older
+    generations and wait for an incomplete pool). The agent replaces a pool's slices one by one: a
+    read meanwhile sees some of each generation, an offer no one makes."""
+    slices = _slices(node)
+    newest = max((s["spec"]["pool"]["generation"] for s in slices), default=None)
+    current = [s for s in slices if s["spec"]["pool"]["generation"] == newest]
+    if not current or len(current) < current[0]["spec"]["pool"]["resourceSliceCount"]:
+        return {}
     return {
         d["name"]: {k: next(iter(v.values())) for k, v in d.get("attributes", {}).items()}
-        for s in _slices(node)
+        for s in current
         for d in s["spec"].get("devices", [])
     }
 
@@ -160,7 +168,7 @@ def switched(real_node: NodeUnderTest) -> Iterator[Switched]:
     node.delete_pods()
     node.helm.upgrade_install(lab_values({CONFIG: ALL_KINDS}, dra={"enabled": True}))
     try:
-        node.kubectl("label", "node", NODE, f"{FRONTEND}=dra", "--overwrite")
+        node.label(FRONTEND, "dra")
         # What a user does (and the demo): once the pool shows, a pod asks by limits at once.
         poll("the pool's devices", lambda: set(_published(node)), lambda d: d == DEVICES, 120)
         shown = node.allocatable()
@@ -173,7 +181,7 @@ def switched(real_node: NodeUnderTest) -> Iterator[Switched]:
         poll("the DRA plugin registered with the kubelet", lambda: _ready(node), lambda ok: ok, 120)
         yield Switched(node, shown, pod)
     finally:
-        node.kubectl("label", "node", NODE, f"{FRONTEND}-")
+        node.label(FRONTEND, None)
         node.wait_allocatable(timeout=120)
         node.helm.upgrade_install(lab_values({CONFIG: ALL_KINDS}))
         node.running_agent()
@@ -374,10 +382,10 @@ def test_a_restarted_agent_unprepares_what_the_one_before_prepared(dra: DraNode)
     pod = dra.pod(claim)
     dra.node.wait_running(pod)
     (old,) = dra.node.agent_pods()
-    dra.node.kubectl("-n", NAMESPACE, "delete", "pod", old["metadata"]["name"], "--timeout=60s")
+    dra.node.delete("pod", old["metadata"]["name"], namespace=NAMESPACE)
     dra.node.running_agent(not_uid=old["metadata"]["uid"])
     assert 1 == len(dra.seen(pod))  # still running on its device
-    dra.node.kubectl("delete", "pod", pod, "--timeout=60s")  # returns once unprepared
+    dra.node.delete("pod", pod)  # returns once unprepared
     # The node's /var/run/cdi is a tmpfs in its namespace: read through the agent's mount of it.
     specs = dra.node.kubectl("-n", NAMESPACE, "exec", "ds/gpu-sharing", "--", "ls", "/var/run/cdi")
     uid = dra.node.get("resourceclaim", claim)["metadata"]["uid"]
@@ -400,7 +408,7 @@ def test_a_kubelet_restarted_between_prepare_and_unprepare_loses_nothing(dra: Dr
     after = dra.node.wait_running(pod)["status"]["containerStatuses"][0]
     assert (before, 0) == (after["containerID"], after["restartCount"])
     assert seen == dra.seen(pod)
-    dra.node.kubectl("delete", "pod", pod, "--timeout=60s")  # returns once unprepared
+    dra.node.delete("pod", pod)  # returns once unprepared
     second = dra.pod(claim)
     dra.node.wait_running(second)
     assert seen == dra.seen(second)
@@ -412,7 +420,7 @@ def test_a_claim_made_while_the_agent_restarts_runs_without_a_failed_prepare(dra
     gpu.nvidia.com is not registered" and tried again only at its pod resync, a minute later. Now
     the pod waits unscheduled until the next agent is registered and has published."""
     (old,) = dra.node.agent_pods()
-    dra.node.kubectl("-n", NAMESPACE, "delete", "pod", old["metadata"]["name"], "--timeout=60s")
+    dra.node.delete("pod", old["metadata"]["name"], namespace=NAMESPACE)
     claim = dra.claim([{"name": "gpu", "exactly": {"deviceClassName": "mig.nvidia.com"}}])
     pod = dra.pod(claim)
     dra.node.running_agent(not_uid=old["metadata"]["uid"])
@@ -427,9 +435,9 @@ def test_a_claim_deleted_while_the_agent_is_down_is_unprepared_when_it_is_back(d
     dra.node.wait_running(pod)
     (old,) = dra.node.agent_pods()
     # The agent's pod goes and the claim with the pod while no new one serves yet.
-    dra.node.kubectl("-n", NAMESPACE, "delete", "pod", old["metadata"]["name"], "--wait=false")
-    dra.node.kubectl("delete", "pod", pod, "--wait=false")
-    dra.node.kubectl("delete", "resourceclaim", claim, "--wait=false")
+    dra.node.delete("pod", old["metadata"]["name"], namespace=NAMESPACE, wait=False)
+    dra.node.delete("pod", pod, wait=False)
+    dra.node.delete("resourceclaim", claim, wait=False)
     dra.node.running_agent(not_uid=old["metadata"]["uid"])
     poll("the pod gone", lambda: dra.node.exists("pod", pod), lambda found: not found, 90)
     poll("the claim gone", lambda: dra.node.exists("resourceclaim", claim), lambda found: not found, 90)
@@ -455,11 +463,6 @@ def test_the_node_runs_what_dra_needs(dra: DraNode) -> None:
     assert {"/var/lib/kubelet/plugins", "/var/lib/kubelet/plugins_registry", "/var/run/cdi"} <= mounts
 
 
-def _set_config(node: NodeUnderTest, text: str) -> None:
-    patch = json.dumps({"data": {CONFIG: text}})
-    node.kubectl("-n", NAMESPACE, "patch", "configmap", "gpu-sharing-config", "--type=merge", "-p", patch)
-
-
 # The A100s cut into 1g.5gb slices only: a change that would destroy every MIG device they have now.
 SMALL = ALL_KINDS.replace(
     "mig: {1g.5gb: 2, 2g.10gb: 1, 3g.20gb: 1}\n    replicas: {2g.10gb: 2}", "mig: {1g.5gb: 7}"
@@ -483,7 +486,7 @@ def test_a_config_change_leaves_a_claimed_device_alone_and_finishes_when_it_is_f
     gpu = _export_uuids(dra.node)[held][0]
     said = len(dra.node.events("ConfigApplyBlocked"))
     try:
-        _set_config(dra.node, SMALL)
+        dra.node.patch_configs({CONFIG: SMALL})
         waits = poll(
             "ConfigApplyBlocked", lambda: dra.node.events("ConfigApplyBlocked"), lambda m: len(m) > said, 90
         )
@@ -491,10 +494,8 @@ def test_a_config_change_leaves_a_claimed_device_alone_and_finishes_when_it_is_f
         other = 1 - gpu
         profiles = poll(
             "the other A100 re-cut",
-            lambda: {
-                i: [x["profile"] for x in g["instances"]] for i, g in enumerate(dra.node.export()["gpus"])
-            },
-            lambda p: p[other] == ["1g.5gb"] * 7,
+            lambda: {i: [x["profile"] for x in rows] for i, rows in dra.node.mig_devices(A100).items()},
+            lambda p: p.get(other) == ["1g.5gb"] * 7,
             90,
         )
         assert held in _export_uuids(dra.node)  # untouched while the claim holds it
@@ -505,7 +506,7 @@ def test_a_config_change_leaves_a_claimed_device_alone_and_finishes_when_it_is_f
         assert held not in _export_uuids(dra.node)
     finally:
         dra.cleanup()
-        _set_config(dra.node, ALL_KINDS)
+        dra.node.patch_configs({CONFIG: ALL_KINDS})
         poll("the pool as before", lambda: set(_published(dra.node)), lambda d: d == DEVICES, 120)
 
 
@@ -517,7 +518,7 @@ def test_switching_the_front_end_with_pods_running_waits_for_them(dra: DraNode) 
     blocked = len(node.events("FrontendSwitchBlocked"))
     switched = len(node.events("FrontendSwitched"))
     try:
-        node.kubectl("label", "node", NODE, f"{FRONTEND}=deviceplugin", "--overwrite")
+        node.label(FRONTEND, "deviceplugin")
         waits = poll(
             "the switch waits", lambda: node.events("FrontendSwitchBlocked"), lambda m: len(m) > blocked, 60
         )
@@ -532,7 +533,7 @@ def test_switching_the_front_end_with_pods_running_waits_for_them(dra: DraNode) 
         node.wait_running(name)
         # Back to DRA: now a device-plugin pod holds the switch.
         blocked = len(node.events("FrontendSwitchBlocked"))
-        node.kubectl("label", "node", NODE, f"{FRONTEND}=dra", "--overwrite")
+        node.label(FRONTEND, "dra")
         waits = poll(
             "the switch back waits",
             lambda: node.events("FrontendSwitchBlocked"),
@@ -545,7 +546,7 @@ def test_switching_the_front_end_with_pods_running_waits_for_them(dra: DraNode) 
     finally:
         dra.cleanup()
         node.delete_pods()
-        node.kubectl("label", "node", NODE, f"{FRONTEND}=dra", "--overwrite")
+        node.label(FRONTEND, "dra")
         poll("the pool back", lambda: set(_published(node)), lambda d: d == DEVICES, 120)
 
 
@@ -555,15 +556,11 @@ def test_sharing_status_shows_the_claim_and_its_pod_beside_the_device(dra: DraNo
     dra.node.wait_running(pod)
     (seen,) = dra.seen(pod)
 
-    def status() -> dict[str, Any]:
-        out = dra.node.kubectl("-n", NAMESPACE, "exec", "ds/gpu-sharing", "--", "sharing", "status", "--json")
-        return dict(json.loads(out))
-
     def claims(document: dict[str, Any]) -> list[Any]:
         return [s["claims"] for g in document["gpus"] for s in g["slices"] if s["id"] == seen]
 
     # The agent reads who holds what at most once a second.
-    document = poll("the claim in `sharing status`", status, lambda d: any(claims(d)), 30)
+    document = poll("the claim in `sharing status`", dra.node.status, lambda d: any(claims(d)), 30)
     assert "dra" == document["frontend"]
     assert [[{"namespace": "default", "name": claim, "pods": [f"default/{pod}"]}]] == claims(document)
     table = dra.node.kubectl("-n", NAMESPACE, "exec", "ds/gpu-sharing", "--", "sharing", "status")

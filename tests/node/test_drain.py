@@ -6,7 +6,6 @@ Puts the values and the node's label back afterwards.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -36,22 +35,12 @@ def draining(node: NodeUnderTest) -> Iterator[NodeUnderTest]:
     node.running_agent(not_uid=old["metadata"]["uid"])
     node.wait_allocatable()
     # The user's ConfigMap is theirs (the chart made it once): add a config as a user does.
-    patch = json.dumps({"data": {"no-3g": NO_3G}})
-    node.kubectl("-n", NAMESPACE, "patch", "configmap", "gpu-sharing-config", "--type=merge", "-p", patch)
+    node.patch_configs({"no-3g": NO_3G})
     yield node
-    node.kubectl("delete", "pdb", "keep-trainer", "--ignore-not-found")
+    node.delete("poddisruptionbudget", "keep-trainer")
     node.delete_pods()
-    node.kubectl("label", "node", NODE, f"{CONFIG_LABEL}={CONFIG}", "--overwrite")
-    node.kubectl(
-        "-n",
-        NAMESPACE,
-        "patch",
-        "configmap",
-        "gpu-sharing-config",
-        "--type=merge",
-        "-p",
-        '{"data": {"no-3g": null}}',
-    )
+    node.label(CONFIG_LABEL, CONFIG)
+    node.patch_configs({"no-3g": None})
     (old,) = node.agent_pods()
     node.helm.upgrade_install(lab_values({CONFIG: ALL_KINDS}))
     node.running_agent(not_uid=old["metadata"]["uid"])
@@ -73,8 +62,8 @@ def _trainer_kept_by_a_budget(node: NodeUnderTest) -> str:
         "metadata": {"name": "keep-trainer", "namespace": "default"},
         "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "trainer"}}},
     }
-    node.kubectl("apply", "-f", "-", input=json.dumps(budget))
-    node.kubectl("label", "node", NODE, f"{CONFIG_LABEL}=no-3g", "--overwrite")
+    node.create(budget)
+    node.label(CONFIG_LABEL, "no-3g")
     return trainer
 
 
@@ -94,7 +83,7 @@ def test_drain_evicts_the_blockers_applies_and_uncordons_and_a_budget_holds_it_b
     assert "true" == _node(node)["metadata"]["annotations"]["nvidia.com/gpu-sharing.cordoned"]
     assert "Running" == node.pod(trainer)["status"]["phase"]
     # The budget goes: the next re-check evicts the trainer, the change goes through, the node opens.
-    node.kubectl("delete", "pdb", "keep-trainer")
+    node.delete("poddisruptionbudget", "keep-trainer")
     poll("the trainer evicted", lambda: node.exists("pod", trainer), lambda found: not found, 60)
     poll(
         "the change applied",
@@ -118,10 +107,10 @@ def test_a_drain_that_ends_without_the_change_uncordons_and_a_persons_cordon_sta
     poll("the node cordoned", lambda: _node(node)["spec"].get("unschedulable"), bool)
     if restart:  # mid-drain: the new agent knows only what the Node's annotation says
         (old,) = node.agent_pods()
-        node.kubectl("-n", NAMESPACE, "delete", "pod", old["metadata"]["name"])
+        node.delete("pod", old["metadata"]["name"], namespace=NAMESPACE)
         node.running_agent(not_uid=old["metadata"]["uid"])
     drained = len(node.events("Drained"))
-    node.kubectl("label", "node", NODE, f"{CONFIG_LABEL}=no-such-config", "--overwrite")
+    node.label(CONFIG_LABEL, "no-such-config")
     # Uncordoned, then the annotation removed, then the Event: the last one is what is waited for.
     (said,) = poll("the Drained Event", lambda: node.events("Drained")[drained:], bool, 60)
     assert "the change did not go through (ConfigRejected)" in said
@@ -132,7 +121,7 @@ def test_a_drain_that_ends_without_the_change_uncordons_and_a_persons_cordon_sta
     # A cordon a person makes is theirs: the agent leaves it, whatever happens next.
     node.kubectl("cordon", NODE)
     try:
-        node.kubectl("label", "node", NODE, f"{CONFIG_LABEL}={CONFIG}", "--overwrite")
+        node.label(CONFIG_LABEL, CONFIG)
         poll(
             "the config applied",
             lambda: _node(node)["metadata"]["labels"].get("nvidia.com/mig.config.state"),

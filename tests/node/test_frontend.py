@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from lab.helm import NAMESPACE
 
 from tests.node.conftest import EXPECTED, NODE, NodeUnderTest
 from tests.polling import poll
@@ -30,7 +29,7 @@ def unlabelled(node: NodeUnderTest) -> Iterator[NodeUnderTest]:
     try:
         yield node
     finally:
-        node.kubectl("label", "node", NODE, f"{FRONTEND}-")
+        node.label(FRONTEND, None)
         poll("state success", lambda: _labels(node).get(STATE), lambda s: s == "success", 60)
         node.wait_allocatable()
 
@@ -40,7 +39,7 @@ def test_a_front_end_label_that_names_none_is_refused_and_the_node_keeps_serving
 ) -> None:
     node = unlabelled
     said = len(node.events("FrontendRejected"))
-    node.kubectl("label", "node", NODE, f"{FRONTEND}=nvlink", "--overwrite")
+    node.label(FRONTEND, "nvlink")
     refused = poll(
         "the FrontendRejected Event", lambda: node.events("FrontendRejected"), lambda m: len(m) > said, 60
     )
@@ -52,5 +51,5 @@ def test_a_front_end_label_that_names_none_is_refused_and_the_node_keeps_serving
     assert EXPECTED == node.offered()
     name = node.start_pod("nvidia.com/mig-1g.5gb")
     node.wait_running(name)
-    log = node.kubectl("-n", NAMESPACE, "logs", "ds/gpu-sharing")
+    log = node.agent_log()
     assert "Traceback" not in log

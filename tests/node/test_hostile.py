@@ -8,7 +8,6 @@ key and the edit to the selected config are undone afterwards.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,23 +27,14 @@ HOSTILE_CONFIG = "version: v1\ngpus: [" + ",".join("0" * 480_000) + "]\n"
 EDITED = ALL_KINDS.replace("replicas: 4", "replicas: 2")
 
 
-def _patch(node: NodeUnderTest, data: dict[str, str | None], tmp_path: Path) -> None:
-    """A merge patch of the user's ConfigMap, from a file (one argument is capped at 128 KiB)."""
-    patch = tmp_path / "patch.json"
-    patch.write_text(json.dumps({"data": data}))
-    node.kubectl(
-        "-n", NAMESPACE, "patch", "configmap", "gpu-sharing-config", "--type=merge", f"--patch-file={patch}"
-    )
-
-
 @pytest.fixture
-def restored(node: NodeUnderTest, tmp_path: Path) -> Iterator[NodeUnderTest]:
+def restored(node: NodeUnderTest) -> Iterator[NodeUnderTest]:
     """Afterwards: the hostile key gone, the selected config as it was, every slice allocatable."""
     try:
         yield node
     finally:
         node.delete_pods()
-        _patch(node, {HOSTILE: None, CONFIG: ALL_KINDS}, tmp_path)
+        node.patch_configs({HOSTILE: None, CONFIG: ALL_KINDS})
         node.wait_allocatable()
 
 
@@ -55,12 +45,12 @@ def _agent(node: NodeUnderTest) -> tuple[str, int]:
 
 
 def test_a_hostile_configmap_key_is_refused_by_an_event_and_the_agent_keeps_serving(
-    restored: NodeUnderTest, tmp_path: Path
+    restored: NodeUnderTest,
 ) -> None:
     node = restored
     before = _agent(node)
     said = len(node.events("ConfigInvalid"))
-    _patch(node, {HOSTILE: HOSTILE_CONFIG}, tmp_path)
+    node.patch_configs({HOSTILE: HOSTILE_CONFIG})
     refused = poll(
         "the ConfigInvalid Event", lambda: node.events("ConfigInvalid"), lambda m: len(m) > said, 60
     )
@@ -69,7 +59,7 @@ def test_a_hostile_configmap_key_is_refused_by_an_event_and_the_agent_keeps_serv
     assert "the limit for one config is 262144" in message
     # One more change, read with the hostile key still there: the agent has processed the key and
     # goes on with the configs beside it.
-    _patch(node, {CONFIG: EDITED}, tmp_path)
+    node.patch_configs({CONFIG: EDITED})
     node.wait_allocatable({**EXPECTED, "nvidia.com/gpu.shared": "2"})
     name = node.start_pod("nvidia.com/gpu.shared")
     node.wait_running(name)

@@ -12,7 +12,6 @@ publishes nothing on such a node (https://github.com/kubernetes-sigs/dra-driver-
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -26,7 +25,7 @@ from sharing.gpu.simspec import gpu_state
 from sharing.mig import default_catalog
 from tests.node.conftest import ALL_KINDS, CONFIG, EXPECTED, NODE, NodeUnderTest
 from tests.node.test_dra import DRIVER, FRONTEND, STATE, DraNode, _published
-from tests.node.test_ondemand import _config, _ondemand, _put, _run, _until
+from tests.node.test_ondemand import _config, _ondemand, _run, _until
 
 pytestmark = pytest.mark.node
 
@@ -67,22 +66,22 @@ def mixed_session(real_node: NodeUnderTest) -> Iterator[tuple[NodeUnderTest, str
         (old,) = node.agent_pods()
         node.helm.upgrade_install(lab_values({CONFIG: ALL_KINDS}, dra={"enabled": True}))
         node.running_agent(not_uid=old["metadata"]["uid"])
-        _put(node, {"mixed-empty": EMPTY, "mixed-dynamic": DYNAMIC})
+        node.patch_configs({"mixed-empty": EMPTY, "mixed-dynamic": DYNAMIC})
         # MIG on and nothing made first: a dynamic GPU keeps whatever instances it has (the claims').
         _config(node, "mixed-empty")
         _until(
             node, "the A100s and H100s in MIG mode, empty", lambda: _exported(node), _mig_on_and_empty, 180
         )
-        node.kubectl("label", "node", NODE, f"{FRONTEND}=dra", "--overwrite")
+        node.label(FRONTEND, "dra")
         _config(node, "mixed-dynamic")
         _until(node, "the pool: on demand and the L4", lambda: _pool(node), lambda p: p == POOL, 180)
         yield node, l4
     finally:
         try:
-            node.kubectl("label", "node", NODE, f"{FRONTEND}-")
+            node.label(FRONTEND, None)
             _config(node, CONFIG)
             _until(node, "device-plugin resources with the L4", node.offered, lambda a: a == WITH_L4, 180)
-            _put(node, {"mixed-empty": None, "mixed-dynamic": None})
+            node.patch_configs({"mixed-empty": None, "mixed-dynamic": None})
         finally:  # whatever happened above, the session's GPUs are given back
             _without_l4(node)
             (old,) = node.agent_pods()
@@ -138,9 +137,7 @@ def test_the_l4_is_published_whole_beside_the_on_demand_devices_and_pods_of_both
     assert [("1g.5gb", parsed[2])] == [(i["profile"], i["start"]) for i in made["instances"]]
     assert {made["instances"][0]["uuid"]} == dra.seen(small_pod)
 
-    status = json.loads(
-        node.kubectl("-n", NAMESPACE, "exec", "ds/gpu-sharing", "--", "sharing", "status", "--json")
-    )
+    status = node.status()
     assert ["onDemand"] * 4 + ["whole"] == [g["dynamic"] for g in status["gpus"]]
     table = node.kubectl("-n", NAMESPACE, "exec", "ds/gpu-sharing", "--", "sharing", "status")
     assert "  mig: dynamic, but this GPU has no MIG: offered as a whole GPU" in table.splitlines()

@@ -19,9 +19,9 @@ import pytest
 from lab.helm import NAMESPACE
 
 from tests.integration.test_monitoring import ON, empty_dashboard_queries, helm_template
-from tests.node.conftest import CONFIG, CONFIG_LABEL, NODE, NodeUnderTest
-from tests.node.test_mps import A100S, put
-from tests.node.test_usage import Processes, held_by, host_pids, status
+from tests.node.conftest import CONFIG, CONFIG_LABEL, NodeUnderTest
+from tests.node.test_mps import A100S
+from tests.node.test_usage import Processes, held_by, host_pids
 from tests.polling import poll
 
 pytestmark = pytest.mark.node
@@ -42,16 +42,16 @@ EXPECTED = {
 @pytest.fixture
 def monitored(node: NodeUnderTest) -> Iterator[NodeUnderTest]:
     """The node on config `monitored`: MIG on the A100s, GPU 2 shared by MPS, GPU 3 time-sliced."""
-    put(node, {"monitored": MONITORED})
+    node.patch_configs({"monitored": MONITORED})
     try:
-        node.kubectl("label", "node", NODE, f"{CONFIG_LABEL}=monitored", "--overwrite")
+        node.label(CONFIG_LABEL, "monitored")
         node.wait_allocatable(EXPECTED, timeout=120)
         yield node
     finally:
         node.delete_pods()
-        node.kubectl("label", "node", NODE, f"{CONFIG_LABEL}={CONFIG}", "--overwrite")
+        node.label(CONFIG_LABEL, CONFIG)
         node.wait_allocatable(timeout=120)
-        put(node, {"monitored": None})
+        node.patch_configs({"monitored": None})
 
 
 def test_every_dashboard_query_returns_series_from_the_agents_scrape(
@@ -60,7 +60,7 @@ def test_every_dashboard_query_returns_series_from_the_agents_scrape(
     node = monitored
     mig, shared = node.start_pod("nvidia.com/mig-1g.5gb"), node.start_pod(SHARED)
     pods = {name: node.wait_running(name) for name in (mig, shared)}
-    document = status(node)
+    document = node.status()
     on_mig, on_replica = held_by(document, mig), held_by(document, shared)
     processes = Processes(node.node.gpus_state)
     try:

@@ -21,10 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from lab.api import ApiError
 from lab.helm import NAMESPACE, RELEASE, lab_values
 from lab.images import agent_image
 
-from tests.node.conftest import ALL_KINDS, CONFIG, CONFIG_LABEL, NODE, NodeUnderTest, container_status
+from tests.node.conftest import ALL_KINDS, CONFIG, CONFIG_LABEL, NodeUnderTest, container_status
 from tests.polling import poll
 
 pytestmark = pytest.mark.node
@@ -78,26 +79,21 @@ def h100s(node: NodeUnderTest) -> tuple[str, str]:
     return gpus[2], gpus[3]
 
 
-def put(node: NodeUnderTest, data: dict[str, str | None]) -> None:
-    patch = json.dumps({"data": data})
-    node.kubectl("-n", NAMESPACE, "patch", "configmap", "gpu-sharing-config", "--type=merge", "-p", patch)
-
-
 @pytest.fixture
 def mps(node: NodeUnderTest) -> Iterator[NodeUnderTest]:
     """The node on config `mps`: GPU 2 in 4 MPS replicas, GPU 3 in 2, every daemon enforcing."""
-    put(node, {"mps": mps_config("{replicas: 4}", "{replicas: 2}")})
+    node.patch_configs({"mps": mps_config("{replicas: 4}", "{replicas: 2}")})
     try:
-        node.kubectl("label", "node", NODE, f"{CONFIG_LABEL}=mps", "--overwrite")
+        node.label(CONFIG_LABEL, "mps")
         node.wait_allocatable(EXPECTED, timeout=120)
         yield node
     finally:
         node.delete_pods()
         hook = node.node.driver_root / "var/lib/fake-nvidia/mps/refuse-start"
         hook.unlink(missing_ok=True)
-        node.kubectl("label", "node", NODE, f"{CONFIG_LABEL}={CONFIG}", "--overwrite")
+        node.label(CONFIG_LABEL, CONFIG)
         node.wait_allocatable(timeout=120)
-        put(node, {"mps": None})
+        node.patch_configs({"mps": None})
 
 
 def client_pod(node: NodeUnderTest) -> str:
@@ -131,7 +127,7 @@ def client_pod(node: NodeUnderTest) -> str:
             ],
         },
     }
-    node.kubectl("apply", "-f", "-", input=json.dumps(pod))
+    node.create(pod)
     node.pods.append(name)
     node.wait_running(name)
     return name
@@ -191,8 +187,7 @@ def test_a_reload_waits_for_the_client_and_restarts_only_the_daemon_whose_limits
     free = gpu3 if held == gpu2 else gpu2
     poll("the client attached", lambda: daemon(mps, held), lambda r: r is not None and bool(r["clients"]))
     pids = {g: daemon(mps, g)["pid"] for g in (gpu2, gpu3)}  # type: ignore[index]
-    put(
-        mps,
+    mps.patch_configs(
         {
             "mps": mps_config(
                 "{replicas: 4, activeThreadPercentage: 20}", "{replicas: 2, activeThreadPercentage: 40}"
@@ -235,7 +230,7 @@ def keeper(node: NodeUnderTest, *command: str) -> str:
 def test_a_reload_without_clients_restarts_only_the_daemon_whose_limits_changed(mps: NodeUnderTest) -> None:
     gpu2, gpu3 = h100s(mps)
     pids = {g: daemon(mps, g)["pid"] for g in (gpu2, gpu3)}  # type: ignore[index]
-    put(mps, {"mps": mps_config("{replicas: 4, activeThreadPercentage: 10}", "{replicas: 2}")})
+    mps.patch_configs({"mps": mps_config("{replicas: 4, activeThreadPercentage: 10}", "{replicas: 2}")})
     restarted = poll(
         "GPU 2's daemon restarted with its new limit",
         lambda: daemon(mps, gpu2),
@@ -295,7 +290,7 @@ def agent_restored(mps: NodeUnderTest) -> Iterator[NodeUnderTest]:
     if container_status(pod, "agent")["restartCount"] == 0:
         return
     mps.delete_pods()
-    mps.kubectl("-n", NAMESPACE, "delete", "pod", pod["metadata"]["name"], "--timeout=90s")
+    mps.delete("pod", pod["metadata"]["name"], namespace=NAMESPACE, timeout=90)
     mps.running_agent(not_uid=pod["metadata"]["uid"])
     mps.wait_allocatable(EXPECTED, timeout=120)
 
@@ -319,16 +314,17 @@ def container_init(node: NodeUnderTest, container_id: str) -> int:
 def mps_status(node: NodeUnderTest) -> dict[str, tuple[bool, int, int]]:
     """Per MPS GPU, as the agent says (`sharing status`): whether its daemon answers with the GPU's
     limits, how often the agent restarted it, and how many of its replicas it advertises healthy."""
-    done = node.node.kubectl("-n", NAMESPACE, "exec", f"ds/{RELEASE}", "--", "sharing", "status", "--json")
-    if done.returncode != 0:
-        return {}  # the agent's container is not running yet
+    try:
+        document = node.status()
+    except (ApiError, IndexError):
+        return {}  # the agent's pod is not there or not serving yet
     return {
         g["uuid"]: (
             g["mps"]["healthy"],
             g["mps"]["restarts"],
             sum(s["health"] == "Healthy" for s in g["slices"]),
         )
-        for g in json.loads(done.stdout)["gpus"]
+        for g in document["gpus"]
         if g["mps"]
     }
 
@@ -380,7 +376,7 @@ def test_a_killed_agent_container_leaves_the_mps_daemons_serving_and_the_new_age
     assert ("Running", 0) == (client["status"]["phase"], container_status(client, "main")["restartCount"])
     assert daemon(mps, held)["clients"]  # type: ignore[index]
     assert {gpu2: "25.0", gpu3: "50.0"}[held] == mps.kubectl("exec", name, "--", "python3", "-c", ASK).strip()
-    assert "mps_daemon_started" not in mps.kubectl("-n", NAMESPACE, "logs", f"ds/{RELEASE}", "-c", "agent")
+    assert "mps_daemon_started" not in mps.agent_log()
     assert starts == keeper_log(mps).count("mps_keeper_started")
 
 

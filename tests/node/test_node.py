@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from lab.api import ApiError
 from lab.helm import NAMESPACE, RELEASE, lab_values
 
 from tests.node.conftest import ALL_KINDS, CONFIG, CONFIG_LABEL, EXPECTED, NODE, NodeUnderTest
@@ -144,12 +145,11 @@ def _restart_kubelet(node: NodeUnderTest) -> None:
     node.node.restart_kubelet()
 
     def registered() -> set[str]:  # empty while the new kubelet cannot serve the log yet
-        done = node.node.kubectl("-n", NAMESPACE, "logs", f"ds/{RELEASE}")
-        if done.returncode != 0:
+        try:
+            log = node.agent_log()
+        except ApiError:
             return set()
-        return {
-            r for e, r in _plugin_events(done.stdout.splitlines()[len(before) :]) if e == "plugin_registered"
-        }
+        return {r for e, r in _plugin_events(log.splitlines()[len(before) :]) if e == "plugin_registered"}
 
     # A restarted kubelet deletes every plugin socket; only a new registration brings a resource back.
     # The agent's log, not the Node's allocatable, says which plugins it serves: the kubelet reports
@@ -176,10 +176,9 @@ def test_kubelet_restarts_while_a_change_waits_destroy_nothing_a_pod_holds(node:
     pod = node.wait_running(name)
     container = pod["status"]["containerStatuses"][0]["containerID"]
     held = node.env(name)[VISIBLE]
-    patch = json.dumps({"data": {"two-3g": TWO_3G}})
-    node.kubectl("-n", NAMESPACE, "patch", "configmap", "gpu-sharing-config", "--type=merge", "-p", patch)
+    node.patch_configs({"two-3g": TWO_3G})
     try:
-        node.kubectl("label", "node", NODE, f"{CONFIG_LABEL}=two-3g", "--overwrite")
+        node.label(CONFIG_LABEL, "two-3g")
         poll(
             "the change waiting for the pod",
             lambda: node.events("ConfigApplyBlocked"),
@@ -200,11 +199,8 @@ def test_kubelet_restarts_while_a_change_waits_destroy_nothing_a_pod_holds(node:
         assert held not in _mig_uuids(node)
     finally:
         node.delete_pods()
-        node.kubectl("label", "node", NODE, f"{CONFIG_LABEL}={CONFIG}", "--overwrite")
-        unpatch = json.dumps({"data": {"two-3g": None}})
-        node.kubectl(
-            "-n", NAMESPACE, "patch", "configmap", "gpu-sharing-config", "--type=merge", "-p", unpatch
-        )
+        node.label(CONFIG_LABEL, CONFIG)
+        node.patch_configs({"two-3g": None})
         node.wait_allocatable()
 
 
@@ -215,7 +211,7 @@ def _mig_uuids(node: NodeUnderTest) -> set[str]:
 def test_a_deleted_agent_pod_is_recreated_and_running_pods_keep_their_devices(node: NodeUnderTest) -> None:
     name, container, visible = _holding_pod(node)
     (old,) = node.agent_pods()
-    node.kubectl("-n", NAMESPACE, "delete", "pod", old["metadata"]["name"], "--wait=false")
+    node.delete("pod", old["metadata"]["name"], namespace=NAMESPACE, wait=False)
     new = node.running_agent(not_uid=old["metadata"]["uid"])
     assert old["metadata"]["name"] != new["metadata"]["name"]
     node.wait_allocatable()
@@ -226,23 +222,18 @@ def test_a_deleted_agent_pod_is_recreated_and_running_pods_keep_their_devices(no
 USER_EDIT = "version: v1\ngpus:\n  - devices: all\n    replicas: 3\n"
 
 
-def _patch_configmap(node: NodeUnderTest, data: dict[str, str | None]) -> None:
-    patch = json.dumps({"data": data})
-    node.kubectl("-n", NAMESPACE, "patch", "configmap", "gpu-sharing-config", "--type=merge", "-p", patch)
-
-
 @pytest.fixture
 def chart(node: NodeUnderTest) -> Iterator[NodeUnderTest]:
     """The user's own config `mine` in their ConfigMap; afterwards, the chart as the session
     installed it again (its values, the agent Running, every slice allocatable) and `mine` gone."""
-    _patch_configmap(node, {"mine": USER_EDIT})
+    node.patch_configs({"mine": USER_EDIT})
     yield node
     node.delete_pods()
     before = node.agent_pods()
     node.helm.upgrade_install(lab_values({CONFIG: ALL_KINDS}))
     node.running_agent(not_uid=before[0]["metadata"]["uid"] if before else None)
     node.wait_allocatable()
-    _patch_configmap(node, {"mine": None})
+    node.patch_configs({"mine": None})
 
 
 def test_helm_upgrade_with_a_changed_value_keeps_the_users_configmap_edits(chart: NodeUnderTest) -> None:

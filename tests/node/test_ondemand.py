@@ -13,7 +13,6 @@ the node's driver root (tests/node/test_mps.py); what the agent says of the clai
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -49,10 +48,8 @@ PRODUCT = next(p for p in default_catalog().products if p.name == "A100-SXM4-40G
 
 
 def _a100s(node: NodeUnderTest) -> dict[int, list[dict[str, Any]]]:
-    """{GPU index: its instances per `sharing export`} of the A100s with MIG on."""
-    return {
-        g["index"]: g["instances"] for g in node.export()["gpus"] if g["product"] == A100 and g["migEnabled"]
-    }
+    """{GPU index: its MIG devices} of the A100s with MIG on, as the hardware has them."""
+    return node.mig_devices(A100)
 
 
 def _empty(a100s: dict[int, list[dict[str, Any]]]) -> bool:
@@ -94,14 +91,8 @@ def _ready(pod: dict[str, Any]) -> bool:
     return status.get("phase") == "Running" and ready
 
 
-def _put(node: NodeUnderTest, data: dict[str, str | None]) -> None:
-    """Add or remove configs in the user's ConfigMap (the chart makes it once; it is theirs after)."""
-    patch = json.dumps({"data": data})
-    node.kubectl("-n", NAMESPACE, "patch", "configmap", "gpu-sharing-config", "--type=merge", "-p", patch)
-
-
 def _config(node: NodeUnderTest, name: str) -> None:
-    node.kubectl("label", "node", NODE, f"{CONFIG_LABEL}={name}", "--overwrite")
+    node.label(CONFIG_LABEL, name)
 
 
 @pytest.fixture(scope="module")
@@ -112,19 +103,19 @@ def ondemand_session(real_node: NodeUnderTest) -> Iterator[NodeUnderTest]:
     node.helm.upgrade_install(lab_values({CONFIG: ALL_KINDS}, dra={"enabled": True}))
     try:
         node.running_agent(not_uid=old["metadata"]["uid"])
-        _put(node, {"ondemand-empty": EMPTY, "ondemand-dynamic": DYNAMIC})
+        node.patch_configs({"ondemand-empty": EMPTY, "ondemand-dynamic": DYNAMIC})
         # MIG on and nothing made first: a dynamic GPU keeps whatever instances it has (the claims').
         _config(node, "ondemand-empty")
         _until(node, "the A100s in MIG mode, empty", lambda: _a100s(node), _empty, 180)
-        node.kubectl("label", "node", NODE, f"{FRONTEND}=dra", "--overwrite")
+        node.label(FRONTEND, "dra")
         _config(node, "ondemand-dynamic")
         _until(node, "on-demand devices of both A100s", lambda: _ondemand(node), lambda g: g == {0, 1}, 180)
         yield node
     finally:
-        node.kubectl("label", "node", NODE, f"{FRONTEND}-")
+        node.label(FRONTEND, None)
         _config(node, CONFIG)
         _until(node, "device-plugin resources", node.offered, lambda a: a == EXPECTED, 180)
-        _put(node, {"ondemand-empty": None, "ondemand-dynamic": None})
+        node.patch_configs({"ondemand-empty": None, "ondemand-dynamic": None})
         (old,) = node.agent_pods()
         node.helm.upgrade_install(lab_values({CONFIG: ALL_KINDS}))
         node.running_agent(not_uid=old["metadata"]["uid"])
@@ -175,8 +166,8 @@ def test_small_slices_pack_onto_one_gpu_the_other_stays_whole_and_freed_room_fit
     starts = {c: parse_ondemand_name(dev) for c in claims for dev in dra.allocated(c)}
     leaving = [i for i, c in enumerate(claims) if (p := starts[c]) is not None and p[2] < 4]
     assert 4 == len(leaving)
-    dra.node.kubectl("delete", "pod", "--timeout=60s", *(pods[i] for i in leaving))
-    dra.node.kubectl("delete", "resourceclaim", "--timeout=60s", *(claims[i] for i in leaving))
+    dra.node.delete("pod", *(pods[i] for i in leaving))
+    dra.node.delete("resourceclaim", *(claims[i] for i in leaving))
     poll(
         "three 1g.5gb left",
         lambda: _placements(_a100s(dra.node)[packed]),
@@ -234,12 +225,12 @@ def test_a_killed_agent_keeps_the_instances_its_claims_own_and_destroys_them_at_
     seen = [dra.seen(pod) for pod in pods]
     (old,) = dra.node.agent_pods()
     # The agent's container is killed (its pod deleted at once): a new one starts on the same checkpoint.
-    dra.node.kubectl("-n", NAMESPACE, "delete", "pod", old["metadata"]["name"], "--grace-period=0", "--force")
+    dra.node.delete("pod", old["metadata"]["name"], namespace=NAMESPACE, force=True)
     dra.node.running_agent(not_uid=old["metadata"]["uid"])
     _until(dra.node, "the pool published again", lambda: _ondemand(dra.node), lambda g: g == {0, 1}, 120)
     assert before == _made(dra.node)  # none lost, none made again
     assert seen == [dra.seen(pod) for pod in pods]
-    dra.node.kubectl("delete", "pod", "--timeout=60s", *pods)  # returns once unprepared
+    dra.node.delete("pod", *pods)  # returns once unprepared
     # unprepare destroyed them (none leaked): the fixture waits for the A100s to be empty
 
 
@@ -287,9 +278,7 @@ def test_a_claim_only_fragmented_room_would_hold_waits_with_the_schedulers_reaso
     got = _until(dra.node, "the pod unschedulable", lambda: dra.node.pod(big), unschedulable, 60)
     (scheduled,) = [c for c in got["status"]["conditions"] if c["type"] == "PodScheduled"]
     assert "cannot allocate all claims" in scheduled["message"]
-    status = json.loads(
-        dra.node.kubectl("-n", NAMESPACE, "exec", "ds/gpu-sharing", "--", "sharing", "status", "--json")
-    )
+    status = dra.node.status()
     rooms = {g["index"]: g["room"] for g in status["gpus"] if g.get("room")}
     assert {
         0: {
@@ -398,14 +387,14 @@ def test_two_pods_share_an_on_demand_3g_20gb_through_mps_until_the_second_goes(d
     assert served is not None
     assert (50, [4096]) == (served["activeThreadPercentage"], served["pinnedMemLimitMiB"])
 
-    dra.node.kubectl("delete", "pod", "--timeout=60s", pods[0])
+    dra.node.delete("pod", pods[0])
     assert [(made["profile"], made["start"], mig)] == [
         (x["profile"], x["start"], x["uuid"]) for x in _a100s(dra.node)[gpu]
     ]  # the claim still has a user: prepared, its instance and daemon kept
     assert served["pid"] == (daemon(dra.node, mig) or {}).get("pid")
     assert ["50.0", "4G"] == dra.node.kubectl("exec", pods[1], "--", "python3", "-c", ASK).split()
 
-    dra.node.kubectl("delete", "pod", "--timeout=60s", pods[1])  # returns once unprepared
+    dra.node.delete("pod", pods[1])  # returns once unprepared
     _until(dra.node, "the instance destroyed", lambda: _a100s(dra.node), _empty, 60)
     assert None is daemon(dra.node, mig)
 
@@ -418,7 +407,7 @@ def test_an_instance_made_before_is_offered_as_it_is_given_to_a_claim_kept_and_r
     dra: DraNode,
 ) -> None:
     node = dra.node
-    _put(node, {"ondemand-static-3g": STATIC_3G, "ondemand-reclaim": RECLAIM})
+    node.patch_configs({"ondemand-static-3g": STATIC_3G, "ondemand-reclaim": RECLAIM})
     try:
         # A static config makes a 3g.20gb on GPU 0; then the GPUs turn dynamic: no claim made it.
         _config(node, "ondemand-static-3g")
@@ -435,8 +424,7 @@ def test_an_instance_made_before_is_offered_as_it_is_given_to_a_claim_kept_and_r
             lambda names: device in names and "gpu-1-mig-7g-40gb-at-0" in names, 180,
         )  # fmt: skip
         assert "gpu-0-mig-7g-40gb-at-0" not in published  # it overlaps the foreign instance
-        status = json.loads(node.kubectl("-n", NAMESPACE, "exec", "ds/gpu-sharing", "--", "sharing", "status",
-                                         "--json"))  # fmt: skip
+        status = node.status()
         foreign = [f for g in status["gpus"] if g["index"] == 0 for f in g["foreign"]]
         assert [("3g.20gb", start, [mig], device, None, False)] == [
             (f["profile"], f["start"], f["uuids"], f["device"], f["claim"], f["reclaimedWhenIdle"])
@@ -449,8 +437,8 @@ def test_an_instance_made_before_is_offered_as_it_is_given_to_a_claim_kept_and_r
         pod = dra.pod(claim)
         _run(dra, pod)
         assert ([device], {mig}, before) == (dra.allocated(claim), dra.seen(pod), _mine(_a100s(node)[0]))
-        node.kubectl("delete", "pod", "--timeout=60s", pod)  # returns once unprepared
-        node.kubectl("delete", "resourceclaim", "--timeout=60s", claim)
+        node.delete("pod", pod)  # returns once unprepared
+        node.delete("resourceclaim", claim)
         assert before == _mine(_a100s(node)[0])  # left as it was
 
         _config(node, "ondemand-reclaim")
@@ -463,15 +451,10 @@ def test_an_instance_made_before_is_offered_as_it_is_given_to_a_claim_kept_and_r
         _config(node, "ondemand-reclaim")  # whatever failed, the next test finds the A100s empty
         _until(node, "no instance on the A100s", lambda: _a100s(node), _empty, 180)
         _config(node, "ondemand-dynamic")
-        _put(node, {"ondemand-static-3g": None, "ondemand-reclaim": None})
+        node.patch_configs({"ondemand-static-3g": None, "ondemand-reclaim": None})
 
 
 # ---- what `sharing status` says of the claims' instances; a claim's MPS daemon killed ------------
-
-
-def _status(node: NodeUnderTest) -> dict[str, Any]:
-    return dict(json.loads(node.kubectl("-n", NAMESPACE, "exec", "ds/gpu-sharing", "--", "sharing", "status",
-                                        "--json")))  # fmt: skip
 
 
 def _metrics(node: NodeUnderTest) -> list[str]:
@@ -496,7 +479,7 @@ def test_sharing_status_lists_a_claims_instance_with_its_pod_and_its_killed_mps_
         (found,) = [s for g in status["gpus"] if g["index"] == gpu for s in g["slices"]]
         return dict(found)
 
-    shown = mine(_status(dra.node))
+    shown = mine(dra.node.status())
     claims = [{"namespace": "default", "name": claim, "pods": [f"default/{pod}"]}]
     assert (
         "nvidia.com/mig-3g.20gb", mig, "3g.20gb", claims,
@@ -528,7 +511,7 @@ def test_sharing_status_lists_a_claims_instance_with_its_pod_and_its_killed_mps_
         after["pinnedMemLimitMiB"],
     )
     assert ["50.0", "4G"] == dra.node.kubectl("exec", pod, "--", "python3", "-c", ASK).split()
-    again = mine(_status(dra.node))["mps"]
+    again = mine(dra.node.status())["mps"]
     assert (True, 1) == (again["healthy"], again["restarts"])
     line = f'gpu_sharing_mps_daemon_restarts_total{{gpu="{gpu}",uuid="{mig}"}} 1.0'
     _until(dra.node, "the restart in /metrics", lambda: _metrics(dra.node), lambda m: line in m, 30)
@@ -557,7 +540,7 @@ def test_a_split_gpu_instance_is_no_3g_20gb_device_and_a_claim_for_one_gets_thre
     dra: DraNode,
 ) -> None:
     node = dra.node
-    _put(node, {"ondemand-reclaim": RECLAIM})
+    node.patch_configs({"ondemand-reclaim": RECLAIM})
     try:
         node.kubectl("-n", NAMESPACE, "exec", "ds/gpu-sharing", "--", "python3", "-c", SPLIT)
         split = [(i["profile"], i["start"]) for i in _a100s(node)[0]]
@@ -571,7 +554,7 @@ def test_a_split_gpu_instance_is_no_3g_20gb_device_and_a_claim_for_one_gets_thre
         _until(
             node,
             "the split instance seen",
-            lambda: foreign(_status(node)),
+            lambda: foreign(node.status()),
             lambda f: f == [("3g.20gb", 4, 3, None)],
             60,
         )
@@ -588,10 +571,10 @@ def test_a_split_gpu_instance_is_no_3g_20gb_device_and_a_claim_for_one_gets_thre
         (seen,) = dra.seen(pod)
         profiles = {i["uuid"]: (i["profile"], i["start"]) for i in _a100s(node)[0]}
         assert ("3g.20gb", 0) == profiles[seen]  # a whole 3g.20gb: all three compute slices
-        node.kubectl("delete", "pod", "--timeout=60s", pod)  # returns once unprepared
-        node.kubectl("delete", "resourceclaim", "--timeout=60s", claim)
+        node.delete("pod", pod)  # returns once unprepared
+        node.delete("resourceclaim", claim)
     finally:
         _config(node, "ondemand-reclaim")  # the idle split instance is destroyed: the A100s empty again
         _until(node, "no instance on the A100s", lambda: _a100s(node), _empty, 180)
         _config(node, "ondemand-dynamic")
-        _put(node, {"ondemand-reclaim": None})
+        node.patch_configs({"ondemand-reclaim": None})

@@ -44,11 +44,6 @@ def host_pids(node: NodeUnderTest, pod: dict[str, Any]) -> list[int]:
     return [int(p) for p in (cgroup / "cgroup.procs").read_text().split()]
 
 
-def status(node: NodeUnderTest) -> dict[str, Any]:
-    out = node.kubectl("-n", NAMESPACE, "exec", f"ds/{RELEASE}", "--", "sharing", "status", "--json")
-    return dict(json.loads(out))
-
-
 def gpu_of(document: dict[str, Any], uuid: str) -> dict[str, Any]:
     return dict(next(g for g in document["gpus"] if g["uuid"] == uuid))
 
@@ -99,7 +94,7 @@ def two_pods_sharing_a_gpu(node: NodeUnderTest) -> tuple[str, str, dict[str, Any
     """Two pods on replicas of the time-sliced H100 (GPU 3): their names, pods, and the GPU's UUID."""
     first, second = node.start_pod(SHARED), node.start_pod(SHARED)
     a, b = node.wait_running(first), node.wait_running(second)
-    gpus = {held_by(status(node), name)["device"].partition("::")[0] for name in (first, second)}
+    gpus = {held_by(node.status(), name)["device"].partition("::")[0] for name in (first, second)}
     (gpu,) = gpus  # GPU 3 is the only time-sliced one
     return first, second, a, b, gpu
 
@@ -116,7 +111,7 @@ def test_two_pods_time_sharing_a_gpu_each_get_their_own_use_and_the_gpu_their_su
         uses = [held_by(document, name)["usage"] for name in (first, second)]
         return all(u and u["pids"] for u in uses)
 
-    document = poll("both pods' processes in `sharing status`", lambda: status(node), both_seen, timeout=60)
+    document = poll("both pods' processes in `sharing status`", node.status, both_seen, timeout=60)
     use_a, use_b = (held_by(document, name)["usage"] for name in (first, second))
     assert ([pid_a], 3000 * MIB, 0.6) == (use_a["pids"], use_a["memoryUsedBytes"], use_a["smActive"])
     assert ([pid_b], 1000 * MIB, 0.2) == (use_b["pids"], use_b["memoryUsedBytes"], use_b["smActive"])
@@ -143,9 +138,7 @@ def test_a_process_of_no_pod_is_counted_as_unattributed(node: NodeUnderTest, pro
     def unattributed(document: dict[str, Any]) -> list[dict[str, Any]]:
         return list(gpu_of(document, gpu)["usage"]["unattributed"])
 
-    document = poll(
-        "the host process, unattributed", lambda: status(node), lambda d: bool(unattributed(d)), 60
-    )
+    document = poll("the host process, unattributed", node.status, lambda d: bool(unattributed(d)), 60)
     assert [{"device": gpu, "memoryUsedBytes": 512 * MIB, "pids": [host]}] == unattributed(document)
     use = held_by(document, first)["usage"]
     assert ([pid_a], 2048 * MIB) == (use["pids"], use["memoryUsedBytes"])  # its own, not the host's
@@ -157,7 +150,7 @@ def test_the_metrics_port_serves_each_slices_own_use(node: NodeUnderTest, proces
     (pid_a,), (pid_b,) = host_pids(node, a), host_pids(node, b)
     processes.run(gpu, pid_a, 4096, 45)
     processes.run(gpu, pid_b, 256, 5)
-    document = status(node)
+    document = node.status()
     index = gpu_of(document, gpu)["index"]
 
     def held(name: str, pod: str) -> tuple[str, tuple[tuple[str, str], ...]]:
@@ -216,11 +209,9 @@ def test_a_pod_on_a_3g_20gb_using_2_gib_is_shown_as_fitting_a_1g_5gb(
 ) -> None:
     name = node.start_pod("nvidia.com/mig-3g.20gb")
     (pid,) = host_pids(node, node.wait_running(name))
-    mig = held_by(status(node), name)["id"]
+    mig = held_by(node.status(), name)["id"]
     processes.run(mig, pid, 2048, 0)
-    document = poll(
-        "its right size in `sharing status`", lambda: status(node), sized(name, 2048 * MIB), timeout=60
-    )
+    document = poll("its right size in `sharing status`", node.status, sized(name, 2048 * MIB), timeout=60)
     # An A100 has no GPM: sized by memory alone, and said so.
     assert {"profile": "1g.5gb", "basis": "memory", "peakMemoryBytes": 2048 * MIB, "smActiveP95": None,
             "headroom": 0.1, "why": None} == held_by(document, name)["usage"]["rightSize"]  # fmt: skip
@@ -251,7 +242,7 @@ def test_an_idle_held_slice_gets_its_slice_idle_event(idling: NodeUnderTest) -> 
     node = idling
     name = node.start_pod("nvidia.com/mig-1g.5gb")
     node.wait_running(name)
-    mig = held_by(status(node), name)["id"]
+    mig = held_by(node.status(), name)["id"]
 
     def mine(messages: list[str]) -> list[str]:
         return [m for m in messages if f"pod default/{name} " in m]
@@ -260,7 +251,7 @@ def test_an_idle_held_slice_gets_its_slice_idle_event(idling: NodeUnderTest) -> 
     slice_ = f"its slice {mig} (nvidia.com/mig-1g.5gb)"
     assert said.startswith(f"pod default/{name} (container main) has run no GPU process on {slice_}")
     assert "(usage.idleAfter 20s)" in said
-    document = status(node)
+    document = node.status()
     assert held_by(document, name)["usage"]["idle"]
     assert 20.0 == document["usage"]["idleAfterSeconds"]
 
@@ -278,22 +269,16 @@ gpus:
 """
 
 
-def _configs(node: NodeUnderTest, data: dict[str, str | None]) -> None:
-    """Add (or with None remove) configs in the user's ConfigMap, as a user does."""
-    patch = json.dumps({"data": data})
-    node.kubectl("-n", NAMESPACE, "patch", "configmap", "gpu-sharing-config", "--type=merge", "-p", patch)
-
-
 @pytest.fixture
 def sizing(node: NodeUnderTest) -> Iterator[NodeUnderTest]:
-    _configs(node, {"sizing": SIZING})
-    node.kubectl("label", "node", NODE, f"{CONFIG_LABEL}=sizing", "--overwrite")
+    node.patch_configs({"sizing": SIZING})
+    node.label(CONFIG_LABEL, "sizing")
     want = {"nvidia.com/mig-1g.5gb": "7", "nvidia.com/mig-3g.20gb": "2", "nvidia.com/gpu": "2"}
     node.wait_allocatable(want)
     yield node
     node.delete_pods()
-    node.kubectl("label", "node", NODE, f"{CONFIG_LABEL}={CONFIG}", "--overwrite")
-    _configs(node, {"sizing": None, "recommended": None})
+    node.label(CONFIG_LABEL, CONFIG)
+    node.patch_configs({"sizing": None, "recommended": None})
     node.wait_allocatable()
 
 
@@ -308,14 +293,14 @@ def test_sharing_recommends_a_config_that_converges_keeps_held_slices_and_frees_
     node = sizing
     small, big = node.start_pod("nvidia.com/mig-1g.5gb"), node.start_pod("nvidia.com/mig-3g.20gb")
     pods = {name: node.wait_running(name) for name in (small, big)}
-    before = status(node)
+    before = node.status()
     migs = {name: held_by(before, name)["id"] for name in (small, big)}
     for name in (small, big):
         (pid,) = host_pids(node, pods[name])
         processes.run(migs[name], pid, 2048, 0)
     poll(
         "both right sizes",
-        lambda: status(node),
+        node.status,
         lambda d: sized(small, 2048 * MIB)(d) and sized(big, 2048 * MIB)(d),
         timeout=60,
     )
@@ -357,8 +342,8 @@ def test_sharing_recommends_a_config_that_converges_keeps_held_slices_and_frees_
     # Into the ConfigMap. Whether the agent can make GPU 1's layout around the big pod's 3g.20gb
     # depends on where that instance is (at slot 4 it is the new layout's 3g.20gb; at 0 it is in the
     # way): the rollout waits for the pod exactly where recommend said it would.
-    _configs(node, {"recommended": text})
-    node.kubectl("label", "node", NODE, f"{CONFIG_LABEL}=recommended", "--overwrite")
+    node.patch_configs({"recommended": text})
+    node.label(CONFIG_LABEL, "recommended")
 
     def settled(document: dict[str, Any]) -> bool:
         return document["config"]["state"] == "success" and document["config"]["inEffect"] == ["recommended"]
@@ -367,13 +352,11 @@ def test_sharing_recommends_a_config_that_converges_keeps_held_slices_and_frees_
         poll("the change blocked by the big pod", lambda: node.events("ConfigApplyBlocked"),
              lambda m: any(f"default/{big}" in x for x in m), timeout=90)  # fmt: skip
     else:
-        during = poll(
-            "the recommended config in effect beside the big pod", lambda: status(node), settled, 90
-        )
+        during = poll("the recommended config in effect beside the big pod", node.status, settled, 90)
         assert migs[big] == held_by(during, big)["id"]  # it keeps its slice while it runs
     processes.end(migs[big], host_pids(node, pods[big])[0])
-    node.kubectl("delete", "pod", big, "--timeout=50s")
-    after = poll("the recommended config in effect", lambda: status(node), settled, timeout=90)
+    node.delete("pod", big, timeout=50)
+    after = poll("the recommended config in effect", node.status, settled, timeout=90)
     # The small pod kept its slice: the same container, the same MIG device.
     assert migs[small] == held_by(after, small)["id"]
     now = node.pod(small)
