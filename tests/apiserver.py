@@ -7,6 +7,7 @@ import json
 from collections.abc import Callable
 
 import lab
+from lab.api import ApiError
 
 from tests.polling import poll
 
@@ -30,11 +31,20 @@ def agent_token(
             "containers": [{"name": "agent", "image": "gpu-sharing:placeholder"}],
         },
     }
-    cp.kubectl("apply", "-f", "-", input=json.dumps(manifest), check=True)
-    return cp.kubectl(
-        "create", "token", service_account, "-n", namespace, "--duration=2h",
-        "--bound-object-kind=Pod", f"--bound-object-name={pod}", check=True,
-    ).stdout.strip()  # fmt: skip
+    try:
+        cp.api.request("POST", f"/api/v1/namespaces/{namespace}/pods", manifest, merge=False)
+    except ApiError as err:
+        if err.status != 409:  # made before, for an agent of the node that restarted: the same token
+            raise
+    # `kubectl create token --duration=2h --bound-object-kind=Pod --bound-object-name=<pod>`
+    bound = {"kind": "Pod", "apiVersion": "v1", "name": pod}
+    request = {
+        "apiVersion": "authentication.k8s.io/v1",
+        "kind": "TokenRequest",
+        "spec": {"expirationSeconds": 7200, "boundObjectRef": bound},
+    }
+    path = f"/api/v1/namespaces/{namespace}/serviceaccounts/{service_account}/token"
+    return str(cp.api.request("POST", path, request, merge=False)["status"]["token"])
 
 
 def refusal(attempt: Callable[[], str], timeout: float = 30) -> str:

@@ -236,9 +236,10 @@ def namespace(control_plane: lab.ControlPlane, request: pytest.FixtureRequest) -
     it (not waited for)."""
     module = request.module.__name__.rpartition(".")[2].removeprefix("test_").replace("_", "-")
     name = f"{module}-{uuid.uuid4().hex[:8]}"
-    control_plane.kubectl("create", "namespace", name, check=True)
+    body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+    control_plane.api.request("POST", "/api/v1/namespaces", body, merge=False)
     yield name
-    control_plane.kubectl("delete", "namespace", name, "--wait=false")
+    control_plane.api.request("DELETE", f"/api/v1/namespaces/{name}")
 
 
 def _need_root() -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import lab
 import pytest
+from lab.api import ApiError
 
 from tests.apiserver import agent_token
 from tests.e2e.conftest import NAMESPACE
@@ -28,10 +29,15 @@ def nodes(deployed: lab.ControlPlane) -> Iterator[tuple[str, str]]:
     mine, other = (f"own-{uuid.uuid4().hex[:6]}" for _ in range(2))
     for name in (mine, other):
         manifest = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {"team": "a"}}}
-        deployed.kubectl("apply", "-f", "-", input=json.dumps(manifest), check=True)
+        deployed.api.request("POST", "/api/v1/nodes", manifest, merge=False)
     yield mine, other
-    deployed.kubectl("delete", "node", mine, other, "--wait=false")
-    deployed.kubectl("delete", "pod", f"agent-{mine}", "-n", NAMESPACE, "--wait=false")
+    pod = f"/api/v1/namespaces/{NAMESPACE}/pods/agent-{mine}"  # made by `as_agent`, where a test asks
+    for path in (f"/api/v1/nodes/{mine}", f"/api/v1/nodes/{other}", pod):
+        try:
+            deployed.api.request("DELETE", path)
+        except ApiError as err:
+            if err.status != 404:
+                raise
 
 
 @pytest.fixture
@@ -112,7 +118,7 @@ def test_every_other_change_of_a_node_is_refused(
     assert not allowed
     assert refusal in error
     for name in (mine, other):
-        node = json.loads(deployed.kubectl("get", "node", name, "-o", "json", check=True).stdout)
+        node = deployed.api.request("GET", f"/api/v1/nodes/{name}")
         assert "a" == node["metadata"]["labels"]["team"]
         assert "nvidia.com/gpu.count" not in node["metadata"]["labels"]
         assert [] == [t for t in node["spec"].get("taints", []) if t["key"] == "evil"]
@@ -128,7 +134,7 @@ def test_with_drain_mode_off_the_agent_may_undo_only_its_own_cordon(
     if agents:  # left by the agent while drain mode was on
         deployed.kubectl("annotate", "node", mine, "nvidia.com/gpu-sharing.cordoned=true", check=True)
     allowed, error = run(deployed, as_agent, "uncordon", mine)
-    node = json.loads(deployed.kubectl("get", "node", mine, "-o", "json", check=True).stdout)
+    node = deployed.api.request("GET", f"/api/v1/nodes/{mine}")
     assert agents == allowed, error
     assert (not agents) == bool(node["spec"].get("unschedulable"))
     if not agents:

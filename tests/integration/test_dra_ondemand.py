@@ -233,12 +233,6 @@ async def node(tmp_path: Path, control_plane: lab.ControlPlane, fake_driver: Pat
     shutil.rmtree(kubelet, ignore_errors=True)
 
 
-def kubectl_json(cp: lab.ControlPlane, *args: str, input: str | None = None) -> Any:
-    done = cp.kubectl(*args, "-o", "json", input=input)
-    assert 0 == done.returncode, done.stderr
-    return json.loads(done.stdout)
-
-
 def allocated(
     cp: lab.ControlPlane, namespace: str, name: str, node: str, *devices: str, config: Any = None
 ) -> dict[str, Any]:
@@ -250,7 +244,8 @@ def allocated(
         "spec": {"devices": {"requests": [{"name": "mig", "exactly": {"deviceClassName": "mig.nvidia.com",
                                                                       "count": len(devices)}}]}},
     }  # fmt: skip
-    kubectl_json(cp, "create", "-f", "-", input=json.dumps(claim))
+    claims = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims"
+    cp.api.request("POST", claims, claim, merge=False)
     results = [{"request": "mig", "driver": DRIVER, "pool": node, "device": d} for d in devices]
     status: dict[str, Any] = {"status": {"allocation": {"devices": {"results": results}}}}
     if config is not None:
@@ -258,10 +253,7 @@ def allocated(
         status["status"]["allocation"]["devices"]["config"] = [
             {"source": "FromClaim", "requests": ["mig"], "opaque": opaque}
         ]
-    return kubectl_json(
-        cp, "patch", "resourceclaim", name, "-n", namespace, "--subresource=status", "--type=merge",
-        "-p", json.dumps(status),
-    )  # fmt: skip
+    return dict(cp.api.request("PATCH", f"{claims}/{name}/status", status))
 
 
 def uid_of(claim: dict[str, Any]) -> str:
