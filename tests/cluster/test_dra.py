@@ -27,6 +27,7 @@ import pytest
 from lab.cluster import CONFIG_LABEL, NODES
 
 from tests.cluster.conftest import FRONTEND, Cluster
+from tests.hardware import mig_devices
 from tests.polling import poll
 
 pytestmark = pytest.mark.node
@@ -56,8 +57,14 @@ def gpu0(cluster: Cluster, node: str) -> dict[str, Any]:
     return dict(next(g for g in export(cluster, node)["gpus"] if g["index"] == 0))
 
 
-def empty_mig(gpu: dict[str, Any]) -> bool:
-    return bool(gpu["migEnabled"]) and not gpu["instances"]
+def gpu0_mig(cluster: Cluster, node: str) -> list[dict[str, Any]] | None:
+    """The MIG devices on the node's GPU 0 as the hardware has them; None while its MIG mode is off."""
+    return mig_devices(cluster.node(node).gpus_state).get(0)
+
+
+def empty_mig(devices: list[dict[str, Any]] | None) -> bool:
+    """In MIG mode, no instance made."""
+    return devices == []
 
 
 def pool(cluster: Cluster, node: str) -> dict[str, dict[str, Any]]:
@@ -104,7 +111,12 @@ def dra_nodes(dra_chart: Cluster) -> Iterator[Cluster]:
         for node in DYNAMIC:
             relabel(cluster, node, f"{CONFIG_LABEL}=dra-empty-{node[-1]}")
         for node in DYNAMIC:
-            poll(f"{node}'s GPU 0 in MIG mode, empty", lambda n=node: gpu0(cluster, n), empty_mig, 180)
+            poll(
+                f"{node}'s GPU 0 in MIG mode, empty",
+                lambda n=node: gpu0_mig(cluster, n),
+                lambda d: d == [],
+                180,
+            )
             relabel(cluster, node, f"{FRONTEND}=dra", f"{CONFIG_LABEL}=dra-{node[-1]}")
         for node, product in DYNAMIC.items():
             poll(
@@ -201,7 +213,12 @@ class Claims:
 
 def no_instances(cluster: Cluster) -> None:
     for node in DYNAMIC:
-        poll(f"no instance on {node}'s dynamic GPU", lambda n=node: gpu0(cluster, n), empty_mig, 120)
+        poll(
+            f"no instance on {node}'s dynamic GPU",
+            lambda n=node: gpu0_mig(cluster, n),
+            lambda d: d == [],
+            120,
+        )
 
 
 @pytest.fixture

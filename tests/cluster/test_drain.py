@@ -11,7 +11,6 @@ every node `success`. The test puts node-b's config back and removes its own at 
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
@@ -20,6 +19,7 @@ from lab.helm import NAMESPACE
 
 from tests.cluster.conftest import Cluster
 from tests.cluster.test_configs import reconciles
+from tests.hardware import mig_devices
 from tests.polling import poll
 
 pytestmark = pytest.mark.node
@@ -34,9 +34,9 @@ del SEVEN_OFFERS["nvidia.com/mig-3g.40gb"]
 
 
 def instances(cluster: Cluster, node: str) -> dict[str, tuple[int, str]]:
-    """{MIG device UUID: (GPU index, profile)} of every MIG device on the node (`sharing export`)."""
-    gpus = json.loads(cluster.agent_exec(node, "sharing", "export", "--json"))["gpus"]
-    return {i["uuid"]: (g["index"], i["profile"]) for g in gpus for i in g["instances"] if i["uuid"]}
+    """{MIG device UUID: (GPU index, profile)} of every MIG device on the node, as its hardware has them."""
+    devices = mig_devices(cluster.node(node).gpus_state)
+    return {d["uuid"]: (index, d["profile"]) for index, rows in devices.items() for d in rows if d["uuid"]}
 
 
 def state(cluster: Cluster, node: str) -> str | None:

@@ -27,10 +27,7 @@ from lab import images
 from lab.api import ApiError
 from lab.helm import NAMESPACE, RELEASE, Helm, lab_values
 
-from sharing.gpu import simstate
 from sharing.kubelet.api import deviceplugin_v1beta1_pb2 as api
-from sharing.mig.observed import device_profile
-from sharing.model import ComputeInstance, GpuInstance
 from tests.conftest import worker_group
 from tests.polling import poll
 
@@ -245,28 +242,6 @@ class NodeUnderTest:
                 self.kubectl("-n", NAMESPACE, "exec", f"ds/{RELEASE}", "--", "sharing", "export", "--json")
             )
         )
-
-    def mig_devices(self, product: str) -> dict[int, list[dict[str, Any]]]:
-        """{GPU index: its MIG devices} of the GPUs of `product` (`NVIDIA A100-SXM4-40GB`) in MIG mode,
-        as the node's (fake) hardware has them: each device's profile (as `sharing export` names it),
-        start slot and UUID; a GPU instance without a compute instance is one row, its UUID None.
-        Read from the fake driver's state file, where `export` would start the agent's command in
-        its pod (0.8 CPU-s a poll)."""
-        found = {}
-        for gpu in simstate.read(self.node.gpus_state)["gpus"]:
-            if gpu["name"] != product or gpu["migCurrent"] != 1:
-                continue
-            names = {p["id"]: p["name"] for p in gpu["mig"]["profiles"]}
-            rows = []
-            for raw in gpu["gpuInstances"]:
-                gi = GpuInstance(raw["id"], names[raw["profileId"]], raw["start"], raw["size"])
-                for ci in raw["computeInstances"]:
-                    profile = device_profile(gi, ComputeInstance(ci["id"], ci["uuid"], slices=ci["size"]))
-                    rows.append({"profile": profile, "start": gi.start, "uuid": ci["uuid"]})
-                if not raw["computeInstances"]:
-                    rows.append({"profile": gi.profile, "start": gi.start, "uuid": None})
-            found[gpu["index"]] = rows
-        return found
 
     def start_pod(self, resource: str, count: int = 1, name: str | None = None) -> str:
         name = name or f"p-{uuid.uuid4().hex[:6]}"

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from lab.helm import NAMESPACE, lab_values
 
+from tests.hardware import mig_devices
 from tests.node.conftest import ALL_KINDS, CONFIG, NODE, TOOLBOX, NodeUnderTest, container_status
 from tests.polling import poll
 
@@ -494,7 +495,10 @@ def test_a_config_change_leaves_a_claimed_device_alone_and_finishes_when_it_is_f
         other = 1 - gpu
         profiles = poll(
             "the other A100 re-cut",
-            lambda: {i: [x["profile"] for x in rows] for i, rows in dra.node.mig_devices(A100).items()},
+            lambda: {
+                i: [x["profile"] for x in rows]
+                for i, rows in mig_devices(dra.node.node.gpus_state, A100).items()
+            },
             lambda p: p.get(other) == ["1g.5gb"] * 7,
             90,
         )

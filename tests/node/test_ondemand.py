@@ -25,6 +25,7 @@ from lab.images import agent_image
 from sharing.dra.names import parse_ondemand_name
 from sharing.mig import Placement, default_catalog
 from sharing.mig.policy import plain
+from tests.hardware import mig_devices
 from tests.node.conftest import ALL_KINDS, CONFIG, CONFIG_LABEL, EXPECTED, NODE, NodeUnderTest
 from tests.node.test_dra import DRIVER, FRONTEND, DraNode, _published
 from tests.node.test_mps import daemon, keeper
@@ -49,7 +50,7 @@ PRODUCT = next(p for p in default_catalog().products if p.name == "A100-SXM4-40G
 
 def _a100s(node: NodeUnderTest) -> dict[int, list[dict[str, Any]]]:
     """{GPU index: its MIG devices} of the A100s with MIG on, as the hardware has them."""
-    return node.mig_devices(A100)
+    return mig_devices(node.node.gpus_state, A100)
 
 
 def _empty(a100s: dict[int, list[dict[str, Any]]]) -> bool:
