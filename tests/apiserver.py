@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from typing import Any
 
 import lab
 from lab.api import ApiError
@@ -45,6 +46,15 @@ def agent_token(
     }
     path = f"/api/v1/namespaces/{namespace}/serviceaccounts/{service_account}/token"
     return str(cp.api.request("POST", path, request, merge=False)["status"]["token"])
+
+
+def allocated_claim(cp: lab.ControlPlane, claim: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+    """Create a ResourceClaim, then write its `status` as the scheduler does (the status subresource,
+    a merge patch); the claim as the API server returns it."""
+    meta = claim["metadata"]
+    claims = f"/apis/resource.k8s.io/v1/namespaces/{meta['namespace']}/resourceclaims"
+    cp.api.request("POST", claims, claim, merge=False)
+    return dict(cp.api.request("PATCH", f"{claims}/{meta['name']}/status", status))
 
 
 def refusal(attempt: Callable[[], str], timeout: float = 30) -> str:

@@ -40,6 +40,7 @@ from sharing.kubelet.api import dra_v1_pb2_grpc as dra_grpc
 from sharing.kubelet.api import drahealth_v1alpha1_pb2 as health
 from sharing.kubelet.api import drahealth_v1alpha1_pb2_grpc as health_grpc
 from sharing.mig.catalog import default_catalog
+from tests.apiserver import allocated_claim
 from tests.fakedriver.test_mps import record_of
 from tests.polling import poll
 
@@ -244,8 +245,6 @@ def allocated(
         "spec": {"devices": {"requests": [{"name": "mig", "exactly": {"deviceClassName": "mig.nvidia.com",
                                                                       "count": len(devices)}}]}},
     }  # fmt: skip
-    claims = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims"
-    cp.api.request("POST", claims, claim, merge=False)
     results = [{"request": "mig", "driver": DRIVER, "pool": node, "device": d} for d in devices]
     status: dict[str, Any] = {"status": {"allocation": {"devices": {"results": results}}}}
     if config is not None:
@@ -253,7 +252,7 @@ def allocated(
         status["status"]["allocation"]["devices"]["config"] = [
             {"source": "FromClaim", "requests": ["mig"], "opaque": opaque}
         ]
-    return dict(cp.api.request("PATCH", f"{claims}/{name}/status", status))
+    return allocated_claim(cp, claim, status)
 
 
 def uid_of(claim: dict[str, Any]) -> str:

@@ -41,6 +41,7 @@ from sharing.kubelet.api import pluginregistration_v1_pb2 as reg
 from sharing.kubelet.api import pluginregistration_v1_pb2_grpc as reg_grpc
 from sharing.model import ComputeInstance, Gpu, GpuInstance, GpuUuid, HealthEvent, MigUuid, NodeState
 from sharing.ops.metrics import Metrics
+from tests.apiserver import allocated_claim
 
 pytestmark = pytest.mark.integration
 
@@ -185,12 +186,6 @@ def _claim(obj: dict[str, Any]) -> dra.Claim:
     return dra.Claim(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
 
 
-def kubectl_json(cp: lab.ControlPlane, *args: str, input: str | None = None) -> Any:
-    done = cp.kubectl(*args, "-o", "json", input=input)
-    assert 0 == done.returncode, done.stderr
-    return json.loads(done.stdout)
-
-
 def make_claim(
     cp: lab.ControlPlane,
     namespace: str,
@@ -224,7 +219,6 @@ def make_claim(
             }
         },
     }
-    kubectl_json(cp, "create", "-f", "-", input=json.dumps(claim))
     status = {
         "status": {
             "allocation": {
@@ -233,10 +227,7 @@ def make_claim(
             **({"reservedFor": [{"resource": "pods", "name": n, "uid": u} for n, u in pods]} if pods else {}),
         }
     }
-    return kubectl_json(
-        cp, "patch", "resourceclaim", name, "-n", namespace, "--subresource=status", "--type=merge",
-        "-p", json.dumps(status),
-    )  # fmt: skip
+    return allocated_claim(cp, claim, status)
 
 
 def result(node: str, device: str, request: str = "gpu", driver: str = DRIVER) -> dict[str, str]:
