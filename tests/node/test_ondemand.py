@@ -169,10 +169,13 @@ def test_small_slices_pack_onto_one_gpu_the_other_stays_whole_and_freed_room_fit
     assert 4 == len(leaving)
     dra.node.delete("pod", *(pods[i] for i in leaving))
     dra.node.delete("resourceclaim", *(claims[i] for i in leaving))
+    # Their instances destroyed, and the pool published again with the room they freed (what the
+    # scheduler allocates the next claim from).
+    freed = f"gpu-{packed}-mig-3g-20gb-at-0"
     poll(
-        "three 1g.5gb left",
-        lambda: _placements(_a100s(dra.node)[packed]),
-        lambda p: p == [("1g.5gb", 4), ("1g.5gb", 5), ("1g.5gb", 6)],
+        "three 1g.5gb left, a 3g.20gb offered at 0",
+        lambda: (_placements(_a100s(dra.node)[packed]), freed in _published(dra.node)),
+        lambda seen: seen == ([("1g.5gb", 4), ("1g.5gb", 5), ("1g.5gb", 6)], True),
         120,
     )
 
@@ -410,27 +413,37 @@ def test_an_instance_made_before_is_offered_as_it_is_given_to_a_claim_kept_and_r
     node = dra.node
     node.patch_configs({"ondemand-static-3g": STATIC_3G, "ondemand-reclaim": RECLAIM})
     try:
-        # A static config makes a 3g.20gb on GPU 0; then the GPUs turn dynamic: no claim made it.
+        # A static config makes a 3g.20gb on GPU 0 (the agent says it is applied); then the GPUs turn
+        # dynamic: no claim made it.
         _config(node, "ondemand-static-3g")
-        made = _until(
-            node, "a 3g.20gb on GPU 0", lambda: _a100s(node),
-            lambda a: len(a) == 2 and [x["profile"] for x in a[0]] == ["3g.20gb"] and not a[1], 180,
+        _until(
+            node, "the static config applied", lambda: node.status()["config"],
+            lambda c: (c["selected"], c["state"]) == ("ondemand-static-3g", "success"), 180,
         )  # fmt: skip
+        made = _a100s(node)
+        assert [("3g.20gb", True)] == [(x["profile"], bool(x["uuid"])) for x in made[0]]
+        assert not made[1]
         before = _mine(made[0])
         ((_, start, mig),) = before
         device = f"gpu-0-mig-3g-20gb-at-{start}"
         _config(node, "ondemand-dynamic")
-        published = _until(
-            node, "the foreign instance offered as itself", lambda: _published(node),
-            lambda names: device in names and "gpu-1-mig-7g-40gb-at-0" in names, 180,
+
+        def foreign() -> list[tuple[Any, ...]]:
+            return [
+                (f["profile"], f["start"], f["uuids"], f["device"], f["claim"], f["reclaimedWhenIdle"])
+                for g in node.status()["gpus"] if g["index"] == 0 for f in g["foreign"]
+            ]  # fmt: skip
+
+        seen = _until(node, "the instance seen as foreign", foreign, bool, 180)
+        assert [("3g.20gb", start, [mig], device, None, False)] == seen
+        # Offered as itself, and what overlaps it withdrawn (the pool of the empty GPU before had the
+        # same device names: the withdrawal is what tells the new pool from it).
+        _until(
+            node, "the foreign instance offered as itself, the 7g.40gb over it withdrawn",
+            lambda: _published(node),
+            lambda names: device in names and "gpu-0-mig-7g-40gb-at-0" not in names
+            and "gpu-1-mig-7g-40gb-at-0" in names, 180,
         )  # fmt: skip
-        assert "gpu-0-mig-7g-40gb-at-0" not in published  # it overlaps the foreign instance
-        status = node.status()
-        foreign = [f for g in status["gpus"] if g["index"] == 0 for f in g["foreign"]]
-        assert [("3g.20gb", start, [mig], device, None, False)] == [
-            (f["profile"], f["start"], f["uuids"], f["device"], f["claim"], f["reclaimedWhenIdle"])
-            for f in foreign
-        ]
 
         cel = f"device.attributes['{DRIVER}'].parentIndex == 0"
         exactly = {"deviceClassName": "mig-3g.20gb.nvidia.com", "selectors": [{"cel": {"expression": cel}}]}
