@@ -79,9 +79,9 @@ SPREAD = bool(os.environ.get("PYTEST_XDIST_WORKER"))
 """The run is spread over workers (`hack/test.sh`)."""
 LOAD = int(os.environ.get("SHARING_SOAK_LOAD") or (0 if SPREAD else os.cpu_count() or 2))
 """CPU-bound processes beside the walk: one per core; none when the run is spread over workers
-(`hack/test.sh`): there the walk is handed out first, beside the bench's real nodes and the real
-node's tests on the other workers, one more worker than cores (the kind of load that found seed 1111's
-step 131, where two busy loops did not). Run alone, its summary line prints the load average."""
+(`hack/test.sh`): there the walks run beside the real nodes' tests, the cluster's or the bench's
+on the other workers, one more worker than cores (the kind of load that found seed 1111's step 131,
+where two busy loops did not). Run alone, its summary line prints the load average."""
 LOADED_SCALE = "3"
 """The deadline factor under that load (`lab.deadlines`), as `hack/test.sh --under-load` sets it."""
 CHECKPOINT_EVERY = 25
