@@ -35,7 +35,7 @@ def agent_token(
     try:
         cp.api.request("POST", f"/api/v1/namespaces/{namespace}/pods", manifest, merge=False)
     except ApiError as err:
-        if err.status != 409:  # made before, for an agent of the node that restarted: the same token
+        if err.status != 409:  # made before, for an earlier agent of this node: a new token for it
             raise
     # `kubectl create token --duration=2h --bound-object-kind=Pod --bound-object-name=<pod>`
     bound = {"kind": "Pod", "apiVersion": "v1", "name": pod}
@@ -55,6 +55,23 @@ def allocated_claim(cp: lab.ControlPlane, claim: dict[str, Any], status: dict[st
     claims = f"/apis/resource.k8s.io/v1/namespaces/{meta['namespace']}/resourceclaims"
     cp.api.request("POST", claims, claim, merge=False)
     return dict(cp.api.request("PATCH", f"{claims}/{meta['name']}/status", status))
+
+
+def pool_devices(slices: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """{device name: its attributes as plain values} of one pool's ResourceSlices as the scheduler
+    takes them: the slices of its newest generation, once all of them are there; nothing while a new
+    generation is being written (k8s.io/api resource/v1 types.go `ResourcePool`: consumers ignore
+    older generations and wait for an incomplete pool). A driver replaces a pool's slices one request
+    at a time: a read in between could mix two generations."""
+    newest = max((s["spec"]["pool"]["generation"] for s in slices), default=None)
+    current = [s for s in slices if s["spec"]["pool"]["generation"] == newest]
+    if not current or len(current) < current[0]["spec"]["pool"]["resourceSliceCount"]:
+        return {}
+    return {
+        d["name"]: {k: next(iter(v.values())) for k, v in d.get("attributes", {}).items()}
+        for s in current
+        for d in s["spec"].get("devices", [])
+    }
 
 
 def refusal(attempt: Callable[[], str], timeout: float = 30) -> str:

@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 from lab.cluster import CONFIG_LABEL, NODES
 
+from tests.apiserver import pool_devices
 from tests.cluster.conftest import FRONTEND, Cluster
 from tests.hardware import mig_devices
 from tests.polling import poll
@@ -62,20 +63,20 @@ def gpu0_mig(cluster: Cluster, node: str) -> list[dict[str, Any]] | None:
     return mig_devices(cluster.node(node).gpus_state).get(0)
 
 
-def empty_mig(devices: list[dict[str, Any]] | None) -> bool:
-    """In MIG mode, no instance made."""
-    return devices == []
+def emptied(cluster: Cluster, node: str) -> tuple[list[dict[str, Any]] | None, bool]:
+    """GPU 0's MIG devices on the hardware, and whether the node's pool offers GPU 0's whole room (its
+    7g device at 0, withdrawn while any instance stands on the GPU: `sharing.dra.partitions`)."""
+    whole = [n for n in pool(cluster, node) if n.startswith("gpu-0-mig-7g-") and n.endswith("-at-0")]
+    return gpu0_mig(cluster, node), bool(whole)
 
 
 def pool(cluster: Cluster, node: str) -> dict[str, dict[str, Any]]:
-    """{device: its attributes as plain values} of the node's pool of our driver."""
+    """{device: its attributes as plain values} of the node's pool of our driver, as the scheduler
+    takes it (`pool_devices`)."""
     items = cluster.get("/apis/resource.k8s.io/v1/resourceslices")["items"]
-    return {
-        d["name"]: {k: next(iter(v.values())) for k, v in d.get("attributes", {}).items()}
-        for s in items
-        if s["spec"]["driver"] == DRIVER and s["spec"].get("nodeName") == node
-        for d in s["spec"].get("devices", [])
-    }
+    return pool_devices(
+        [s for s in items if s["spec"]["driver"] == DRIVER and s["spec"].get("nodeName") == node]
+    )
 
 
 def offered(devices: dict[str, dict[str, Any]]) -> tuple[set[str], set[str]]:
@@ -212,11 +213,13 @@ class Claims:
 
 
 def no_instances(cluster: Cluster) -> None:
+    """No instance on either dynamic GPU, and the pools published again without them: a test reads
+    and claims from the pool, which the agent republishes after the hardware has changed."""
     for node in DYNAMIC:
         poll(
-            f"no instance on {node}'s dynamic GPU",
-            lambda n=node: gpu0_mig(cluster, n),
-            lambda d: d == [],
+            f"no instance on {node}'s dynamic GPU, its whole room offered",
+            lambda n=node: emptied(cluster, n),
+            lambda seen: seen == ([], True),
             120,
         )
 

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from lab.helm import NAMESPACE, lab_values
 
+from tests.apiserver import pool_devices
 from tests.hardware import mig_devices
 from tests.node.conftest import ALL_KINDS, CONFIG, NODE, TOOLBOX, NodeUnderTest, container_status
 from tests.polling import poll
@@ -123,21 +124,9 @@ def _slices(node: NodeUnderTest) -> list[dict[str, Any]]:
 
 
 def _published(node: NodeUnderTest) -> dict[str, dict[str, Any]]:
-    """{device name: its attributes as plain values} of the node's pool as the scheduler takes it: the
-    slices of its newest generation, once all of them are there; nothing while a new generation is
-    being written (k8s.io/api resource/v1 types.go `ResourcePool`: consumers ignore older
-    generations and wait for an incomplete pool). The agent replaces a pool's slices one by one: a
-    read meanwhile sees some of each generation, an offer no one makes."""
-    slices = _slices(node)
-    newest = max((s["spec"]["pool"]["generation"] for s in slices), default=None)
-    current = [s for s in slices if s["spec"]["pool"]["generation"] == newest]
-    if not current or len(current) < current[0]["spec"]["pool"]["resourceSliceCount"]:
-        return {}
-    return {
-        d["name"]: {k: next(iter(v.values())) for k, v in d.get("attributes", {}).items()}
-        for s in current
-        for d in s["spec"].get("devices", [])
-    }
+    """{device name: its attributes as plain values} of the node's pool as the scheduler takes it
+    (`pool_devices`)."""
+    return pool_devices(_slices(node))
 
 
 def _ready(node: NodeUnderTest) -> bool:

@@ -53,6 +53,13 @@ def _a100s(node: NodeUnderTest) -> dict[int, list[dict[str, Any]]]:
     return mig_devices(node.node.gpus_state, A100)
 
 
+def _emptied(node: NodeUnderTest) -> tuple[dict[int, list[dict[str, Any]]], bool]:
+    """The A100s' MIG devices, and whether the pool offers each A100's whole room (its 7g.40gb at 0,
+    withdrawn while any instance stands on the GPU)."""
+    published = _published(node)
+    return _a100s(node), all(f"gpu-{g}-mig-7g-40gb-at-0" in published for g in (0, 1))
+
+
 def _empty(a100s: dict[int, list[dict[str, Any]]]) -> bool:
     return len(a100s) == 2 and not any(a100s.values())
 
@@ -125,8 +132,12 @@ def ondemand_session(real_node: NodeUnderTest) -> Iterator[NodeUnderTest]:
 
 @pytest.fixture
 def dra(ondemand_session: NodeUnderTest) -> Iterator[DraNode]:
-    under = DraNode(ondemand_session)
-    _until(ondemand_session, "no instance on the A100s", lambda: _a100s(ondemand_session), _empty, 120)
+    node = ondemand_session
+    under = DraNode(node)
+    # The hardware empty, and the pool published again without the last test's instances (a test
+    # claims from the pool, which the agent republishes after the hardware has changed).
+    _until(node, "no instance on the A100s, their whole room offered", lambda: _emptied(node),
+           lambda seen: _empty(seen[0]) and seen[1], 120)  # fmt: skip
     try:
         yield under
     finally:
