@@ -424,16 +424,19 @@ def test_an_instance_made_before_is_offered_as_it_is_given_to_a_claim_kept_and_r
     node = dra.node
     node.patch_configs({"ondemand-static-3g": STATIC_3G, "ondemand-reclaim": RECLAIM})
     try:
-        # A static config makes a 3g.20gb on GPU 0 (the agent says it is applied); then the GPUs turn
-        # dynamic: no claim made it.
+        # A static config makes a 3g.20gb on GPU 0 (the agent says it is applied, and the instance
+        # has its compute instance); then the GPUs turn dynamic: no claim made it.
         _config(node, "ondemand-static-3g")
-        _until(
-            node, "the static config applied", lambda: node.status()["config"],
-            lambda c: (c["selected"], c["state"]) == ("ondemand-static-3g", "success"), 180,
+
+        def applied() -> tuple[tuple[str, str], dict[int, list[dict[str, Any]]]]:
+            config = node.status()["config"]
+            return (config["selected"], config["state"]), _a100s(node)
+
+        _, made = _until(
+            node, "the static config applied", applied,
+            lambda seen: seen[0] == ("ondemand-static-3g", "success") and not seen[1].get(1)
+            and [(x["profile"], bool(x["uuid"])) for x in seen[1].get(0, [])] == [("3g.20gb", True)], 180,
         )  # fmt: skip
-        made = _a100s(node)
-        assert [("3g.20gb", True)] == [(x["profile"], bool(x["uuid"])) for x in made[0]]
-        assert not made[1]
         before = _mine(made[0])
         ((_, start, mig),) = before
         device = f"gpu-0-mig-3g-20gb-at-{start}"
