@@ -172,6 +172,8 @@ class Agent:
         self._failures = 0
         self._grace_over = False
         self._selected: tuple[str | None, str] = (None, "")
+        self._stated: SharingConfig | None = None
+        """The config the state is about: the one rolled out last (None: a rejection, or none)."""
         self._standby = False
         self._configs = ConfigSet()
         """The ConfigMaps' configs as last read (their warnings are in `sharing status`)."""
@@ -485,16 +487,19 @@ class Agent:
         chosen = selection.config.name if isinstance(selection, Selected) else None
         await self.node_out.config_warnings(chosen, configs.warnings_for(chosen) if chosen else ())
         if isinstance(selection, Failed):
-            self._selected = (selection.name, "")
+            await self._take_up(None, (selection.name, ""), ConfigState.FAILED)
             verdict = Verdict(ConfigState.FAILED, "ConfigRejected", selection.reason, selection.reason)
             config = self._good
         elif isinstance(selection, Selected) and (lacking := await self._lacking(selection.config, observed)):
-            self._selected = (selection.config.name, selection.source)
+            await self._take_up(None, (selection.config.name, selection.source), ConfigState.FAILED)
             verdict = Verdict(ConfigState.FAILED, "ConfigInvalid", lacking, lacking)
             config = self._good
         elif isinstance(selection, Selected):
             config = selection.config
-            self._selected = (config.name, selection.source)
+            if config == self._stated:
+                self._selected = (config.name, selection.source)
+            else:
+                await self._take_up(config, (config.name, selection.source), ConfigState.PENDING)
             verdict, observed = await self.rollout.roll_out(config, observed, self._set_pending)
             if verdict.state is ConfigState.SUCCESS:
                 self._good = config
@@ -506,7 +511,7 @@ class Agent:
             self.rollout.forget()
             self.node_out.state = None  # no config manages the GPUs: the state label goes
             verdict = Verdict(None)
-            self._selected = (None, selection.reason)
+            self._selected, self._stated = (None, selection.reason), None
             await self.sources.remember(None)
         if refused and verdict.state is not ConfigState.FAILED:
             verdict = Verdict(
@@ -558,7 +563,7 @@ class Agent:
         except SharingError as err:
             log.warning("last_good_not_recalled", error=bounded(str(err)))
             return
-        self._good = config
+        self._good = self._stated = config
         self.rollout.effective = {g.uuid: config for g in observed.gpus}
         log.info("last_good_recalled", config=name)
         if not os.path.lexists(self.settings.journal):
@@ -604,3 +609,13 @@ class Agent:
 
     async def _set_pending(self) -> None:
         await self.node_out.set_state(ConfigState.PENDING)
+
+    async def _take_up(
+        self, config: SharingConfig | None, selected: tuple[str | None, str], state: ConfigState
+    ) -> None:
+        """Take up a new selection and the state that goes with it together, before anything else is
+        asked or withdrawn: `sharing status` and the state label never pair a newly selected config
+        (or a new version of it) with the last one's `success` while its change is prepared. A config
+        that needs no hardware step goes from `pending` to `success` in the same reconcile."""
+        self._selected, self._stated = selected, config
+        await self.node_out.set_state(state)

@@ -28,9 +28,10 @@ from sharing.kube import sources as sources_module
 from sharing.kubelet.api import deviceplugin_v1beta1_pb2 as api
 from sharing.labels import STATE_LABEL
 from sharing.mig.catalog import default_catalog
-from sharing.model import HealthEvent, Holding, Listing
+from sharing.model import BoundPod, HealthEvent, Holding, Listing
 from sharing.settings import Settings
 from tests.fakedriver.test_rollout import Kubelet
+from tests.hardware import mig_devices
 from tests.polling import poll, until
 from tests.unit.conftest import plugin_dir  # noqa: F401  (the fixture)
 from tests.unit.fakekube import FakeKube
@@ -391,3 +392,94 @@ async def test_a_second_agent_on_the_node_serves_and_changes_nothing_until_the_f
     finally:
         stop.set()
         await task
+
+
+class SlowKube(FakeKube):
+    """An API server that, while `held`, answers each list of the node's pods only when the test lets
+    it (busy for a while); the agent asks it before a change, in a thread."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.held = False
+        self.waiting = threading.Event()
+        self._answers = threading.Semaphore(0)
+
+    def list_node_pods(self, node: str) -> tuple[BoundPod, ...]:
+        if self.held:
+            self.waiting.set()
+            self._answers.acquire(timeout=scaled(30))
+        return super().list_node_pods(node)
+
+    def answer(self, *, hold: bool) -> None:
+        """Let the waiting list through (and hold the next one, or none)."""
+        self.held = hold
+        self.waiting.clear()
+        self._answers.release()
+
+
+async def test_a_newly_selected_config_is_pending_from_the_moment_the_agent_takes_it_up(
+    tmp_path: Path,
+    plugin_dir: Path,  # noqa: F811
+    state: Path,
+    nvml: Any,
+) -> None:
+    """Before its first hardware step a change asks who holds the devices (the kubelet, the API
+    server) and withdraws what goes: seconds on a busy node. `sharing status` named the new config
+    with the last one's `success` meanwhile, and the state label said `success` beside the new
+    config's name: a user (or a script) waiting for `success` after a relabel went on at once."""
+    simstate.init_state(state, [simstate.resolve_product(CATALOG, "A100-SXM4-40GB")])
+    kubelet = await FakeKubelet(plugin_dir).start()
+    configs = {
+        "small": "version: v1\nmigStrategy: single\ngpus:\n  - devices: all\n    mig: {1g.5gb: 7}\n",
+        "big": "version: v1\nmigStrategy: single\ngpus:\n  - devices: all\n    mig: {3g.20gb: 2}\n",
+    }
+    kube = SlowKube("n1", {(NS, "gpu-sharing-config"): configs, (NS, "gpu-sharing-presets"): {}})
+    settings = Settings(
+        node_name="n1", driver_root=state.parents[3], device_plugin_dir=plugin_dir, journal=tmp_path / "j",
+        http_port=0, usage_enabled=False,
+    )  # fmt: skip
+    fleet = Fleet(FleetSettings(plugin_dir=plugin_dir, poll_interval_s=0.02))
+    agent = Agent(
+        settings,
+        kube=kube,
+        backend=NvmlBackend(nvml, CATALOG),
+        fleet=fleet,
+        catalog=CATALOG,
+        pod_resources=Kubelet({}),
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(agent.run(stop))
+
+    def profiles() -> list[str]:
+        return sorted(d["profile"] for d in mig_devices(state)[0])
+
+    def config() -> tuple[str | None, str | None, str | None]:
+        """What `sharing status` says of the config (its document is this, a second old at most) and
+        the state label."""
+        said = agent.report.config()
+        return said.selected, said.state, kube.node.labels.get(STATE_LABEL)
+
+    try:
+        kube.label(**{"nvidia.com/device-plugin.config": "small"})
+        await kubelet.wait(lambda: kubelet.allocatable() == {"nvidia.com/gpu": 7}, timeout=10)
+        assert ("small", "success", "success") == config()
+        kube.held = True
+        kube.label(**{"nvidia.com/device-plugin.config": "big"})
+        while True:
+            assert await asyncio.to_thread(kube.waiting.wait, scaled(10))
+            said = config()
+            if said[0] == "big":
+                break
+            assert ("small", "success", "success") == said  # a reconcile that began before the relabel
+            kube.answer(hold=True)
+        assert ("big", "pending", "pending") == said
+        assert ["1g.5gb"] * 7 == profiles()  # nothing changed on the GPU yet
+        kube.answer(hold=False)
+        await until("the change applied", lambda: kube.node.labels.get(STATE_LABEL) == "success")
+        assert (("big", "success", "success"), ["3g.20gb"] * 2) == (config(), profiles())
+    finally:
+        kube.answer(hold=False)
+        stop.set()
+        await task
+        kube.close()
+        await kubelet.stop()
