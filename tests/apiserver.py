@@ -4,7 +4,7 @@ DaemonSet pod gets it, and waiting until an admission policy a test applied is i
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import lab
@@ -72,6 +72,14 @@ def pool_devices(slices: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         for s in current
         for d in s["spec"].get("devices", [])
     }
+
+
+def offers_whole(pool: Mapping[str, Any], gpus: Iterable[int]) -> bool:
+    """Whether an on-demand pool (`pool_devices`) offers each of `gpus` whole: its 7g device at slot
+    0, which the agent withdraws while any instance stands on the GPU (`sharing.dra.partitions`). The
+    pool is republished after the hardware changed: a test that claims from it waits for this, not for
+    the hardware alone."""
+    return all(any(n.startswith(f"gpu-{g}-mig-7g-") and n.endswith("-at-0") for n in pool) for g in gpus)
 
 
 def refusal(attempt: Callable[[], str], timeout: float = 30) -> str:

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 from lab.cluster import CONFIG_LABEL, NODES
 
-from tests.apiserver import pool_devices
+from tests.apiserver import offers_whole, pool_devices
 from tests.cluster.conftest import FRONTEND, Cluster
 from tests.hardware import mig_devices
 from tests.polling import poll
@@ -61,13 +61,6 @@ def gpu0(cluster: Cluster, node: str) -> dict[str, Any]:
 def gpu0_mig(cluster: Cluster, node: str) -> list[dict[str, Any]] | None:
     """The MIG devices on the node's GPU 0 as the hardware has them; None while its MIG mode is off."""
     return mig_devices(cluster.node(node).gpus_state).get(0)
-
-
-def emptied(cluster: Cluster, node: str) -> tuple[list[dict[str, Any]] | None, bool]:
-    """GPU 0's MIG devices on the hardware, and whether the node's pool offers GPU 0's whole room (its
-    7g device at 0, withdrawn while any instance stands on the GPU: `sharing.dra.partitions`)."""
-    whole = [n for n in pool(cluster, node) if n.startswith("gpu-0-mig-7g-") and n.endswith("-at-0")]
-    return gpu0_mig(cluster, node), bool(whole)
 
 
 def pool(cluster: Cluster, node: str) -> dict[str, dict[str, Any]]:
@@ -218,7 +211,7 @@ def no_instances(cluster: Cluster) -> None:
     for node in DYNAMIC:
         poll(
             f"no instance on {node}'s dynamic GPU, its whole room offered",
-            lambda n=node: emptied(cluster, n),
+            lambda n=node: (gpu0_mig(cluster, n), offers_whole(pool(cluster, n), (0,))),
             lambda seen: seen == ([], True),
             120,
         )

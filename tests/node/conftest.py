@@ -225,10 +225,18 @@ class NodeUnderTest:
 
     def status(self) -> dict[str, Any]:
         """What `sharing status --json` in the agent's pod shows: the document the agent serves on its
-        port, read through the API server's proxy to the pod (the command would cost 0.8 CPU-s a poll;
-        tests/node/test_agent.py runs it)."""
-        path = _path("pod", f"{self._agent_pod()}:{HTTP_PORT}", NAMESPACE) + "/proxy/status"
-        return dict(self.node.api.request("GET", path))
+        port (the command would cost 0.8 CPU-s a poll; tests/node/test_agent.py runs it)."""
+        return dict(self.served("/status"))
+
+    def metrics(self) -> list[str]:
+        """The lines of the agent's /metrics (which renders the status at most once a second)."""
+        return str(self.served("/metrics")).splitlines()
+
+    def served(self, path: str) -> Any:
+        """What the agent's newest pod serves on its port at `path` (JSON decoded), read through the
+        API server's proxy to the pod; ApiError for any answer but 2xx (a 503 from /readyz)."""
+        proxy = _path("pod", f"{self._agent_pod()}:{HTTP_PORT}", NAMESPACE) + "/proxy"
+        return self.node.api.request("GET", proxy + path)
 
     def _agent_pod(self) -> str:
         """The agent's newest pod (not being deleted), as `ds/gpu-sharing` reaches it."""

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from lab.helm import NAMESPACE, RELEASE, lab_values
 
-from tests.node.conftest import ALL_KINDS, CONFIG, NodeUnderTest, container_status
+from tests.node.conftest import ALL_KINDS, CONFIG, HTTP_PORT, NodeUnderTest, container_status
 from tests.polling import poll
 
 pytestmark = pytest.mark.node
@@ -63,7 +63,7 @@ def test_prometheus_scrapes_the_agents_through_the_metrics_service(node: NodeUnd
         (address,) = [a for s in slices["items"] for e in s.get("endpoints") or [] for a in e["addresses"]]
         scraper = node.start_pod("nvidia.com/gpu")  # any pod on the pod network can scrape
         node.wait_running(scraper)
-        text = node.kubectl("exec", scraper, "--", "wget", "-qO-", f"http://{address}:9402/metrics")
+        text = node.kubectl("exec", scraper, "--", "wget", "-qO-", f"http://{address}:{HTTP_PORT}/metrics")
         assert 'gpu_sharing_slices_advertised{resource="nvidia.com/mig-1g.5gb"} 4.0' in text
         assert 'gpu_sharing_config_state{state="success"} 1.0' in text
     finally:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from lab.api import ApiError
 from lab.helm import NAMESPACE, lab_values
 
 from tests.apiserver import pool_devices
@@ -131,9 +132,11 @@ def _published(node: NodeUnderTest) -> dict[str, dict[str, Any]]:
 
 def _ready(node: NodeUnderTest) -> bool:
     """The agent's /readyz answers 200 (on DRA: the kubelet confirmed the plugin's registration)."""
-    probe = "import urllib.request; urllib.request.urlopen('http://127.0.0.1:9402/readyz', timeout=5)"
-    done = node.node.kubectl("-n", NAMESPACE, "exec", "ds/gpu-sharing", "--", "python3", "-c", probe)
-    return done.returncode == 0
+    try:
+        node.served("/readyz")
+    except ApiError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -561,12 +564,9 @@ def test_sharing_status_shows_the_claim_and_its_pod_beside_the_device(dra: DraNo
 
 
 def test_the_metrics_count_prepared_claims_and_time_their_prepare(dra: DraNode) -> None:
-    script = "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:9402/metrics').read().decode())"
-
     def metrics() -> dict[str, float]:
-        out = dra.node.kubectl("-n", NAMESPACE, "exec", "ds/gpu-sharing", "--", "python3", "-c", script)
         values = {}
-        for line in out.splitlines():
+        for line in dra.node.metrics():
             name, _, value = line.partition(" ")
             if name.startswith("gpu_sharing_dra_"):
                 values[name] = float(value)

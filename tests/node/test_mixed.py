@@ -23,9 +23,9 @@ from sharing.dra.names import parse_ondemand_name
 from sharing.gpu import simstate
 from sharing.gpu.simspec import gpu_state
 from sharing.mig import default_catalog
-from tests.node.conftest import ALL_KINDS, CONFIG, EXPECTED, NODE, NodeUnderTest
+from tests.node.conftest import ALL_KINDS, CONFIG, CONFIG_LABEL, EXPECTED, NODE, NodeUnderTest
 from tests.node.test_dra import DRIVER, FRONTEND, STATE, DraNode, _published
-from tests.node.test_ondemand import _config, _ondemand, _run, _until
+from tests.node.test_ondemand import _ondemand, _run, _until
 
 pytestmark = pytest.mark.node
 
@@ -68,18 +68,18 @@ def mixed_session(real_node: NodeUnderTest) -> Iterator[tuple[NodeUnderTest, str
         node.running_agent(not_uid=old["metadata"]["uid"])
         node.patch_configs({"mixed-empty": EMPTY, "mixed-dynamic": DYNAMIC})
         # MIG on and nothing made first: a dynamic GPU keeps whatever instances it has (the claims').
-        _config(node, "mixed-empty")
+        node.label(CONFIG_LABEL, "mixed-empty")
         _until(
             node, "the A100s and H100s in MIG mode, empty", lambda: _exported(node), _mig_on_and_empty, 180
         )
         node.label(FRONTEND, "dra")
-        _config(node, "mixed-dynamic")
+        node.label(CONFIG_LABEL, "mixed-dynamic")
         _until(node, "the pool: on demand and the L4", lambda: _pool(node), lambda p: p == POOL, 180)
         yield node, l4
     finally:
         try:
             node.label(FRONTEND, None)
-            _config(node, CONFIG)
+            node.label(CONFIG_LABEL, CONFIG)
             _until(node, "device-plugin resources with the L4", node.offered, lambda a: a == WITH_L4, 180)
             node.patch_configs({"mixed-empty": None, "mixed-dynamic": None})
         finally:  # whatever happened above, the session's GPUs are given back

@@ -19,7 +19,7 @@ import pytest
 from lab.helm import NAMESPACE
 
 from tests.integration.test_monitoring import ON, empty_dashboard_queries, helm_template
-from tests.node.conftest import CONFIG, CONFIG_LABEL, NodeUnderTest
+from tests.node.conftest import CONFIG, CONFIG_LABEL, HTTP_PORT, NodeUnderTest
 from tests.node.test_mps import A100S
 from tests.node.test_usage import Processes, held_by, host_pids
 from tests.polling import poll
@@ -69,7 +69,7 @@ def test_every_dashboard_query_returns_series_from_the_agents_scrape(
         processes.run(on_replica["device"], pid_shared, 2048, 30)
         processes.run(on_replica["device"], 1, 256, 5)  # the host's init: a process of no pod
         (agent,) = node.agent_pods()
-        url = f"http://{agent['status']['podIP']}:9402/metrics"
+        url = f"http://{agent['status']['podIP']}:{HTTP_PORT}/metrics"
 
         def scrape() -> str:  # from a pod on the pod network, as Prometheus scrapes it
             return node.kubectl("exec", shared, "--", "wget", "-qO-", url)

@@ -25,6 +25,7 @@ from lab.images import agent_image
 from sharing.dra.names import parse_ondemand_name
 from sharing.mig import Placement, default_catalog
 from sharing.mig.policy import plain
+from tests.apiserver import offers_whole
 from tests.hardware import mig_devices
 from tests.node.conftest import ALL_KINDS, CONFIG, CONFIG_LABEL, EXPECTED, NODE, NodeUnderTest
 from tests.node.test_dra import DRIVER, FRONTEND, DraNode, _published
@@ -51,13 +52,6 @@ PRODUCT = next(p for p in default_catalog().products if p.name == "A100-SXM4-40G
 def _a100s(node: NodeUnderTest) -> dict[int, list[dict[str, Any]]]:
     """{GPU index: its MIG devices} of the A100s with MIG on, as the hardware has them."""
     return mig_devices(node.node.gpus_state, A100)
-
-
-def _emptied(node: NodeUnderTest) -> tuple[dict[int, list[dict[str, Any]]], bool]:
-    """The A100s' MIG devices, and whether the pool offers each A100's whole room (its 7g.40gb at 0,
-    withdrawn while any instance stands on the GPU)."""
-    published = _published(node)
-    return _a100s(node), all(f"gpu-{g}-mig-7g-40gb-at-0" in published for g in (0, 1))
 
 
 def _empty(a100s: dict[int, list[dict[str, Any]]]) -> bool:
@@ -99,10 +93,6 @@ def _ready(pod: dict[str, Any]) -> bool:
     return status.get("phase") == "Running" and ready
 
 
-def _config(node: NodeUnderTest, name: str) -> None:
-    node.label(CONFIG_LABEL, name)
-
-
 @pytest.fixture(scope="module")
 def ondemand_session(real_node: NodeUnderTest) -> Iterator[NodeUnderTest]:
     node = real_node
@@ -113,15 +103,15 @@ def ondemand_session(real_node: NodeUnderTest) -> Iterator[NodeUnderTest]:
         node.running_agent(not_uid=old["metadata"]["uid"])
         node.patch_configs({"ondemand-empty": EMPTY, "ondemand-dynamic": DYNAMIC})
         # MIG on and nothing made first: a dynamic GPU keeps whatever instances it has (the claims').
-        _config(node, "ondemand-empty")
+        node.label(CONFIG_LABEL, "ondemand-empty")
         _until(node, "the A100s in MIG mode, empty", lambda: _a100s(node), _empty, 180)
         node.label(FRONTEND, "dra")
-        _config(node, "ondemand-dynamic")
+        node.label(CONFIG_LABEL, "ondemand-dynamic")
         _until(node, "on-demand devices of both A100s", lambda: _ondemand(node), lambda g: g == {0, 1}, 180)
         yield node
     finally:
         node.label(FRONTEND, None)
-        _config(node, CONFIG)
+        node.label(CONFIG_LABEL, CONFIG)
         _until(node, "device-plugin resources", node.offered, lambda a: a == EXPECTED, 180)
         node.patch_configs({"ondemand-empty": None, "ondemand-dynamic": None})
         (old,) = node.agent_pods()
@@ -136,8 +126,13 @@ def dra(ondemand_session: NodeUnderTest) -> Iterator[DraNode]:
     under = DraNode(node)
     # The hardware empty, and the pool published again without the last test's instances (a test
     # claims from the pool, which the agent republishes after the hardware has changed).
-    _until(node, "no instance on the A100s, their whole room offered", lambda: _emptied(node),
-           lambda seen: _empty(seen[0]) and seen[1], 120)  # fmt: skip
+    _until(
+        node,
+        "no instance on the A100s, their whole room offered",
+        lambda: (_a100s(node), offers_whole(_published(node), (0, 1))),
+        lambda seen: _empty(seen[0]) and seen[1],
+        120,
+    )
     try:
         yield under
     finally:
@@ -309,15 +304,9 @@ def test_a_claim_only_fragmented_room_would_hold_waits_with_the_schedulers_reaso
             "strandedComputeSlices": 0,
         },
     } == {i: rooms[i] for i in (0, 1)}
-    script = "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:9402/metrics').read().decode())"
     uuid0 = _a100s_uuids(status)[0]
     line = f'gpu_sharing_dynamic_gpu_largest_placeable_compute_slices{{gpu="0",uuid="{uuid0}"}} 1.0'
-
-    def metrics() -> list[str]:  # /metrics renders the status at most once a second
-        out = dra.node.kubectl("-n", NAMESPACE, "exec", "ds/gpu-sharing", "--", "python3", "-c", script)
-        return out.splitlines()
-
-    _until(dra.node, "the gauge in /metrics", metrics, lambda m: line in m, 30)
+    _until(dra.node, "the gauge in /metrics", dra.node.metrics, lambda m: line in m, 30)
 
 
 def _a100s_uuids(status: dict[str, Any]) -> list[str]:
@@ -426,7 +415,7 @@ def test_an_instance_made_before_is_offered_as_it_is_given_to_a_claim_kept_and_r
     try:
         # A static config makes a 3g.20gb on GPU 0 (the agent says it is applied, and the instance
         # has its compute instance); then the GPUs turn dynamic: no claim made it.
-        _config(node, "ondemand-static-3g")
+        node.label(CONFIG_LABEL, "ondemand-static-3g")
 
         def applied() -> tuple[tuple[str, str], dict[int, list[dict[str, Any]]]]:
             config = node.status()["config"]
@@ -440,7 +429,7 @@ def test_an_instance_made_before_is_offered_as_it_is_given_to_a_claim_kept_and_r
         before = _mine(made[0])
         ((_, start, mig),) = before
         device = f"gpu-0-mig-3g-20gb-at-{start}"
-        _config(node, "ondemand-dynamic")
+        node.label(CONFIG_LABEL, "ondemand-dynamic")
 
         def foreign() -> list[tuple[Any, ...]]:
             return [
@@ -469,25 +458,20 @@ def test_an_instance_made_before_is_offered_as_it_is_given_to_a_claim_kept_and_r
         node.delete("resourceclaim", claim)
         assert before == _mine(_a100s(node)[0])  # left as it was
 
-        _config(node, "ondemand-reclaim")
+        node.label(CONFIG_LABEL, "ondemand-reclaim")
         _until(
             node, "the idle foreign instance reclaimed and its room offered",
             lambda: (_a100s(node).get(0), "gpu-0-mig-7g-40gb-at-0" in _published(node)),
             lambda found: found == ([], True), 180,
         )  # fmt: skip
     finally:
-        _config(node, "ondemand-reclaim")  # whatever failed, the next test finds the A100s empty
+        node.label(CONFIG_LABEL, "ondemand-reclaim")  # whatever failed, the next test finds the A100s empty
         _until(node, "no instance on the A100s", lambda: _a100s(node), _empty, 180)
-        _config(node, "ondemand-dynamic")
+        node.label(CONFIG_LABEL, "ondemand-dynamic")
         node.patch_configs({"ondemand-static-3g": None, "ondemand-reclaim": None})
 
 
 # ---- what `sharing status` says of the claims' instances; a claim's MPS daemon killed ------------
-
-
-def _metrics(node: NodeUnderTest) -> list[str]:
-    script = "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:9402/metrics').read().decode())"
-    return node.kubectl("-n", NAMESPACE, "exec", "ds/gpu-sharing", "--", "python3", "-c", script).splitlines()
 
 
 def test_sharing_status_lists_a_claims_instance_with_its_pod_and_its_killed_mps_daemon_comes_back(
@@ -542,7 +526,7 @@ def test_sharing_status_lists_a_claims_instance_with_its_pod_and_its_killed_mps_
     again = mine(dra.node.status())["mps"]
     assert (True, 1) == (again["healthy"], again["restarts"])
     line = f'gpu_sharing_mps_daemon_restarts_total{{gpu="{gpu}",uuid="{mig}"}} 1.0'
-    _until(dra.node, "the restart in /metrics", lambda: _metrics(dra.node), lambda m: line in m, 30)
+    _until(dra.node, "the restart in /metrics", dra.node.metrics, lambda m: line in m, 30)
 
 
 SPLIT = (  # three 1-slice compute instances in a 3g.20gb GPU instance at slot 4 of GPU 0, as
@@ -602,7 +586,8 @@ def test_a_split_gpu_instance_is_no_3g_20gb_device_and_a_claim_for_one_gets_thre
         node.delete("pod", pod)  # returns once unprepared
         node.delete("resourceclaim", claim)
     finally:
-        _config(node, "ondemand-reclaim")  # the idle split instance is destroyed: the A100s empty again
+        # the idle split instance is destroyed: the A100s empty again
+        node.label(CONFIG_LABEL, "ondemand-reclaim")
         _until(node, "no instance on the A100s", lambda: _a100s(node), _empty, 180)
-        _config(node, "ondemand-dynamic")
+        node.label(CONFIG_LABEL, "ondemand-dynamic")
         node.patch_configs({"ondemand-reclaim": None})

@@ -26,7 +26,15 @@ from lab.helm import NAMESPACE, RELEASE, lab_values
 from prometheus_client.parser import text_string_to_metric_families
 
 from sharing.gpu import simstate
-from tests.node.conftest import ALL_KINDS, CONFIG, CONFIG_LABEL, NODE, NodeUnderTest, container_status
+from tests.node.conftest import (
+    ALL_KINDS,
+    CONFIG,
+    CONFIG_LABEL,
+    HTTP_PORT,
+    NODE,
+    NodeUnderTest,
+    container_status,
+)
 from tests.polling import poll
 
 pytestmark = pytest.mark.node
@@ -82,7 +90,7 @@ def scrape(node: NodeUnderTest, pod: str) -> dict[tuple[str, tuple[tuple[str, st
     """Every sample the agent's port `metrics` serves to `pod`, on the pod network."""
     (agent,) = node.agent_pods()
     address = agent["status"]["podIP"]
-    text = node.kubectl("exec", pod, "--", "wget", "-qO-", f"http://{address}:9402/metrics")
+    text = node.kubectl("exec", pod, "--", "wget", "-qO-", f"http://{address}:{HTTP_PORT}/metrics")
     return {
         (s.name, tuple(sorted(s.labels.items()))): s.value
         for family in text_string_to_metric_families(text)
