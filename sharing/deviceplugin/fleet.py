@@ -80,6 +80,8 @@ class _Plugin:
     registrations: int = 0
     task: asyncio.Task[None] | None = None
     """The registration in progress, if any."""
+    removed: bool = False
+    """Its resource went: a registration under way ends at its next step (`Fleet._remove`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,10 +262,7 @@ class Fleet:
         wanted = with_health(self._wanted.inventory, self._wanted.health)
         resources = {name: devices for name, devices in wanted.resources if devices}
         for name in [n for n in self._plugins if n not in resources]:
-            gone = self._plugins.pop(name)
-            if gone.task is not None:
-                gone.task.cancel()
-            await gone.server.stop()
+            await self._remove(self._plugins.pop(name))
             self._errors.pop(name, None)
             log.info("plugin_removed", resource=name)
         kubelet = socket_identity(self.settings.kubelet_socket)
@@ -280,6 +279,22 @@ class Fleet:
             ):
                 plugin.task = asyncio.create_task(self._register(plugin), name=f"register-{name}")
 
+    async def _remove(self, plugin: _Plugin) -> None:
+        """Stop the plugin of a resource that went, and its registration if one is under way.
+
+        The registration is cancelled and waited for: grpcio's server stop can swallow a cancellation
+        (grpcio 1.85 `grpc.aio.Server.stop`, measured: a kubelet restart during a withdrawal), and
+        the registration then went on to serve and register the withdrawn devices on a socket no
+        one stopped, after the withdrawal had been confirmed (the soak, seed 1111: MIG devices
+        destroyed since offered healthy). `sync` returns once it has stopped: a withdrawal is
+        confirmed against the kubelet only after that.
+        """
+        plugin.removed = True
+        if plugin.task is not None:
+            plugin.task.cancel()
+            await asyncio.gather(plugin.task, return_exceptions=True)
+        await plugin.server.stop()
+
     def _needs_registration(self, plugin: _Plugin, kubelet: SocketId | None) -> bool:
         socket = plugin.server.socket
         return plugin.kubelet != kubelet or plugin.lost or socket is None or not socket.exists()
@@ -290,9 +305,16 @@ class Fleet:
         plugin.kubelet, plugin.lost = None, False
         try:
             # Stop first so the old stream ends, then a fresh socket: the kubelet's rule for re-registering.
+            # After each step: the resource may have gone meanwhile, its cancellation swallowed (_remove).
             await plugin.server.stop()
+            if plugin.removed:
+                return
             await plugin.server.start()
+            if plugin.removed:
+                return
             await plugin.server.register(self.settings.kubelet_socket, self.settings.register_timeout_s)
+            if plugin.removed:
+                return
             # The kubelet.sock that answered, read now: the one _reconcile read may have been replaced
             # since (a restarting kubelet ends the streams before its socket changes). Recording that
             # older one made a second registration with the same kubelet, whose first stream then

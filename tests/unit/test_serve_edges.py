@@ -11,6 +11,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from lab.deadlines import scaled
 
 from sharing.deviceplugin import Fleet, FleetSettings
 from sharing.deviceplugin.plugin import PluginServer
@@ -186,3 +187,42 @@ async def test_a_plugin_start_cancelled_midway_leaves_nothing_serving(plugin_dir
         await starting
     assert not server.serving
     assert [] == [p.name for p in plugin_dir.iterdir()]
+
+
+async def test_a_resource_withdrawn_while_its_plugin_registers_again_is_never_offered_again(
+    kubelet: FakeKubelet, fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The soak (seed 1111): a kubelet restart made every plugin register again, and a change withdrew
+    a resource meanwhile. The fleet cancelled that registration, but grpcio's server stop, where the
+    registration was, swallowed the cancellation (grpcio 1.85, measured: 8 of 150 tries of this
+    sequence); the registration then served the withdrawn devices on a fresh socket and the kubelet
+    offered them healthy after they were destroyed. Here the stop holds the registration until the
+    withdrawal is under way, and swallows its cancellation as grpcio's does."""
+    servers = grpc.aio._server.Server  # the class grpc.aio.server() makes
+    real_stop = servers.stop
+    inside, release = asyncio.Event(), asyncio.Event()
+
+    async def stop(self: grpc.aio._server.Server, grace: float | None) -> None:
+        task = asyncio.current_task()
+        if task is not None and task.get_name() == f"register-{MIG}":
+            inside.set()
+            try:
+                await asyncio.shield(release.wait())
+            except asyncio.CancelledError:
+                await release.wait()  # as grpcio's: the stop goes on, and the task with it
+        await real_stop(self, grace)
+
+    fleet.update(inventory_from({GPU: replicas("GPU-1", 2), MIG: migs("GPU-0", "MIG-a")}))
+    await kubelet.wait(lambda: kubelet.allocatable() == {GPU: 2, MIG: 1})
+    monkeypatch.setattr(servers, "stop", stop)
+    await kubelet.restart()
+    await asyncio.wait_for(inside.wait(), scaled(5))  # MIG's registration again: stopping its server
+    fleet.update(inventory_from({GPU: replicas("GPU-1", 2)}))  # the MIG devices withdrawn
+    withdrawn = asyncio.create_task(fleet.sync())
+    release.set()
+    await withdrawn
+    registering = [t for t in asyncio.all_tasks() if t.get_name() == f"register-{MIG}"]
+    await asyncio.wait_for(asyncio.gather(*registering, return_exceptions=True), scaled(15))
+    await kubelet.wait(lambda: kubelet.allocatable().get(GPU) == 2)
+    assert 0 == kubelet.allocatable().get(MIG, 0)
+    assert [] == [p.name for p in kubelet.plugin_dir.iterdir() if "mig" in p.name]
