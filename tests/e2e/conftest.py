@@ -32,6 +32,7 @@ import lab
 import pytest
 from lab.api import ApiError
 from lab.deadlines import scaled
+from lab.process import tail
 
 from tests.apiserver import agent_token, wait_for_policy
 from tests.polling import poll
@@ -287,10 +288,6 @@ def install_driver(root: Path) -> Path:
     return root
 
 
-def _tail(log: Path, lines: int) -> str:
-    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:]) if log.exists() else ""
-
-
 @pytest.fixture
 def gpu_node(
     control_plane: lab.ControlPlane,
@@ -311,11 +308,11 @@ def gpu_node(
     for pod in sorted(node.bound):
         node.unbind_pod(pod)
     for agent in node.agents:
-        sys.stderr.write(f"--- {agent.log.name} (last lines) ---\n{_tail(agent.log, 40)}\n")
+        sys.stderr.write(f"--- {agent.log.name} (last lines) ---\n{tail(agent.log, 40)}\n")
     # The kubelet's side of a failure (its root, and this log with it, goes with the harness): a
     # panic in the device manager shows here ("http: panic serving"), an admission's outcome too.
     running = "running" if kubelet.pid is not None else "exited"
     sys.stderr.write(f"--- {kubelet.log.name} (last lines; the harness {running}) ---\n")
-    sys.stderr.write(f"{_tail(kubelet.log, 60)}\n")
+    sys.stderr.write(f"{tail(kubelet.log, 60)}\n")
     if node.configs:
         node.patch_configs(dict.fromkeys(node.configs))
