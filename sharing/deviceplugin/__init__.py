@@ -8,9 +8,11 @@ With `sharing.kubelet` the only package that imports `grpc`. A DRA front-end is 
 from sharing.deviceplugin.allocation import AllocationPolicy
 from sharing.deviceplugin.fleet import DEFAULT_PLUGIN_DIR, Fleet, FleetSettings, PluginStatus
 from sharing.deviceplugin.plugin import PluginServer
+from sharing.deviceplugin.service import HANDED_OUT_KEPT_S
 
 __all__ = [
     "DEFAULT_PLUGIN_DIR",
+    "HANDED_OUT_KEPT_S",
     "AllocationPolicy",
     "Fleet",
     "FleetSettings",

@@ -28,6 +28,7 @@ from sharing.devices import (
     Device,
     DeviceId,
     DeviceListStrategy,
+    Health,
     Injection,
     client_edits,
     device_name,
@@ -190,6 +191,14 @@ def allocate(
             " (the devices changed since the pod was scheduled; delete the pod to reschedule it)"
         )
     chosen = [known[i] for i in requested]
+    sick = [d.id for d in chosen if d.health is not Health.HEALTHY]
+    if sick:
+        # The kubelet picks healthy devices only; these turned unhealthy (or were withdrawn for a
+        # change, kept in the list while a pod's Allocate may still be under way) as it picked them.
+        raise AllocationError(
+            f"{resource}: devices {_ids(sick)} are not healthy: failing, or being withdrawn for a change"
+            " (they changed as the pod was admitted; delete the pod to reschedule it)"
+        )
     if fail_requests_greater_than_one and len(chosen) > 1 and any(d.replica is not None for d in chosen):
         raise AllocationError(
             f"{resource}: {len(chosen)} shared devices requested, but failRequestsGreaterThanOne allows"

@@ -192,11 +192,15 @@ class Fleet:
         It is the fleet's record, kept across the servers' restarts (each registration starts a
         fresh one) and their removal.
         """
-        return self._handouts.since(asyncio.get_running_loop().time() - within_s)
+        recent = self._handouts.since(asyncio.get_running_loop().time() - within_s)
+        self._recheck_kept()
+        return recent
 
     def forget_allocated(self, device_ids: frozenset[str]) -> None:
-        """These IDs are listed by the kubelet now: stop counting them as recently allocated."""
+        """These IDs are listed by the kubelet now: stop counting them as recently allocated (and a
+        list that kept one of them for its Allocate lets it go)."""
         self._handouts.forget(device_ids)
+        self._recheck_kept()
 
     @property
     def health(self) -> HealthState:
@@ -243,7 +247,10 @@ class Fleet:
             retry = [
                 p.retry_at for p in self._plugins.values() if (p.kubelet is None or p.lost) and p.task is None
             ]
-            delay = max(0.0, min(retry) - loop.time()) if retry and self._kubelet is not None else None
+            due = retry if self._kubelet is not None else []
+            # A device a list keeps for a pod's Allocate goes at its time (PluginServer.update).
+            due += [p.server.kept_until for p in self._plugins.values() if p.server.kept_until is not None]
+            delay = max(0.0, min(due) - loop.time()) if due else None
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(delay):
                     await self._wake.wait()
@@ -348,6 +355,11 @@ class Fleet:
             on_stream_open=lambda _: self._notify_status(),
             handouts=self._handouts,
         )
+
+    def _recheck_kept(self) -> None:
+        """Records of Allocates went: a list that kept devices for them is worked out again."""
+        if any(p.server.kept_until is not None for p in self._plugins.values()):
+            self._wake.set()
 
     def _notify_status(self) -> None:
         changed, self._status_changed = self._status_changed, asyncio.Event()

@@ -16,14 +16,15 @@ import contextlib
 import os
 import secrets
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
 import structlog
 
 from sharing.deviceplugin.allocation import AllocationPolicy
-from sharing.deviceplugin.service import DeviceFeed, DevicePluginService, Handouts
-from sharing.devices import ENVVAR_BY_UUID, Device, Injection
+from sharing.deviceplugin.service import HANDED_OUT_KEPT_S, DeviceFeed, DevicePluginService, Handouts
+from sharing.devices import ENVVAR_BY_UUID, Device, Health, Injection
 from sharing.errors import PluginError
 from sharing.kubelet.api import deviceplugin_v1beta1_pb2 as api
 from sharing.kubelet.api import deviceplugin_v1beta1_pb2_grpc as api_grpc
@@ -59,6 +60,8 @@ class PluginServer:
         self._on_stream_open = on_stream_open
         self.handouts = handouts or Handouts()
         """What Allocate handed out (the fleet's, shared by every server it starts)."""
+        self.kept_until: float | None = None
+        """Loop time at which the first device the list keeps only for a pod's Allocate may go."""
         self._server: grpc.aio.Server | None = None
         self._service: DevicePluginService | None = None
         self.socket: Path | None = None
@@ -75,9 +78,30 @@ class PluginServer:
         return self._service.streams if self._service else 0
 
     def update(self, devices: tuple[Device, ...], fail_requests_greater_than_one: bool) -> bool:
-        """New devices for the open streams (no re-registration); True when they changed."""
+        """New devices for the open streams (no re-registration); True when they changed.
+
+        A device the new list drops that Allocate handed out in the last `HANDED_OUT_KEPT_S` stays in
+        it, unhealthy, until the kubelet lists the pod that got it (`Handouts.forget`): the kubelet
+        reads each device it allocated from the plugin's last list once Allocate has answered
+        (`allocateContainerResources`, pkg/kubelet/cm/devicemanager/manager.go, Kubernetes v1.37.2:
+        `m.allDevices[resource][dev].Topology`), and a device gone from that list by then is a nil
+        pointer there: the kubelet panics in pod admission. Unhealthy, the kubelet keeps it, allocates
+        it to no other pod and leaves it out of GetAllocatableResources (what a withdrawal confirms);
+        Allocate refuses it. Read and published with no await in between: an Allocate cannot hand a
+        device out between the two.
+        """
         self.fail_requests_greater_than_one = fail_requests_greater_than_one
-        return self.feed.publish(devices)
+        now = asyncio.get_running_loop().time()
+        ids = {d.id for d in devices}
+        dropped = [d for d in self.feed.devices if d.id not in ids]
+        handed = self.handouts.handed_out((d.id for d in dropped), now - HANDED_OUT_KEPT_S)
+        kept = tuple(
+            d if d.health is Health.UNHEALTHY else replace(d, health=Health.UNHEALTHY)
+            for d in dropped
+            if d.id in handed
+        )
+        self.kept_until = min(handed[d.id] for d in kept) + HANDED_OUT_KEPT_S if kept else None
+        return self.feed.publish(devices + kept)
 
     async def start(self) -> Path:
         """Serve on a new socket; returns its path."""

@@ -116,6 +116,12 @@ def to_proto(device: Device) -> api.Device:
     return api.Device(ID=device.id, health=device.health.value, topology=topology)
 
 
+HANDED_OUT_KEPT_S = 30.0
+"""How long after Allocate handed a device out it counts as held (`sharing.rollout.holding`) and, dropped
+from its list, stays in it unhealthy (`PluginServer.update`), at most: the kubelet records the
+allocation as Allocate returns, and PodResources lists it from then on."""
+
+
 class Handouts:
     """Device ID -> loop time of the last Allocate that handed it out, across every plugin server.
 
@@ -139,6 +145,10 @@ class Handouts:
         """Drop the records of these IDs (the kubelet lists their pods now)."""
         for device in device_ids & self._at.keys():
             del self._at[device]
+
+    def handed_out(self, device_ids: Iterable[str], since: float) -> dict[str, float]:
+        """{ID: loop time} of these IDs handed out at or after loop time `since` (no record dropped)."""
+        return {i: at for i in device_ids if (at := self._at.get(i)) is not None and at >= since}
 
 
 class DevicePluginService:

@@ -17,7 +17,7 @@ from dataclasses import replace
 
 import structlog
 
-from sharing.deviceplugin import Fleet
+from sharing.deviceplugin import HANDED_OUT_KEPT_S, Fleet
 from sharing.devices import Inventory
 from sharing.dra.holds import claim_holds
 from sharing.errors import PluginError, SharingError
@@ -28,8 +28,6 @@ from sharing.text import bounded
 
 log = structlog.get_logger(__name__)
 
-RECENT_ALLOCATE_S = 30.0
-"""How long a device counts as held after Allocate handed it out (PodResources catches up long before)."""
 LISTED_WITHIN_S = 2.0
 """How soon after Allocate returns the kubelet lists the allocation in PodResources (it does so at once:
 it records it as Allocate returns). An Allocate older than that which PodResources does not list
@@ -71,9 +69,9 @@ class HoldersReader:
 
         def recent() -> frozenset[str]:
             if self.pod_resources is None:  # no kubelet to list them: the whole window counts
-                return self.fleet.recently_allocated(RECENT_ALLOCATE_S)
+                return self.fleet.recently_allocated(HANDED_OUT_KEPT_S)
             unlisted = loop.time() - asked + LISTED_WITHIN_S
-            return self.fleet.recently_allocated(min(RECENT_ALLOCATE_S, unlisted))
+            return self.fleet.recently_allocated(min(HANDED_OUT_KEPT_S, unlisted))
 
         holders = await read_holders(self.pod_resources, recent, self.bound_pods if deciding else None)
         if deciding and self.claims is not None:

@@ -8,8 +8,8 @@ Per GPU, for every change that destroys or alters a device:
 2. withdraw the devices the plan removes from what the plugins advertise, push that to the
    kubelet, and wait until the kubelet's PodResources no longer lists them as allocatable
    (`sharing.rollout.withdraw`): from then on no pod can be admitted to them (an Allocate already in
-   flight is refused: the plugin no longer knows the ID). If the kubelet cannot confirm, nothing is
-   destroyed (fail closed);
+   flight is refused: the plugin no longer knows the ID, or lists it unhealthy). If the kubelet
+   cannot confirm, nothing is destroyed (fail closed);
 3. observe and read the holders again, and plan again: a plan that now removes more is withdrawn
    again first;
 4. run the steps (journaled) under the journal's lock, re-observe and verify; the MPS daemons follow

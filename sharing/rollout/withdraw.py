@@ -3,9 +3,10 @@
 The devices go from what the front-end in service offers; on the device plugins the new list is
 pushed to the kubelet, and the kubelet's PodResources `GetAllocatableResources` is polled until it
 offers none of them in any form (`X` or its replicas `X::n`): from then on no pod can be admitted to
-them, and an Allocate already in flight is refused (the plugin no longer knows the ID). It is
-confirmed against what the kubelet offers, not against what this process advertised: after an agent
-restart that is nothing, while the kubelet may still offer what the agent before it advertised. On
+them, and an Allocate already in flight is refused (the plugin no longer knows the ID; one it
+handed out a moment before stays listed, unhealthy, for the kubelet to read: `PluginServer.update`).
+It is confirmed against what the kubelet offers, not against what this process advertised: after an
+agent restart that is nothing, while the kubelet may still offer what the agent before it advertised. On
 DRA the withdrawal holds once the API server has the slices: no scheduler allocates what they lack.
 If the kubelet cannot confirm, the change waits (fail closed): `hold` keeps its steps from running.
 """

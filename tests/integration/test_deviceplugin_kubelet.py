@@ -21,7 +21,8 @@ from lab.deadlines import scaled
 
 from sharing.config.spec import MigStrategy, Replicas, Rule, Selector, SharingConfig
 from sharing.deviceplugin import Fleet, FleetSettings, PluginStatus
-from sharing.devices.inventory import HealthState, Inventory, build_inventory
+from sharing.deviceplugin.service import DevicePluginService
+from sharing.devices.inventory import HealthState, Inventory, build_inventory, withdraw
 from sharing.kubelet import PodResourcesClient
 from sharing.kubelet.api import deviceplugin_v1beta1_pb2 as api
 from sharing.kubelet.api import deviceplugin_v1beta1_pb2_grpc as api_grpc
@@ -171,6 +172,54 @@ async def test_a_kubelet_restart_is_followed_by_new_registrations_and_admissions
     pod = await admit(harness, "after-restart", {MIG_1G: 4, MIG_3G: 1, GPU: 4})
     assert {MIG_1G: 4, MIG_3G: 1, GPU: 4} == {k: len(v) for k, v in pod["containers"][0]["devices"].items()}
     await wait_counts(harness, EXPECTED, field="capacity")
+
+
+async def test_a_device_withdrawn_while_the_kubelet_allocates_it_stays_in_the_kubelets_list(
+    harness: lab.KubeletHarness, fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kubelet picks a device, calls Allocate, and reads that device from the plugin's last list
+    once Allocate has answered (allocateContainerResources, pkg/kubelet/cm/devicemanager/manager.go,
+    Kubernetes v1.37.2). A withdrawal whose list reached it in between left a nil there: the kubelet
+    panicked in pod admission (the soak, seed 962061: the harness closed the connection unanswered).
+    Here Allocate has handed the device out and its answer is held until the list without it has
+    reached the kubelet."""
+    answered, release = asyncio.Event(), asyncio.Event()
+    handed: list[str] = []
+    allocate = DevicePluginService.Allocate
+
+    async def held(
+        self: DevicePluginService, request: api.AllocateRequest, context: grpc.aio.ServicerContext
+    ) -> api.AllocateResponse:
+        response = await allocate(self, request, context)
+        if self.resource == GPU and not answered.is_set():
+            handed.extend(request.container_requests[0].devices_ids)
+            answered.set()
+            await release.wait()
+        return response
+
+    monkeypatch.setattr(DevicePluginService, "Allocate", held)
+    full = inventory()
+    fleet.update(full)
+    await wait_counts(harness, EXPECTED, field="allocatable")
+    admission = asyncio.create_task(admit(harness, "racing", {GPU: 1}))
+    async with asyncio.timeout(scaled(60)):
+        await answered.wait()
+    (device,) = handed
+    gpu = device.partition("::")[0]
+    left = withdraw(full, {gpu})
+    others = {d.id for name, devices in left.resources if name == GPU for d in devices}
+    fleet.update(left)
+    await asyncio.to_thread(harness.wait_resources, lambda r: set(r[GPU]["healthy"]) == others, scaled(20))
+    release.set()
+    pod = await admission
+    assert [device] == pod["containers"][0]["devices"][GPU]
+    client = PodResourcesClient(harness.pod_resources_socket)
+    assert {GPU: {device}} == {k: set(v) for k, v in (await client.in_use()).items()}
+    assert device not in (await client.allocatable())[GPU]  # withdrawn: offered to no other pod
+    # The kubelet lists the pod that holds it (what a change reads): the list no longer needs it.
+    fleet.forget_allocated(frozenset({device}))
+    reply = await wait_counts(harness, {GPU: len(others)})
+    assert others == set(reply["resources"][GPU]["healthy"])
 
 
 def settled(status: tuple[PluginStatus, ...]) -> bool:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from sharing.deviceplugin.allocation import (
@@ -307,6 +309,13 @@ def test_allocate(
     [
         pytest.param(REPLICAS_2x2, ["GPU-0::0", "GPU-8"], False, "unknown device IDs GPU-8: ", id="unknown"),
         pytest.param(REPLICAS_2x2, [], False, "names no devices", id="empty"),
+        pytest.param(
+            [replace(rep(0, 0), health=Health.UNHEALTHY), rep(0, 1)],
+            ["GPU-0::1", "GPU-0::0"],
+            False,
+            "devices GPU-0::0 are not healthy",
+            id="unhealthy",
+        ),
         pytest.param(
             REPLICAS_2x2, ["GPU-0::0", "GPU-0::0"], False, "more than once: GPU-0::0", id="duplicate"
         ),

@@ -14,6 +14,7 @@ import pytest
 from lab.deadlines import scaled
 
 from sharing.deviceplugin import Fleet, FleetSettings
+from sharing.deviceplugin import plugin as plugin_module
 from sharing.deviceplugin.plugin import PluginServer
 from sharing.devices.inventory import inventory_from
 from sharing.kubelet.api import deviceplugin_v1beta1_pb2 as api
@@ -133,6 +134,42 @@ async def test_a_device_handed_out_counts_as_held_across_a_kubelet_restart(
     await served.restart()
     await served.wait(lambda: served.registered(MIG) > registered and served.allocatable()[MIG] == 1)
     assert frozenset({"MIG-a"}) == fleet.recently_allocated(30)
+
+
+async def test_a_device_handed_out_then_withdrawn_stays_listed_unhealthy_until_the_kubelet_lists_it(
+    kubelet: FakeKubelet, fleet: Fleet
+) -> None:
+    """The kubelet reads a device it allocated from the plugin's last list once Allocate has answered:
+    a withdrawal must not take it out of that list before the kubelet has recorded the allocation
+    (tests/integration/test_deviceplugin_kubelet.py shows the kubelet's panic). Kept, it is offered
+    to no other pod, and an Allocate that names it again is refused."""
+    fleet.update(inventory_from({GPU: replicas("GPU-1", 2) + replicas("GPU-2", 2)}))
+    await kubelet.wait(lambda: kubelet.allocatable() == {GPU: 4})
+    await kubelet.plugin(GPU).Allocate(allocate("GPU-1::0"))
+    fleet.update(inventory_from({GPU: replicas("GPU-2", 2)}))  # GPU-1 withdrawn
+    listed = {"GPU-1::0": "Unhealthy", "GPU-2::0": "Healthy", "GPU-2::1": "Healthy"}
+    await kubelet.wait(lambda: kubelet.devices(GPU) == listed)
+    for again, why in (("GPU-1::0", "not healthy"), ("GPU-1::1", "unknown device IDs")):
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await kubelet.plugin(GPU).Allocate(allocate(again))
+        assert grpc.StatusCode.INVALID_ARGUMENT == err.value.code()
+        assert why in str(err.value.details())
+    fleet.forget_allocated(frozenset({"GPU-1::0"}))  # the kubelet lists the pod that got it
+    await kubelet.wait(lambda: kubelet.devices(GPU) == {"GPU-2::0": "Healthy", "GPU-2::1": "Healthy"})
+
+
+async def test_a_device_kept_for_an_allocate_goes_when_its_time_is_up(
+    kubelet: FakeKubelet, fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pod the kubelet never lists (its admission failed on another resource) keeps nothing listed
+    for long: the fleet wakes when the record's time is up, with no other update to carry it."""
+    monkeypatch.setattr(plugin_module, "HANDED_OUT_KEPT_S", 0.5)
+    fleet.update(inventory_from({GPU: replicas("GPU-1", 1) + replicas("GPU-2", 1)}))
+    await kubelet.wait(lambda: kubelet.allocatable() == {GPU: 2})
+    await kubelet.plugin(GPU).Allocate(allocate("GPU-1::0"))
+    fleet.update(inventory_from({GPU: replicas("GPU-2", 1)}))
+    await kubelet.wait(lambda: kubelet.devices(GPU) == {"GPU-1::0": "Unhealthy", "GPU-2::0": "Healthy"})
+    await kubelet.wait(lambda: kubelet.devices(GPU) == {"GPU-2::0": "Healthy"})
 
 
 async def test_a_registration_the_kubelet_drops_before_its_stream_is_made_again(
