@@ -192,15 +192,14 @@ class Fleet:
         It is the fleet's record, kept across the servers' restarts (each registration starts a
         fresh one) and their removal.
         """
-        recent = self._handouts.since(asyncio.get_running_loop().time() - within_s)
-        self._recheck_kept()
-        return recent
+        return self._handouts.since(asyncio.get_running_loop().time() - within_s)
 
     def forget_allocated(self, device_ids: frozenset[str]) -> None:
         """These IDs are listed by the kubelet now: stop counting them as recently allocated (and a
         list that kept one of them for its Allocate lets it go)."""
         self._handouts.forget(device_ids)
-        self._recheck_kept()
+        if any(p.server.kept_until is not None for p in self._plugins.values()):
+            self._wake.set()
 
     @property
     def health(self) -> HealthState:
@@ -355,11 +354,6 @@ class Fleet:
             on_stream_open=lambda _: self._notify_status(),
             handouts=self._handouts,
         )
-
-    def _recheck_kept(self) -> None:
-        """Records of Allocates went: a list that kept devices for them is worked out again."""
-        if any(p.server.kept_until is not None for p in self._plugins.values()):
-            self._wake.set()
 
     def _notify_status(self) -> None:
         changed, self._status_changed = self._status_changed, asyncio.Event()

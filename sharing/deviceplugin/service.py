@@ -137,9 +137,11 @@ class Handouts:
         self._at.update(dict.fromkeys(device_ids, asyncio.get_running_loop().time()))
 
     def since(self, since: float) -> frozenset[str]:
-        """Device IDs handed out at or after loop time `since`; older records are dropped."""
-        self._at = {device: at for device, at in self._at.items() if at >= since}
-        return frozenset(self._at)
+        """Device IDs handed out at or after loop time `since`; records older than `HANDED_OUT_KEPT_S`
+        are dropped (younger ones are kept: a list may keep their devices for the kubelet to read)."""
+        kept = asyncio.get_running_loop().time() - HANDED_OUT_KEPT_S
+        self._at = {device: at for device, at in self._at.items() if at >= kept}
+        return frozenset(device for device, at in self._at.items() if at >= since)
 
     def forget(self, device_ids: frozenset[str]) -> None:
         """Drop the records of these IDs (the kubelet lists their pods now)."""
