@@ -91,17 +91,19 @@ class PluginServer:
         device out between the two.
         """
         self.fail_requests_greater_than_one = fail_requests_greater_than_one
-        now = asyncio.get_running_loop().time()
-        ids = {d.id for d in devices}
-        dropped = [d for d in self.feed.devices if d.id not in ids]
-        handed = self.handouts.handed_out((d.id for d in dropped), now - HANDED_OUT_KEPT_S)
-        kept = tuple(
-            d if d.health is Health.UNHEALTHY else replace(d, health=Health.UNHEALTHY)
-            for d in dropped
-            if d.id in handed
-        )
+        kept: tuple[Device, ...] = ()
+        handed = self.handouts.at_or_after(asyncio.get_running_loop().time() - HANDED_OUT_KEPT_S)
+        # Most updates come with no recent handout: no look at the devices then.
+        listed = [d for d in self.feed.devices if d.id in handed] if handed else []
+        if listed:
+            ids = {d.id for d in devices}
+            kept = tuple(
+                d if d.health is Health.UNHEALTHY else replace(d, health=Health.UNHEALTHY)
+                for d in listed
+                if d.id not in ids
+            )
         self.kept_until = min(handed[d.id] for d in kept) + HANDED_OUT_KEPT_S if kept else None
-        return self.feed.publish(devices + kept)
+        return self.feed.publish(devices + kept if kept else devices)
 
     async def start(self) -> Path:
         """Serve on a new socket; returns its path."""

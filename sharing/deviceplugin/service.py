@@ -148,9 +148,9 @@ class Handouts:
         for device in device_ids & self._at.keys():
             del self._at[device]
 
-    def handed_out(self, device_ids: Iterable[str], since: float) -> dict[str, float]:
-        """{ID: loop time} of these IDs handed out at or after loop time `since` (no record dropped)."""
-        return {i: at for i in device_ids if (at := self._at.get(i)) is not None and at >= since}
+    def at_or_after(self, since: float) -> dict[str, float]:
+        """{ID: loop time} of the IDs handed out at or after loop time `since` (no record dropped)."""
+        return {device: at for device, at in self._at.items() if at >= since}
 
 
 class DevicePluginService:
