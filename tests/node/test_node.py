@@ -39,8 +39,17 @@ def test_the_chart_runs_the_agent_as_a_daemonset_pod_registered_with_the_kubelet
 
 
 def _registered(log: str) -> set[str]:
-    """The resources the agent's log says it registered with the kubelet."""
-    return {resource for event, resource in _plugin_events(log.splitlines()) if event == "plugin_registered"}
+    """The resources whose plugins the agent's log says are registered with the kubelet now: registered
+    and not removed since. The modules before this one share the agent's pod and its log, and their
+    configs register resources of their own (tests/node/test_usage.py's recommended config a
+    `mig-2g.10gb`)."""
+    now: set[str] = set()
+    for event, resource in _plugin_events(log.splitlines()):
+        if event == "plugin_registered":
+            now.add(resource)
+        else:
+            now.discard(resource)
+    return now
 
 
 def _plugin_events(lines: list[str]) -> list[tuple[str, str]]:
