@@ -162,8 +162,9 @@ async def test_a_device_kept_for_an_allocate_goes_when_its_time_is_up(
     kubelet: FakeKubelet, fleet: Fleet, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A pod the kubelet never lists (its admission failed on another resource) keeps nothing listed
-    for long: the fleet wakes when the record's time is up, with no other update to carry it."""
-    monkeypatch.setattr(plugin_module, "HANDED_OUT_KEPT_S", 0.5)
+    for long: the fleet wakes when the record's time is up, with no other update to carry it. (The
+    window, shortened here, must outlast the moment from Allocate to the update: a deadline, scaled.)"""
+    monkeypatch.setattr(plugin_module, "HANDED_OUT_KEPT_S", scaled(2.0))
     fleet.update(inventory_from({GPU: replicas("GPU-1", 1) + replicas("GPU-2", 1)}))
     await kubelet.wait(lambda: kubelet.allocatable() == {GPU: 2})
     await kubelet.plugin(GPU).Allocate(allocate("GPU-1::0"))
