@@ -192,7 +192,7 @@ class Fleet:
         It is the fleet's record, kept across the servers' restarts (each registration starts a
         fresh one) and their removal.
         """
-        return self._handouts.since(asyncio.get_running_loop().time() - within_s)
+        return frozenset(self._handouts.since(asyncio.get_running_loop().time() - within_s))
 
     def forget_allocated(self, device_ids: frozenset[str]) -> None:
         """These IDs are listed by the kubelet now: stop counting them as recently allocated (and a

@@ -92,7 +92,7 @@ class PluginServer:
         """
         self.fail_requests_greater_than_one = fail_requests_greater_than_one
         kept: tuple[Device, ...] = ()
-        handed = self.handouts.at_or_after(asyncio.get_running_loop().time() - HANDED_OUT_KEPT_S)
+        handed = self.handouts.since(asyncio.get_running_loop().time() - HANDED_OUT_KEPT_S)
         # Most updates come with no recent handout: no look at the devices then.
         listed = [d for d in self.feed.devices if d.id in handed] if handed else []
         if listed:

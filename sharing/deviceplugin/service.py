@@ -136,21 +136,18 @@ class Handouts:
         """These IDs were handed out now."""
         self._at.update(dict.fromkeys(device_ids, asyncio.get_running_loop().time()))
 
-    def since(self, since: float) -> frozenset[str]:
-        """Device IDs handed out at or after loop time `since`; records older than `HANDED_OUT_KEPT_S`
-        are dropped (younger ones are kept: a list may keep their devices for the kubelet to read)."""
+    def since(self, since: float) -> dict[str, float]:
+        """{ID: loop time} of the IDs handed out at or after loop time `since`; records older than
+        `HANDED_OUT_KEPT_S` are dropped (younger ones are kept: a list may keep their devices for the
+        kubelet to read)."""
         kept = asyncio.get_running_loop().time() - HANDED_OUT_KEPT_S
         self._at = {device: at for device, at in self._at.items() if at >= kept}
-        return frozenset(device for device, at in self._at.items() if at >= since)
+        return {device: at for device, at in self._at.items() if at >= since}
 
     def forget(self, device_ids: frozenset[str]) -> None:
         """Drop the records of these IDs (the kubelet lists their pods now)."""
         for device in device_ids & self._at.keys():
             del self._at[device]
-
-    def at_or_after(self, since: float) -> dict[str, float]:
-        """{ID: loop time} of the IDs handed out at or after loop time `since` (no record dropped)."""
-        return {device: at for device, at in self._at.items() if at >= since}
 
 
 class DevicePluginService:
