@@ -91,7 +91,9 @@ async def test_removed_resource_stops_and_new_one_registers(
 
 async def test_bursts_coalesce_latest_wins(kubelet: FakeKubelet, fleet: Fleet) -> None:
     fleet.update(INVENTORY)
-    await kubelet.wait(lambda: kubelet.capacity().get(GPU) == 4)
+    # Both plugins registered: the burst withdraws MIG, whose capacity the kubelet then keeps (unhealthy)
+    # only if it was ever registered; a wait on GPU alone let the burst start before it was.
+    await kubelet.wait(lambda: kubelet.capacity() == {GPU: 4, MIG: 2})
     before = kubelet.endpoints[GPU].updates
     for n in range(1, 51):
         fleet.update(inventory_from({GPU: replicas("GPU-1", n)}))
