@@ -8,16 +8,16 @@ Parts, in order: planner, hostile (parsing hostile ConfigMap keys), mutations, p
 own share of seven on-demand MIG prepares at once on one fake-driver A100), usage (the usage
 sampler's CPU on 8 fake-driver GPUs with 56 MIG devices and 64 replicas), listandwatch, cluster
 (startup, reconcile, configmap, allocate, idle, preferred, restart: the API server's), agentrestart
-(the agent's: how long the kubelet refuses pods), realnode, realcluster (three real nodes: a
-ConfigMap edit, a rolling upgrade with work on every node), dra (the DRA front-end on a real node),
-ondemand (on-demand MIG against pre-made slices on a real node, and at the fake driver's assumed MIG
-latencies), fleet, fleetdra (the fleet on DRA: a storm of claims every agent watches), probes
-(the HTTP port under a flood), resourceslices (the DRA publisher: a
-changed pool until the API server holds it), trace (MIG workloads, drawn with a steady or a shifting
-mix or read from a CSV file, on four A100s or the `--gpus` given: the best shipped preset and the
-best static layout in hindsight vs on-demand, through the real kube-scheduler). A part that fails is
-reported and the others still run; the exit code is 1 when any failed. Ctrl-C or SIGTERM stops
-everything it started.
+(the agent's: how long the kubelet refuses pods), realcluster (three real nodes: a ConfigMap edit, a
+rolling upgrade with work on every node), realnode, dra (the DRA front-end), ondemand (on-demand MIG
+against pre-made slices, and at the fake driver's assumed MIG latencies; these three take turns on
+one real node, taken down after the last of them), fleet, fleetdra (the fleet on DRA: a storm of
+claims every agent watches), probes (the HTTP port under a flood), resourceslices (the DRA
+publisher: a changed pool until the API server holds it), trace (MIG workloads, drawn with a steady
+or a shifting mix or read from a CSV file, on four A100s or the `--gpus` given: the best shipped
+preset and the best static layout in hindsight vs on-demand, through the real kube-scheduler). A
+part that fails is reported and the others still run; the exit code is 1 when any failed. Ctrl-C or
+SIGTERM stops everything it started.
 """
 
 from __future__ import annotations
@@ -64,8 +64,11 @@ from bench import (
     usage,
 )
 from bench.cluster import Cluster, running_cluster
+from bench.labnode import SharedNode
 from bench.report import FULL, QUICK, SMOKE, Budget, Results, as_json, machine, print_table, say
 
+ON_NODE = {"realnode", "dra", "ondemand"}
+"""Parts that take turns on one real node (`bench.labnode.SharedNode`)."""
 NOT_IN_SMOKE = {"realcluster"}
 """Parts `--smoke` leaves out unless named in --only: three more real nodes beside the suite's would
 take the whole suite past its time on 2 cores, and tests/cluster runs the same steps (lab.cluster's
@@ -79,8 +82,8 @@ PARTS = (
     "listandwatch",
     "cluster",
     "agentrestart",
-    "realnode",
     "realcluster",
+    "realnode",
     "dra",
     "ondemand",
     "fleet",
@@ -138,6 +141,19 @@ def run(name: str, part: Callable[[], None], results: Results) -> None:
     finally:
         results.parts[name] = time.monotonic() - started
         say(f"{name}: {results.parts[name]:.0f} s")
+
+
+def run_parts(parts: Sequence[tuple[str, Callable[[], None]]], shared: SharedNode, results: Results) -> None:
+    """Each part in turn; the shared real node down (timed) right after the last part on it, so
+    that it idles beside no other part, and in any case before this returns."""
+    last = [name for name, _ in parts if name in ON_NODE][-1:]
+    try:
+        for name, part in parts:
+            run(name, part, results)
+            if [name] == last:
+                run("realnode down", lambda: shared.down(results), results)
+    finally:
+        shared.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -205,6 +221,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     results = Results()
     started, load_start = time.monotonic(), os.getloadavg()
     say(f"load average {load_start[0]:.2f} {load_start[1]:.2f} {load_start[2]:.2f} on {os.cpu_count()} cores")
+    shared = SharedNode()
     with tempfile.TemporaryDirectory(prefix="gs-bench-") as tmp_name:
         tmp = Path(tmp_name)
         parts: list[tuple[str, Callable[[], None]]] = [
@@ -216,10 +233,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             ("listandwatch", lambda: listandwatch.bench_listandwatch(tmp, budget, results)),
             ("cluster", lambda: cluster_parts(tmp / "cluster", budget, results)),
             ("agentrestart", lambda: agentrestart_part(tmp / "agentrestart", budget, results)),
-            ("realnode", lambda: realnode.bench_real_node(budget, results)),
             ("realcluster", lambda: realcluster.bench_real_cluster(budget, results)),
-            ("dra", lambda: dra.bench_dra(budget, results)),
-            ("ondemand", lambda: ondemand.bench_ondemand(budget, results)),
+            ("realnode", lambda: realnode.bench_real_node(shared, budget, results)),
+            ("dra", lambda: dra.bench_dra(shared, budget, results)),
+            ("ondemand", lambda: ondemand.bench_ondemand(shared, budget, results)),
             ("fleet", lambda: fleet.bench_fleet(nodes, budget, results) if nodes else None),
             ("fleetdra", lambda: fleetdra.bench_fleet_dra(nodes, budget, results) if nodes else None),
             ("probes", lambda: probes.bench_probes(tmp / "probes", budget, results)),
@@ -232,9 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ),
         ]
         try:
-            for name, part in parts:
-                if name in only:
-                    run(name, part, results)
+            run_parts([(name, part) for name, part in parts if name in only], shared, results)
         except KeyboardInterrupt:
             say("interrupted: stopping everything")
             return 130

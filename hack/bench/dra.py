@@ -1,4 +1,5 @@
-"""The DRA front-end on a real node (hack/lab, as tests/node brings it up), the chart with dra.enabled.
+"""The DRA front-end on a real node (hack/lab, as tests/node brings it up; the one the parts on a real
+node share, `bench.labnode.SharedNode`), the chart with dra.enabled.
 
 - dra_pod_start_vs_deviceplugin_p50: a MIG device for a pod through DRA (the POST of a ResourceClaim
   of class mig.nvidia.com with a CEL selector on profile 1g.5gb, then of its pod, until a pod watch
@@ -17,15 +18,14 @@ import contextlib
 import time
 from typing import Any
 
-import lab
-from lab import images
 from lab.helm import NAMESPACE, lab_values
 
 from bench.clients import CONFIG_LABEL, Api, Watch, pod_view
 from bench.labnode import (
     DRIVER,
+    NODE,
     PODS,
-    chart_node,
+    SharedNode,
     pod_body,
     pod_name,
     pool_devices,
@@ -36,7 +36,6 @@ from bench.labnode import (
 from bench.realnode import CONFIGS
 from bench.report import Budget, Results, percentile, say
 
-NODE = "bench-dra-node"
 FRONTEND_LABEL = "nvidia.com/gpu-sharing.frontend"
 # The pool's device names per config (replicas are shares of one device, not devices).
 POOLS = {
@@ -46,37 +45,28 @@ POOLS = {
 CEL = f"device.attributes['{DRIVER}'].profile == '1g.5gb'"
 
 
-def bench_dra(budget: Budget, results: Results) -> None:
-    bins = lab.binaries()
-    say("dra: images, then the node up (~30 s)")
-    archives = images.all_images(bins)
+def bench_dra(shared: SharedNode, budget: Budget, results: Results) -> None:
     first = next(iter(CONFIGS))
-    node, api = chart_node(
-        bins, archives, "benchdra", NODE, index=3, labels={CONFIG_LABEL: first},
-        values=lab_values(CONFIGS, dra={"enabled": True}),
-    )  # fmt: skip
-    try:
-        with contextlib.ExitStack() as stack:
-            pods = stack.enter_context(watching(Watch(api, PODS, pod_view)))
-            wait_until(lambda: _allocatable(api).get("nvidia.com/mig-1g.5gb") == "4", 180, "device plugins")
-            plugin = _starts(api, pods, budget.pod_starts, dra=False)
-            api.label_node(NODE, {FRONTEND_LABEL: "dra"})
-            wait_until(lambda: _pool(api) == POOLS[first], 120, "the pool's slices")
-            dra = _starts(api, pods, budget.pod_starts, dra=True)
-            results.add("dra_pod_start_vs_deviceplugin_p50", percentile(dra, 50) / percentile(plugin, 50))
-            results.note(
-                "dra: pod start p50/p95 with a MIG device through a claim / through the device plugins",
-                f"{percentile(dra, 50):.2f}/{percentile(dra, 95):.2f} s / "
-                f"{percentile(plugin, 50):.2f}/{percentile(plugin, 95):.2f} s",
-            )
-            _slice_updates(api, budget.label_changes, results)
-            rss = node.kubectl(
-                "-n", NAMESPACE, "exec", "ds/gpu-sharing", "--", "cat", "/proc/1/status", check=True
-            )
-            kb = next(int(line.split()[1]) for line in rss.stdout.splitlines() if line.startswith("VmRSS:"))
-            results.add("dra_agent_rss_mb", kb / 1024)
-    finally:
-        node.down()
+    values = lab_values(CONFIGS, dra={"enabled": True})
+    with shared.chart({CONFIG_LABEL: first}, values) as (node, api), contextlib.ExitStack() as stack:
+        pods = stack.enter_context(watching(Watch(api, PODS, pod_view)))
+        wait_until(lambda: _allocatable(api).get("nvidia.com/mig-1g.5gb") == "4", 180, "device plugins")
+        plugin = _starts(api, pods, budget.pod_starts, dra=False)
+        api.label_node(NODE, {FRONTEND_LABEL: "dra"})
+        wait_until(lambda: _pool(api) == POOLS[first], 120, "the pool's slices")
+        dra = _starts(api, pods, budget.pod_starts, dra=True)
+        results.add("dra_pod_start_vs_deviceplugin_p50", percentile(dra, 50) / percentile(plugin, 50))
+        results.note(
+            "dra: pod start p50/p95 with a MIG device through a claim / through the device plugins",
+            f"{percentile(dra, 50):.2f}/{percentile(dra, 95):.2f} s / "
+            f"{percentile(plugin, 50):.2f}/{percentile(plugin, 95):.2f} s",
+        )
+        _slice_updates(api, budget.label_changes, results)
+        rss = node.kubectl(
+            "-n", NAMESPACE, "exec", "ds/gpu-sharing", "--", "cat", "/proc/1/status", check=True
+        )  # fmt: skip
+        kb = next(int(line.split()[1]) for line in rss.stdout.splitlines() if line.startswith("VmRSS:"))
+        results.add("dra_agent_rss_mb", kb / 1024)
 
 
 def _allocatable(api: Api) -> dict[str, str]:

@@ -1,4 +1,5 @@
-"""On-demand MIG on a real node (hack/lab, as tests/node brings it up), the chart with dra.enabled.
+"""On-demand MIG on a real node (hack/lab, as tests/node brings it up; the one the parts on a real node
+share, `bench.labnode.SharedNode`), the chart with dra.enabled.
 
 - ondemand_pod_start_vs_premade_p50: a pod whose claim is allocated an on-demand 1g.5gb device (the
   instance is made at prepare) over a pod whose claim gets a pre-made 1g.5gb, in the same run and on
@@ -20,21 +21,20 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 from typing import Any
 
 import lab
-from lab import images
 from lab.helm import NAMESPACE, lab_values
 
 from bench.clients import CONFIG_LABEL, Api, Watch, pod_view
 from bench.dra import FRONTEND_LABEL
 from bench.labnode import (
     DRIVER,
+    NODE,
     PODS,
-    chart_node,
+    SharedNode,
     pod_body,
     pod_name,
     pool_devices,
@@ -45,7 +45,6 @@ from bench.labnode import (
 from bench.report import Budget, Results, percentile, say
 from sharing.gpu import simstate
 
-NODE = "bench-ondemand-node"
 CONFIG = "bench-ondemand"
 MIXED = """version: v1
 migStrategy: mixed
@@ -63,19 +62,16 @@ METRICS = (
 )
 
 
-def bench_ondemand(budget: Budget, results: Results) -> None:
-    bins = lab.binaries()
-    say("ondemand: images, then the node up (~30 s)")
-    archives = images.all_images(bins)
-    node, api = chart_node(
-        bins, archives, "benchod", NODE, index=4, labels={CONFIG_LABEL: CONFIG, FRONTEND_LABEL: "dra"},
-        values=lab_values({CONFIG: MIXED}, dra={"enabled": True}),
-    )  # fmt: skip
-    try:
+def bench_ondemand(shared: SharedNode, budget: Budget, results: Results) -> None:
+    values = lab_values({CONFIG: MIXED}, dra={"enabled": True})
+    with shared.chart({CONFIG_LABEL: "all-disabled", FRONTEND_LABEL: "dra"}, values) as (node, api):
+        # From whole GPUs: the instances an earlier part's config left on GPU 1 would be adopted by
+        # its on-demand claims as they are (made=[]), and nothing would be made at prepare.
+        wait_until(lambda: set(_devices(api)) == {f"gpu-{i}" for i in range(4)}, 120, "every GPU whole")
+        api.label_node(NODE, {CONFIG_LABEL: CONFIG})
         wait_until(lambda: _ready(api), 240, "pre-made 1g.5gb on GPU 0 and on-demand devices of GPU 1")
         parents = _parents(api)
-        with contextlib.ExitStack() as stack:
-            pods = stack.enter_context(watching(Watch(api, PODS, pod_view)))
+        with watching(Watch(api, PODS, pod_view)) as pods:
             premade, premade_prep = _series(
                 node, api, pods, budget.pod_starts, parent=parents[0], what="pre-made"
             )
@@ -86,25 +82,23 @@ def bench_ondemand(budget: Budget, results: Results) -> None:
             )
             simstate.set_latencies(node.gpus_state, {}, replace=True)
             idle = _idle_claim_requests(node, budget.claim_idle_s)
-        results.add("ondemand_idle_claim_requests_per_min", idle)
-        ratio = percentile(made, 50) / percentile(premade, 50)
-        share = max(0.0, made_prep - premade_prep) / percentile(made, 50)
-        results.add("ondemand_pod_start_vs_premade_p50", ratio)
-        results.add("ondemand_create_share", share)
-        results.add("ondemand_pod_start_s_p50", percentile(made, 50))
-        results.add("ondemand_pod_start_s_p50_realistic", percentile(slow, 50))
-        results.note(
-            "ondemand: pod start p50/p95, on-demand / pre-made 1g.5gb; mean prepare on-demand / pre-made",
-            f"{percentile(made, 50):.2f}/{percentile(made, 95):.2f} s / "
-            f"{percentile(premade, 50):.2f}/{percentile(premade, 95):.2f} s; "
-            f"{made_prep * 1000:.0f} / {premade_prep * 1000:.0f} ms",
-        )
-        results.note(
-            "ondemand: at the realistic latencies, on-demand pod start p50/p95; mean prepare",
-            f"{percentile(slow, 50):.2f}/{percentile(slow, 95):.2f} s; {slow_prep * 1000:.0f} ms",
-        )
-    finally:
-        node.down()
+    results.add("ondemand_idle_claim_requests_per_min", idle)
+    ratio = percentile(made, 50) / percentile(premade, 50)
+    share = max(0.0, made_prep - premade_prep) / percentile(made, 50)
+    results.add("ondemand_pod_start_vs_premade_p50", ratio)
+    results.add("ondemand_create_share", share)
+    results.add("ondemand_pod_start_s_p50", percentile(made, 50))
+    results.add("ondemand_pod_start_s_p50_realistic", percentile(slow, 50))
+    results.note(
+        "ondemand: pod start p50/p95, on-demand / pre-made 1g.5gb; mean prepare on-demand / pre-made",
+        f"{percentile(made, 50):.2f}/{percentile(made, 95):.2f} s / "
+        f"{percentile(premade, 50):.2f}/{percentile(premade, 95):.2f} s; "
+        f"{made_prep * 1000:.0f} / {premade_prep * 1000:.0f} ms",
+    )
+    results.note(
+        "ondemand: at the realistic latencies, on-demand pod start p50/p95; mean prepare",
+        f"{percentile(slow, 50):.2f}/{percentile(slow, 95):.2f} s; {slow_prep * 1000:.0f} ms",
+    )
 
 
 def _claim_lists(node: lab.RealNode) -> float:

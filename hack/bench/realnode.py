@@ -11,8 +11,9 @@ pod on the fake driver's GPUs (2x A100-SXM4-40GB + 2x H100 80GB HBM3).
   the catalog); the time until the agent's labels say `success` for it is shown beside it, so the
   kubelet's part (its node status loop, `nodeStatusUpdateFrequency` 2 s in hack/lab) can be told
   from the agent's.
-- node_stop_s: `down()` of that node (what the demo's Ctrl-C runs: its daemons, the agent's and the
-  pods' containers, cgroups, namespaces) until every process it recorded has exited.
+
+The node is the one the parts on a real node share (`bench.labnode.SharedNode`), this part the first
+on it; node_stop_s is timed when the last of them takes it down.
 """
 
 from __future__ import annotations
@@ -20,18 +21,15 @@ from __future__ import annotations
 import contextlib
 import time
 
-import lab
-from lab import images
 from lab.helm import lab_values
 
 from bench.clients import CONFIG_LABEL, Api, Watch, node_view, pod_view
 from bench.expect import allocatable_match, expected_inventory, expected_labels, labels_match
-from bench.labnode import PODS, chart_node, pod_body, pod_name, timed_start, watching
+from bench.labnode import NODE, PODS, SharedNode, pod_body, pod_name, timed_start, watching
 from bench.report import Budget, Results, percentile, say
 from sharing.config import parse_configmap
 from sharing.mig.catalog import default_catalog
 
-NODE = "bench-real-node"
 GPUS = ["A100-SXM4-40GB", "A100-SXM4-40GB", "H100-80GB-HBM3", "H100-80GB-HBM3"]
 # Two configs with different allocatable, both with mig-1g.5gb (the device pods ask for one).
 CONFIGS = {
@@ -61,39 +59,19 @@ gpus:
 }
 
 
-def bench_real_node(budget: Budget, results: Results) -> None:
-    bins = lab.binaries()
-    say("real node: images (built when their inputs changed), then the node up (~30 s)")
-    archives = images.all_images(bins)
+def bench_real_node(shared: SharedNode, budget: Budget, results: Results) -> None:
     start = time.monotonic()
     first = next(iter(CONFIGS))
-    node, api = chart_node(
-        bins, archives, "bench", NODE, index=2, labels={CONFIG_LABEL: first}, values=lab_values(CONFIGS)
-    )
-    try:
-        with contextlib.ExitStack() as stack:
-            nodes = stack.enter_context(
-                watching(Watch(api, "/api/v1/nodes", node_view, f"metadata.name={NODE}"))
-            )
-            pods = stack.enter_context(watching(Watch(api, PODS, pod_view)))
-            inventories = {name: _expected(name, text) for name, text in CONFIGS.items()}
-            nodes.wait(NODE, allocatable_match(inventories[first]), 0, 180)
-            results.note(
-                "real node: up, chart installed, slices allocatable", f"{time.monotonic() - start:.0f} s"
-            )
-            _pod_starts(api, pods, budget, results)
-            _label_changes(api, nodes, inventories, budget, results)
-    except BaseException:
-        node.down()
-        raise
-    records = list(node.records)
-    start = time.monotonic()
-    node.down()
-    stopped = time.monotonic() - start
-    left = [r.name for r in records if r.alive()]
-    if left:
-        raise RuntimeError(f"still running after the node's down: {', '.join(left)}")
-    results.add("node_stop_s", stopped)
+    inventories = {name: _expected(name, text) for name, text in CONFIGS.items()}
+    with contextlib.ExitStack() as stack:
+        _, api = stack.enter_context(shared.chart({CONFIG_LABEL: first}, lab_values(CONFIGS)))
+        nodes = stack.enter_context(watching(Watch(api, "/api/v1/nodes", node_view, f"metadata.name={NODE}")))
+        pods = stack.enter_context(watching(Watch(api, PODS, pod_view)))
+        nodes.wait(NODE, allocatable_match(inventories[first]), 0, 180)
+        took = time.monotonic() - start
+        results.note("real node: up, chart installed, slices allocatable", f"{took:.0f} s")
+        _pod_starts(api, pods, budget, results)
+        _label_changes(api, nodes, inventories, budget, results)
 
 
 def _expected(name: str, text: str) -> dict[str, tuple[int, int, int]]:

@@ -55,9 +55,10 @@ def test_every_part_of_the_bench_runs(tmp_path: Path, cluster_binaries: object) 
     for prefix in ("trace", "trace_shift", "trace_file"):
         for way in ("hindsight", "preset", "policy", "plain"):
             assert report.get(f"{prefix}_{way}_served") is not None, f"{prefix} {way}"
-    # The prepare part's share, the on-demand starts at zero and at the realistic latencies, and the
-    # usage sampler's CPU.
+    # The prepare part's share, the on-demand starts at zero and at the realistic latencies, the
+    # usage sampler's CPU, and the stop of the real node the parts took turns on.
     for figure in (
+        "node_stop_s",
         "usage_sampler_cpu_pct",
         "dra_prepare_agent_share_s_p99",
         "ondemand_pod_start_s_p50",
