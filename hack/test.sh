@@ -16,8 +16,8 @@
 #                                many runs it failed, the seeds that replay each failure and its log.
 #
 # Other arguments go to pytest (`hack/test.sh -k plan`, `hack/test.sh --randomly-seed=N`). The tests
-# run on SHARING_TEST_WORKERS workers (pytest-xdist; default one more than the cores, as the tests
-# often wait on the processes they start): each real node's tests on one of them, the rest wherever a
+# run on SHARING_TEST_WORKERS workers (pytest-xdist; default two more than the cores, as the tests
+# often wait on the processes they start: on 2 cores, 3 workers left them idle 30 % of the run): each real node's tests on one of them, the rest wherever a
 # worker is free. SHARING_TEST_WORKERS=0 runs them in one process.
 # SHARING_TEST_TIMEOUT_SCALE stretches every deadline of the tests (hack/lab/deadlines.py); under load
 # it defaults to 3.
@@ -62,7 +62,7 @@ if [ "$load" -gt 0 ]; then
   echo "==> under load: $load CPU-bound processes beside the tests (deadlines x$SHARING_TEST_TIMEOUT_SCALE)" >&2
 fi
 
-workers=${SHARING_TEST_WORKERS:-$(($(nproc) + 1))}
+workers=${SHARING_TEST_WORKERS:-$(($(nproc) + 2))}
 parallel=()
 [ "$workers" -gt 0 ] && parallel=(-n "$workers")
 
