@@ -1,7 +1,8 @@
 """The README's first command, end to end: `hack/demo.sh --dra` brings up its node, installs the
 chart, runs a pod with a MIG slice, switches the node to DRA and runs a pod per way of asking (a claim
 of a whole GPU, a claim of a MIG device, limits through the DeviceClass's extended resource), and
-Ctrl-C stops every process it started (how fast: `node_stop_s` in hack/bench's realnode part).
+Ctrl-C stops every process it started (how fast: hack/bench's `node_stop_s`, the down of the node its
+real-node parts share).
 """
 
 from __future__ import annotations
